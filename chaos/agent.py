@@ -1,0 +1,303 @@
+"""The agent: runs inside every training rank, unseen by the target.
+
+It is loaded by `sitecustomize` (see `chaos/_inject`) and arms only when the
+harness's environment says so. Armed, it
+- counts optimizer steps with torch's global optimizer hooks and numbers them
+  as *global* steps: after a restart it looks the restored state up in the
+  reference run's table, so step 31 means the same thing in every process;
+- fingerprints each step: at the step's first top-level forward (state the
+  step starts from: parameters, optimizer state, learning rates, RNGs, the
+  batch) and after the optimizer step (gradients, parameters, optimizer state);
+- watches checkpoint I/O under the run directory (`chaos.iowatch`) and groups
+  the file events between two steps into one checkpoint save;
+- fires the faults scheduled for its rank or node at their triggers;
+- writes all of it to its rank's history stream.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import random
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from chaos import env, schedule
+from chaos.fingerprint import digest_object, digest_rng, digest_tensors, tensors_in
+from chaos.history import HistoryWriter, read_stream
+from chaos.iowatch import IOWatch
+from chaos.layout import RunLayout
+from chaos.registry import FireContext, get_kind
+from chaos.schedule import ResolvedFault
+
+RESTORED = ("params_start", "optim_start", "lr", "rng")  # what a restore sets up
+
+
+class ReferenceTable:
+    """Start-of-step fingerprints of the reference run, to say which step a restore restored."""
+
+    def __init__(self, steps: list[dict[str, Any]]) -> None:
+        self.exact: dict[tuple[str, str], int] = {}
+        self.by_params: dict[str, int] = {}
+        for event in steps:
+            fp, restored = event["fp"], event["step"] - 1
+            self.exact.setdefault((fp["params_start"], fp["optim_start"]), restored)
+            self.by_params[fp["params_start"]] = restored  # the latest wins
+
+    @classmethod
+    def load(cls, history_dir: Path, rank: int) -> ReferenceTable | None:
+        path = RunLayout(history_dir.parent.parent).rank_history(rank)
+        if not path.exists():
+            return None
+        return cls([e for e in read_stream(path) if e["ev"] == "step"])
+
+    def lookup(self, params: str, optim: str) -> tuple[int | None, str | None]:
+        if (params, optim) in self.exact:
+            return self.exact[(params, optim)], "exact"
+        if params in self.by_params:
+            return self.by_params[params], "params"
+        return None, None
+
+
+class Agent:
+    def __init__(self, environ: dict[str, str]) -> None:
+        self.pid = os.getpid()
+        self.rank = int(environ.get("RANK", "0"))
+        self.local_rank = int(environ.get("LOCAL_RANK", "0"))
+        self.node = int(environ.get("GROUP_RANK", "0"))
+        self.layout = RunLayout(Path(environ[env.RUN_DIR]))
+        self.t0 = float(environ.get(env.T0, time.monotonic()))
+        self.history = HistoryWriter(
+            self.layout.rank_history(self.rank), rank=self.rank, pid=self.pid,
+            launch=int(environ.get(env.LAUNCH, "0")),
+            attempt=int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        )
+        reference = environ.get(env.REFERENCE)
+        self.reference = ReferenceTable.load(Path(reference), self.rank) if reference else None
+        self.faults = [f for f in schedule.load(self.layout.schedule_file) if self._mine(f)]
+        self.optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self.base_step: int | None = None  # global step restored before this process's first step
+        self.aligned = True
+        self.local_steps = 0
+        self.depth = 0
+        self.step_open = False
+        self.fp: dict[str, str] = {}
+        self.batch: list[torch.Tensor] = []
+        self.loss: torch.Tensor | None = None
+        self.saves = self.loads = 0
+        self.save_events = self.load_events = 0
+        self.in_save = self.in_load = False
+
+    def _mine(self, fault: ResolvedFault) -> bool:
+        if get_kind(fault.kind).side != "agent":
+            return False
+        if fault.target_type == "node":
+            return fault.index == self.node and self.local_rank == 0
+        return fault.index == self.rank
+
+    # -- install -------------------------------------------------------------
+    def install(self) -> None:
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim_module
+
+        agent = self
+        real_init = optim_module.Optimizer.__init__
+
+        def init(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+            real_init(opt, *args, **kwargs)
+            agent.optimizers.add(opt)
+
+        optim_module.Optimizer.__init__ = init
+        optim_module.register_optimizer_step_pre_hook(self._pre_step)
+        optim_module.register_optimizer_step_post_hook(self._post_step)
+        nn_module.register_module_forward_pre_hook(self._forward_pre)
+        nn_module.register_module_forward_hook(self._forward_post)
+        self._wrap_backward()
+        IOWatch(str(self.layout.run_dir), str(self.layout.chaos_dir), self._file_event).install()
+        self._wrap_excepthook()
+        atexit.register(self._at_exit)
+        self.history.record("boot", node=self.node, local_rank=self.local_rank)
+        self._arm_timers()
+
+    def _at_exit(self) -> None:
+        self._close_io_groups()
+        self.history.record("exit", step=self.global_step())
+
+    def _wrap_backward(self) -> None:
+        real_backward = torch.Tensor.backward
+        agent = self
+
+        def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if tensor.numel() == 1:
+                agent.loss = tensor.detach()
+            return real_backward(tensor, *args, **kwargs)
+
+        torch.Tensor.backward = backward
+
+    def _wrap_excepthook(self) -> None:
+        real_hook = sys.excepthook
+
+        def hook(kind: type, value: BaseException, tb: Any) -> None:
+            self.history.record(
+                "exception", type=kind.__name__, message=str(value)[:500],
+                step=self.global_step(), before_first_step=self.local_steps == 0,
+                after_load=self.loads > 0,
+            )
+            real_hook(kind, value, tb)
+
+        sys.excepthook = hook
+
+    def _arm_timers(self) -> None:
+        for fault in self.faults:
+            if fault.trigger.time is not None:
+                delay = self.t0 + fault.trigger.time - time.monotonic()
+                timer = threading.Timer(max(delay, 0.0), self.fire, args=(fault,))
+                timer.daemon = True
+                timer.start()
+
+    # -- steps ---------------------------------------------------------------
+    def global_step(self) -> int | None:
+        if self.base_step is None:
+            return None if self.local_steps else 0
+        return self.base_step + self.local_steps
+
+    def params(self) -> list[torch.Tensor]:
+        return [p for opt in self.optimizers for g in opt.param_groups for p in g["params"]]
+
+    def _optim_fp(self) -> str:
+        return digest_object([opt.state_dict()["state"] for opt in self.optimizers])
+
+    def _lr_fp(self) -> str:
+        return digest_object([[g.get("lr") for g in opt.param_groups] for opt in self.optimizers])
+
+    def _begin_step(self) -> None:
+        self._close_io_groups()
+        self.step_open = True
+        self.fp = {
+            "params_start": digest_tensors(self.params()),
+            "optim_start": self._optim_fp(),
+            "lr": self._lr_fp(),
+            "rng": digest_rng(),
+        }
+        if self.local_steps == 0:
+            self._restore_point()
+
+    def _restore_point(self) -> None:
+        """First step of this process: which reference step did it start from?"""
+        if self.reference is None:
+            restored, match = 0, "fresh"
+        else:
+            restored, match = self.reference.lookup(self.fp["params_start"], self.fp["optim_start"])
+        self.aligned = restored is not None
+        self.base_step = restored if restored is not None else 0
+        self.history.record("restore", restored=restored, match=match, loads=self.loads,
+                            fp={k: self.fp[k] for k in RESTORED})
+
+    def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if os.getpid() != self.pid:
+            return
+        if self.depth == 0:
+            if not self.step_open:
+                self._begin_step()
+            self.batch.extend(tensors_in(args))
+        self.depth += 1
+
+    def _forward_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if os.getpid() == self.pid:
+            self.depth = max(self.depth - 1, 0)
+
+    def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if os.getpid() != self.pid:
+            return
+        self.optimizers.add(opt)
+        if not self.step_open:
+            self._begin_step()
+        grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        self.fp["grads"] = digest_tensors(grads)
+
+    def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if os.getpid() != self.pid:
+            return
+        self.local_steps += 1
+        self.fp["batch"] = digest_tensors(self.batch)
+        self.fp["params"] = digest_tensors(self.params())
+        self.fp["optim"] = self._optim_fp()
+        loss = float(self.loss) if self.loss is not None else None
+        step = self.global_step() if self.aligned else None
+        self.history.record("step", step=step, local=self.local_steps, loss=loss, fp=self.fp)
+        self.batch, self.loss, self.fp, self.step_open, self.depth = [], None, {}, False, 0
+        self._check_step_triggers(self.global_step() or 0)
+
+    def _check_step_triggers(self, step: int) -> None:
+        for fault in self.faults:
+            trig = fault.trigger
+            if trig.step is not None and trig.step == step:
+                self.fire(fault)
+            elif trig.p is not None and random.Random(f"{fault.seed}-{step}").random() < trig.p:
+                self.fire(fault)
+
+    # -- checkpoint I/O ------------------------------------------------------
+    def _close_io_groups(self) -> None:
+        if self.in_save:
+            self.history.record("save_end", save=self.saves, events=self.save_events)
+        self.in_save = self.in_load = False
+
+    def _file_event(self, op: str, path: str) -> None:
+        if os.getpid() != self.pid:
+            return
+        rel = os.path.relpath(path, self.layout.run_dir)
+        if op == "read":
+            if self.in_save:  # reading back what a save just wrote is part of the save
+                return
+            if not self.in_load:
+                self.in_load, self.loads, self.load_events = True, self.loads + 1, 0
+            self.load_events += 1
+            self.history.record("load", path=rel, load=self.loads, index=self.load_events)
+            self._check_phase("checkpoint_load", self.loads, self.load_events)
+            return
+        if self.local_steps == 0:  # set-up before training (mkdir ckpt/): not a save
+            self.history.record("file", op=op, path=rel, save=0, index=0)
+            return
+        if not self.in_save:
+            self.in_save, self.saves, self.save_events = True, self.saves + 1, 0
+            self.history.record("save_begin", save=self.saves, after_step=self.global_step())
+        self.save_events += 1
+        self.history.record("file", op=op, path=rel, save=self.saves, index=self.save_events)
+        self._check_phase("checkpoint_save", self.saves, self.save_events)
+
+    def _check_phase(self, phase: str, occurrence: int, index: int) -> None:
+        for fault in self.faults:
+            trig = fault.trigger
+            if trig.phase == phase and trig.save == occurrence and trig.event == index:
+                self.fire(fault)
+
+    # -- faults --------------------------------------------------------------
+    def _claim(self, fault: ResolvedFault) -> bool:
+        """A fault fires once per run, across restarts: the first to create its marker wins."""
+        try:
+            fd = os.open(self.layout.fired_dir / fault.id, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        os.close(fd)
+        return True
+
+    def fire(self, fault: ResolvedFault) -> None:
+        if not self._claim(fault):
+            return
+        self.history.record("fault", id=fault.id, kind=fault.kind, spec=fault.spec,
+                            target=f"{fault.target_type}:{fault.index}", step=self.global_step(),
+                            params=fault.params)
+        ctx = FireContext(self.rank, self.local_rank, self.node, self.history.record)
+        get_kind(fault.kind).fire(fault, ctx)
+
+
+def boot() -> None:
+    """Arm the agent in this process (called from sitecustomize)."""
+    os.environ[env.AGENT_PID] = str(os.getpid())
+    Agent(dict(os.environ)).install()

@@ -1,0 +1,183 @@
+"""Checkers: pure functions `Evidence -> CheckResult`. They never re-run anything.
+
+`ok` is True (the invariant held), False (it did not: the target has a bug)
+or None (could not decide, e.g. no failure happened, so there was no recovery
+to judge). `detail` is one sentence a person can act on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos.evidence import Evidence, Recovery
+
+# The order in which state is consumed by a step: the first component that
+# differs at the divergent step is the one that was not restored.
+COMPONENTS = (
+    ("params_start", "weights"),
+    ("optim_start", "optimizer"),
+    ("lr", "lr_schedule"),
+    ("rng", "rng"),
+    ("batch", "data"),
+    ("grads", "gradients"),
+    ("optim", "optimizer"),
+    ("params", "weights"),
+)
+
+
+@dataclass
+class CheckResult:
+    ok: bool | None
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "detail": self.detail, **self.data}
+
+
+def completes(ev: Evidence) -> CheckResult:
+    target = ev.reference.final_step()
+    reached = ev.chaos.final_step()
+    launches = len(ev.exit_codes)
+    if ev.deadline_hit:
+        return CheckResult(False, f"deadline of the run passed at step {reached} of {target}")
+    if not ev.completed:
+        tail = f"; last output: {ev.log_tail}" if ev.log_tail else ""
+        return CheckResult(False, f"job failed at step {reached} of {target} after {launches}"
+                                  f" launch(es), exit codes {ev.exit_codes[-1]}{tail}")
+    if reached < target:
+        return CheckResult(False, f"job exited 0 but stopped at step {reached} of {target}")
+    return CheckResult(True, f"reached step {reached} of {target} and exited 0"
+                             f" ({launches} launch(es), {len(ev.recoveries())} recovery(ies))")
+
+
+def _resume_crashes(ev: Evidence) -> list[dict[str, Any]]:
+    """Exceptions raised while resuming: after reading a checkpoint, before any step."""
+    first = ev.first_fault_time()
+    if first is None:
+        return []
+    return [e for e in ev.chaos.of("exception")
+            if e["t"] > first and e.get("after_load") and e.get("before_first_step")]
+
+
+def atomic_recovery(ev: Evidence) -> CheckResult:
+    crashes = _resume_crashes(ev)
+    if crashes:
+        e = crashes[0]
+        return CheckResult(False, f"resume raised on rank {e['rank']}: {e['type']}: "
+                                  f"{e['message'].splitlines()[0] if e['message'] else ''}"
+                                  " (the job is down until a human cleans up)")
+    recoveries = ev.recoveries()
+    if not recoveries:
+        return CheckResult(None, "no recovery happened, nothing to judge")
+    for rec in recoveries:
+        for rank, restored in sorted(rec.restored.items()):
+            if restored is None:
+                return CheckResult(False, f"after the failure at step {rec.failed_step}, rank"
+                                          f" {rank} restored a state that matches no step of"
+                                          " the reference (torn, partial or mixed checkpoint)")
+    steps = [r.restored_step for r in recoveries]
+    return CheckResult(True, f"{len(recoveries)} recovery(ies), each restored a consistent"
+                             f" checkpoint (steps {steps})", {"restored_steps": steps})
+
+
+def _diverging_component(mine: dict[str, str], ref: dict[str, str]) -> str:
+    for key, name in COMPONENTS:
+        if key in mine and key in ref and mine[key] != ref[key]:
+            return name
+    return "unknown"
+
+
+def deterministic_resume(ev: Evidence) -> CheckResult:
+    if ev.reference_deterministic is False:
+        return CheckResult(None, f"the target is not deterministic without faults"
+                                 f" ({ev.reference_detail}); divergence cannot be judged")
+    reference = ev.reference_steps()
+    first_fault = ev.first_fault_time()
+    compared = 0
+    for e in ev.chaos.steps():
+        if e.get("step") is None:
+            return CheckResult(False, f"rank {e['rank']} resumed from a state that matches no"
+                                      " reference step; its steps cannot be aligned")
+        ref = reference.get((e["rank"], e["step"]))
+        if ref is None:
+            continue
+        compared += 1
+        if e["fp"] == ref["fp"]:
+            continue
+        component = _diverging_component(e["fp"], ref["fp"])
+        if first_fault is None or e["t"] < first_fault:
+            return CheckResult(None, f"the target is not deterministic without faults: step"
+                                     f" {e['step']} on rank {e['rank']} differs from the"
+                                     f" reference ({component}) before any fault fired")
+        return CheckResult(False, f"diverged from the reference at step {e['step']} on rank"
+                                  f" {e['rank']}: {component} not restored",
+                           {"divergent_step": e["step"], "rank": e["rank"],
+                            "component": component})
+    if not ev.completed:
+        return CheckResult(None, f"job did not complete; the {compared} steps it ran matched")
+    return CheckResult(True, f"all {compared} steps matched the reference bitwise,"
+                             " final parameters equal")
+
+
+def _seconds_lost(rec: Recovery) -> float | None:
+    back = rec.caught_up_at if rec.lost_steps else rec.first_step_at
+    return None if back is None else back - rec.failed_at
+
+
+def bounded_lost_work(ev: Evidence) -> CheckResult:
+    recoveries = ev.recoveries()
+    if not recoveries:
+        return CheckResult(None, "no failure happened, no work lost")
+    bound = ev.max_lost_steps if ev.max_lost_steps is not None else ev.checkpoint_interval()
+    lost = [r.lost_steps for r in recoveries]
+    seconds = [_seconds_lost(r) for r in recoveries]
+    mttr = [None if r.first_step_at is None else r.first_step_at - r.failed_at
+            for r in recoveries]
+    ettr = ev.reference_wall_seconds / ev.wall_seconds if ev.wall_seconds else None
+    data = {"lost_steps": lost, "seconds_lost": seconds, "mttr": mttr, "ettr": ettr,
+            "bound_steps": bound}
+    if any(x is None for x in lost):
+        return CheckResult(None, "a restore matched no reference step; lost work unknown", data)
+    if bound is None:
+        return CheckResult(None, f"lost steps {lost}, but the reference made no checkpoint;"
+                                 " pass --max-lost-steps to set a bound", data)
+    worst = max(x for x in lost if x is not None)
+    if worst > bound:
+        rec = recoveries[lost.index(worst)]
+        return CheckResult(False, f"redid {worst} steps after the failure at step"
+                                  f" {rec.failed_step} (resumed from step {rec.restored_step});"
+                                  f" bound is {bound}", data)
+    slow = [s for s in seconds if s is not None and ev.max_lost_seconds is not None
+            and s > ev.max_lost_seconds]
+    if slow:
+        return CheckResult(False, f"lost {max(slow):.1f} s to a failure; bound is"
+                                  f" {ev.max_lost_seconds:g} s", data)
+    secs = ", ".join("?" if s is None else f"{s:.1f}" for s in seconds)
+    ettr_text = f", ETTR {ettr:.2f}" if ettr else ""
+    return CheckResult(True, f"lost steps {lost} <= {bound}, seconds lost [{secs}]{ettr_text}",
+                       data)
+
+
+def no_orphans(ev: Evidence) -> CheckResult:
+    if ev.leftovers:
+        return CheckResult(False, f"processes of the run survived it: {ev.leftovers}")
+    if ev.reaped:
+        return CheckResult(True, f"nothing survived; the harness reaped {len(ev.reaped)}"
+                                 " process(es) the job left running after it exited")
+    return CheckResult(True, "nothing of the run survived it")
+
+
+CHECKERS: dict[str, Callable[[Evidence], CheckResult]] = {
+    "completes": completes,
+    "atomic_recovery": atomic_recovery,
+    "deterministic_resume": deterministic_resume,
+    "bounded_lost_work": bounded_lost_work,
+    "no_orphans": no_orphans,
+}
+
+
+def run_checks(ev: Evidence, names: list[str] | None = None) -> dict[str, CheckResult]:
+    return {name: CHECKERS[name](ev) for name in (names or list(CHECKERS))}

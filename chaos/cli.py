@@ -1,0 +1,182 @@
+"""The `torchchaos` command line.
+
+Exit status: 0 every check held; 1 a check failed (the target has a bug);
+2 the harness could not judge (bad arguments, the target fails without
+faults, a harness error), always with a one-line reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import NoReturn
+
+from chaos.errors import ChaosError, UsageError
+
+EPILOG = """\
+fault specs (KIND:key=value,...):
+  kill:rank=1,step=30                    SIGKILL rank 1 after its 30th optimizer step
+  kill:rank=0,step=30,signal=SIGTERM     preemption notice (SIGKILL after grace=30 s)
+  kill:node=0,step=30                    the whole node: its torchrun agent and workers
+  kill:rank=0,phase=checkpoint_save,event=3
+                                         after the 3rd file event of rank 0's 1st save
+                                         (save=K picks the K-th save)
+  kill:rank=one,time=12.5                a seeded random rank, 12.5 s after the start
+  targets: rank=N | node=N | rank=one; triggers: step= | phase= | time= | p=
+
+exit status: 0 all checks held, 1 a check failed, 2 could not judge.
+{run_dir} in ARGS becomes each run's own directory (also its working directory).
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, no usage dump
+        raise UsageError(message)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a value >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="torchchaos", description="Inject faults into a real torchrun"
+                     " training job and judge its recovery against a fault-free reference.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    run = sub.add_parser("run", help="run a chaos scenario against a training script",
+                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--nproc", type=_positive_int, default=2, help="ranks per node (default 2)")
+    run.add_argument("--nodes", type=_positive_int, default=1,
+                     help="simulated nodes, one torchrun agent each (default 1)")
+    run.add_argument("--fault", action="append", default=[], metavar="SPEC",
+                     help="a fault to inject (repeatable; see below)")
+    run.add_argument("--check", action="append", default=None, metavar="NAME",
+                     help="only these checks (repeatable; default: every check)")
+    run.add_argument("--max-lost-steps", type=_positive_int, default=None, metavar="N",
+                     help="steps a failure may cost (default: the checkpoint interval"
+                          " seen in the reference run)")
+    run.add_argument("--max-lost-seconds", type=float, default=None, metavar="S",
+                     help="seconds a failure may cost (default: no bound)")
+    run.add_argument("--seed", type=_positive_int, default=0,
+                     help="seed for symbolic fault targets and p= triggers")
+    run.add_argument("--timeout", type=float, default=300.0, metavar="SEC",
+                     help="deadline for each run, reference and chaos (default 300)")
+    run.add_argument("--max-restarts", type=_positive_int, default=3,
+                     help="torchrun elastic restarts per launch (default 3)")
+    run.add_argument("--max-relaunches", type=_positive_int, default=2,
+                     help="times the whole job is requeued after it died (default 2)")
+    run.add_argument("--reference-runs", type=int, default=1, choices=(1, 2),
+                     help="2 also proves the target deterministic without faults")
+    run.add_argument("--out", type=Path, default=None, metavar="DIR",
+                     help="new directory for the runs and report.json"
+                          " (default ./torchchaos-runs/<time>-<id>)")
+    run.add_argument("--cache-dir", type=Path, default=None, metavar="DIR",
+                     help="where fault-free reference runs are cached"
+                          " (default $XDG_CACHE_HOME/torchchaos)")
+    run.add_argument("--quiet", action="store_true", help="no progress lines")
+    run.add_argument("script", metavar="SCRIPT", help="the training script (run under torchrun)")
+    run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                     help="arguments for the script")
+    report = sub.add_parser("report", help="print the verdict table of a finished run")
+    report.add_argument("out", type=Path, metavar="DIR", help="a --out directory of `run`")
+    sub.add_parser("faults", help="list the fault kinds and their parameters")
+    return parser
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "torchchaos"
+
+
+def _progress(quiet: bool) -> object:
+    start = time.monotonic()
+
+    def say(message: str) -> None:
+        if not quiet:
+            print(f"[torchchaos {time.monotonic() - start:6.1f}s] {message}", file=sys.stderr,
+                  flush=True)
+
+    return say
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    from chaos.engine import run_scenario
+    from chaos.scenario import Scenario
+
+    args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+    scenario = Scenario.build(
+        ns.script, faults=ns.fault, args=args, nproc=ns.nproc, nodes=ns.nodes, checks=ns.check,
+        max_lost_steps=ns.max_lost_steps, max_lost_seconds=ns.max_lost_seconds, seed=ns.seed,
+        timeout=ns.timeout, max_restarts=ns.max_restarts, max_relaunches=ns.max_relaunches,
+        reference_runs=ns.reference_runs,
+    )
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    out = ns.out or Path("torchchaos-runs") / stamp
+    report = run_scenario(scenario, out.resolve(), (ns.cache_dir or default_cache_dir()).resolve(),
+                          _progress(ns.quiet))  # type: ignore[arg-type]
+    print(report.table())
+    if report.verdict == "error":
+        print(f"torchchaos: error: {report.reason}", file=sys.stderr)
+    return report.exit_code()
+
+
+def cmd_report(ns: argparse.Namespace) -> int:
+    from chaos.report import Report
+
+    path = ns.out / "report.json"
+    if not path.is_file():
+        raise UsageError(f"no report.json in {ns.out}")
+    try:
+        report = Report.read(path)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"{path} is not a torchchaos report: {exc}") from None
+    print(report.table())
+    return report.exit_code()
+
+
+def cmd_faults(_ns: argparse.Namespace) -> int:
+    from chaos.registry import all_kinds
+
+    for name, kind in sorted(all_kinds().items()):
+        print(f"{name:<10} {kind.summary}  (parameters: {', '.join(kind.params) or 'none'})")
+    return 0
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)  # so `finally` blocks heal and reap
+    try:
+        ns = build_parser().parse_args(argv)
+        if ns.command is None:
+            build_parser().print_help()
+            return 2
+        return {"run": cmd_run, "report": cmd_report, "faults": cmd_faults}[ns.command](ns)
+    except ChaosError as exc:
+        print(f"torchchaos: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("torchchaos: interrupted; every process of the run was reaped", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a harness bug: still one line, exit 2
+        if os.environ.get("TORCHCHAOS_DEBUG"):
+            raise
+        print(f"torchchaos: internal error: {type(exc).__name__}: {exc}"
+              " (set TORCHCHAOS_DEBUG=1 for a traceback)", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Run a scenario end to end: reference, chaos run, checks, report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from chaos import schedule
+from chaos.checkers import run_checks
+from chaos.errors import UsageError
+from chaos.evidence import Evidence
+from chaos.history import History
+from chaos.layout import RunLayout
+from chaos.reference import get_reference
+from chaos.report import Report
+from chaos.runner import Job, Progress, torchrun_command
+from chaos.scenario import Scenario
+from chaos.schedule import ResolvedFault
+
+
+def prepare_out_dir(out_dir: Path) -> None:
+    """Create the output directory; never write into one that already holds data."""
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise UsageError(f"output directory {out_dir} already exists and is not empty;"
+                         " choose a new one")
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _fault_summary(faults: list[ResolvedFault], history: History) -> list[dict]:
+    fired = {e["id"]: e for e in history.faults()}
+    return [{**f.to_dict(), "fired": f.id in fired,
+             "fired_step": fired[f.id]["step"] if f.id in fired else None} for f in faults]
+
+
+def _never_fired(summary: list[dict]) -> str:
+    missing = [f["spec"] for f in summary if not f["fired"] and f["trigger"]["p"] is None]
+    if not missing:
+        return ""
+    return (f"fault(s) never fired: {', '.join(missing)} (the trigger was never reached;"
+            " the target's checkpoint I/O or step count may differ from what the spec assumes)")
+
+
+def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
+                 progress: Progress | None = None) -> Report:
+    say = progress or (lambda _msg: None)
+    scenario.validate()
+    faults = schedule.resolve(scenario.faults, scenario.seed, scenario.nproc, scenario.nodes)
+    prepare_out_dir(out_dir)
+    reference = get_reference(scenario, cache_dir, say)
+    say(f"chaos run with {len(faults)} fault(s): {', '.join(f.spec for f in faults) or 'none'}")
+    chaos_dir = out_dir / "chaos"
+    chaos_dir.mkdir()
+    outcome = Job(scenario, chaos_dir, faults, reference.history_dir, say).run()
+    say(f"chaos run done in {outcome.wall_seconds:.1f} s ({outcome.launches} launch(es))")
+    chaos_history = History.load(RunLayout(chaos_dir).history_dir)
+    evidence = Evidence(
+        chaos=chaos_history, reference=reference.history(), completed=outcome.completed,
+        deadline_hit=outcome.deadline_hit, exit_codes=outcome.exit_codes,
+        wall_seconds=outcome.wall_seconds, reference_wall_seconds=reference.wall_seconds,
+        leftovers=outcome.leftovers, reaped=outcome.reaped,
+        reference_deterministic=reference.deterministic, reference_detail=reference.detail,
+        max_lost_steps=scenario.max_lost_steps, max_lost_seconds=scenario.max_lost_seconds,
+        log_tail=outcome.log_tail(),
+    )
+    checks = run_checks(evidence, scenario.checks)
+    summary = _fault_summary(faults, chaos_history)
+    report = Report.from_checks(
+        checks, faults=summary, restarts=len(evidence.recoveries()), run_dir=str(chaos_dir),
+        reference_dir=str(reference.run_dir), wall_seconds=outcome.wall_seconds,
+        command=torchrun_command(scenario, 0, "RUN_ID", 0, chaos_dir),
+    )
+    reason = _never_fired(summary)
+    if reason and report.verdict == "pass":  # a pass that tested nothing is no pass
+        report.verdict, report.reason = "error", reason
+    report.write(out_dir)
+    return report

@@ -1,0 +1,103 @@
+"""What the checkers judge: the chaos run's history next to the reference's.
+
+Built once after the runs, read by every checker; it derives the facts
+several checkers need (recoveries, reference fingerprints by step) so each
+checker stays a short pure function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos.history import Event, History
+
+
+@dataclass
+class Recovery:
+    """One restart of the job's workers (an elastic restart or a relaunch)."""
+
+    launch: int
+    attempt: int
+    started: float  # monotonic time of the first boot of this attempt
+    failed_at: float  # when the failure happened (the fault, or the last event before)
+    failed_step: int  # highest step completed before the failure
+    restored: dict[int, int | None] = field(default_factory=dict)  # rank -> restored step
+    first_step_at: float | None = None
+    caught_up_at: float | None = None  # when failed_step was completed again
+
+    @property
+    def restored_step(self) -> int | None:
+        values = list(self.restored.values())
+        if not values or any(v is None for v in values):
+            return None
+        return min(v for v in values if v is not None)
+
+    @property
+    def lost_steps(self) -> int | None:
+        restored = self.restored_step
+        return None if restored is None else max(self.failed_step - restored, 0)
+
+
+@dataclass
+class Evidence:
+    chaos: History
+    reference: History
+    completed: bool
+    deadline_hit: bool
+    exit_codes: list[list[int | None]]
+    wall_seconds: float
+    reference_wall_seconds: float
+    leftovers: list[int] = field(default_factory=list)
+    reaped: list[int] = field(default_factory=list)
+    reference_deterministic: bool | None = None
+    reference_detail: str = ""
+    max_lost_steps: int | None = None
+    max_lost_seconds: float | None = None
+    log_tail: str = ""
+
+    def reference_steps(self) -> dict[tuple[int, int], dict[str, Any]]:
+        return {(e["rank"], e["step"]): e for e in self.reference.steps()}
+
+    def checkpoint_interval(self) -> int | None:
+        """The largest gap between checkpoint saves the reference run made (from step 0)."""
+        gaps = []
+        for rank in self.reference.ranks():
+            after = sorted({e["after_step"] for e in self.reference.of("save_begin")
+                            if e.get("rank") == rank and e.get("after_step")})
+            if after:
+                points = [0, *after]
+                gaps.append(max(b - a for a, b in zip(points, points[1:])))
+        return max(gaps) if gaps else None
+
+    def first_fault_time(self) -> float | None:
+        faults = self.chaos.faults()
+        return faults[0]["t"] if faults else None
+
+    def recoveries(self) -> list[Recovery]:
+        """Every attempt after the first, with where it failed and what it restored."""
+        attempts: dict[tuple[int, int], list[Event]] = {}
+        for event in self.chaos.events:
+            if "rank" in event and "launch" in event:
+                attempts.setdefault((event["launch"], event["attempt"]), []).append(event)
+        keys = sorted(attempts)
+        result = []
+        for previous, key in zip(keys, keys[1:]):
+            events = attempts[key]
+            started = min(e["t"] for e in events)
+            before = [e for e in self.chaos.events if e["t"] < started]
+            done = [e["step"] for e in before if e["ev"] == "step" and e.get("step") is not None]
+            faults = [e for e in before if e["ev"] == "fault"
+                      and (e["launch"], e["attempt"]) == previous]
+            failed_at = faults[-1]["t"] if faults else max(e["t"] for e in attempts[previous])
+            recovery = Recovery(key[0], key[1], started, failed_at, max(done, default=0))
+            for e in events:
+                if e["ev"] == "restore":
+                    recovery.restored[e["rank"]] = e["restored"]
+            steps = [e for e in events if e["ev"] == "step"]
+            if steps:
+                recovery.first_step_at = steps[0]["t"]
+                again = [e["t"] for e in steps if e.get("step") == recovery.failed_step]
+                recovery.caught_up_at = min(again) if again else None
+            result.append(recovery)
+        return result

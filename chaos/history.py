@@ -1,0 +1,83 @@
+"""The history: one JSONL stream per rank plus the harness's own.
+
+Every event carries `t`, a `time.monotonic()` stamp; CLOCK_MONOTONIC is one
+clock for the whole machine on Linux, so streams from different processes
+merge into one order. Each event is written with a single `os.write` on an
+O_APPEND descriptor: a process killed at any moment leaves at most one torn
+last line, which the reader skips.
+
+Event types (`ev`): start, step, file, save_begin, load, exception, fault,
+launch, job_exit, reaped, deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Event = dict[str, Any]
+
+
+class HistoryWriter:
+    """Appends events to one stream; safe to use from several threads."""
+
+    def __init__(self, path: Path, **fixed: Any) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fixed = fixed
+
+    def record(self, ev: str, **fields: Any) -> Event:
+        event = {"ev": ev, "t": time.monotonic(), **self._fixed, **fields}
+        os.write(self._fd, (json.dumps(event, default=str) + "\n").encode())
+        return event
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def read_stream(path: Path) -> list[Event]:
+    events = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line torn by a kill
+    return events
+
+
+@dataclass
+class History:
+    """All events of one run, merged in time order."""
+
+    events: list[Event] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, history_dir: Path) -> History:
+        events: list[Event] = []
+        for path in sorted(history_dir.glob("*.jsonl")):
+            events.extend(read_stream(path))
+        events.sort(key=lambda e: e["t"])
+        return cls(events)
+
+    def of(self, *kinds: str) -> list[Event]:
+        return [e for e in self.events if e["ev"] in kinds]
+
+    def steps(self, rank: int | None = None) -> list[Event]:
+        return [e for e in self.of("step") if rank is None or e.get("rank") == rank]
+
+    def ranks(self) -> list[int]:
+        return sorted({e["rank"] for e in self.events if "rank" in e})
+
+    def final_step(self) -> int:
+        return max((e["step"] for e in self.steps() if e.get("step") is not None), default=0)
+
+    def faults(self) -> list[Event]:
+        return self.of("fault")
+
+    def filter(self, pred: Any) -> Iterable[Event]:
+        return (e for e in self.events if pred(e))

@@ -1,0 +1,221 @@
+"""See a rank's file events under the run directory by interposing on Python's I/O.
+
+This is the light, in-process mechanism: it wraps `open`, the `os` calls that
+make a checkpoint durable or visible (open, write, fsync, rename/replace,
+remove/unlink/rmdir, mkdir) and `torch.save` / `torch.load` with a path. Each
+event under the watched root is reported to a listener *after* the operation
+took effect, so a kill fired by the listener leaves exactly that state behind.
+
+Consecutive writes to one open file count as one "write" event: the event is
+the first chunk, so a kill at it leaves a torn file. `torch.save` to a path
+writes from C++ and is seen as "open" followed by one whole "write".
+Files under the harness's own folder (`_chaos/`) are never reported.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import os
+from collections.abc import Callable
+from typing import Any
+
+Listener = Callable[[str, str], None]  # (op, path)
+
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+
+class _WatchedFile:
+    """A file object that reports its first write (and first write after an fsync)."""
+
+    def __init__(self, raw: Any, path: str, watch: IOWatch) -> None:
+        self._raw = raw
+        self._path = path
+        self._watch = watch
+        self._reported = False
+
+    def write(self, data: Any) -> Any:
+        result = self._raw.write(data)
+        if not self._reported:
+            self._reported = True
+            self._raw.flush()  # the torn prefix must be in the file if we die now
+            self._watch.emit("write", self._path)
+        return result
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def fileno(self) -> int:
+        fd = self._raw.fileno()
+        self._watch.track_fd(fd, self)
+        return fd
+
+    def rearm(self) -> None:
+        self._reported = False
+
+    def __enter__(self) -> _WatchedFile:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._raw.close()
+
+    def __iter__(self) -> Any:
+        return iter(self._raw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+class IOWatch:
+    """Installs the wrappers once per process; reports events under `root`."""
+
+    def __init__(self, root: str, exclude: str, listener: Listener) -> None:
+        self.root = os.path.abspath(root) + os.sep
+        self.exclude = os.path.abspath(exclude) + os.sep
+        self.listener = listener
+        self._fds: dict[int, Any] = {}  # fd -> path (os.open) or _WatchedFile
+        self._os_written: set[int] = set()
+        self._busy = False
+
+    # -- helpers -----------------------------------------------------------
+    def watched(self, path: Any, dir_fd: int | None = None) -> str | None:
+        try:
+            text = os.fsdecode(path)
+        except TypeError:
+            return None
+        if dir_fd is not None and not os.path.isabs(text):
+            text = os.path.join(_fd_path(dir_fd) or "", text)
+        full = os.path.abspath(text)
+        if full.startswith(self.root) and not full.startswith(self.exclude):
+            return full
+        return None
+
+    def emit(self, op: str, path: str) -> None:
+        if self._busy:  # an event handler doing its own I/O is not the target's I/O
+            return
+        self._busy = True
+        try:
+            self.listener(op, path)
+        finally:
+            self._busy = False
+
+    def track_fd(self, fd: int, owner: Any) -> None:
+        self._fds[fd] = owner
+
+    # -- install -----------------------------------------------------------
+    def install(self) -> None:
+        self._wrap_open()
+        self._wrap_os()
+        self._wrap_torch()
+
+    def _wrap_open(self) -> None:
+        real_open = builtins.open
+
+        def watched_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            handle = real_open(file, mode, *args, **kwargs)
+            path = self.watched(file) if not isinstance(file, int) else None
+            if path is None:
+                return handle
+            if any(c in mode for c in "wax+"):
+                self.emit("open", path)
+                return _WatchedFile(handle, path, self)
+            self.emit("read", path)
+            return handle
+
+        builtins.open = watched_open
+        io.open = watched_open
+
+    def _wrap_os(self) -> None:
+        real = {name: getattr(os, name) for name in
+                ("open", "write", "fsync", "rename", "replace", "remove", "unlink",
+                 "rmdir", "mkdir", "close")}
+
+        def os_open(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+            fd = real["open"](path, flags, mode, dir_fd=dir_fd)
+            full = self.watched(path, dir_fd)
+            if full is not None and flags & WRITE_FLAGS:
+                self._fds[fd] = full
+                self.emit("open", full)
+            return fd
+
+        def os_write(fd: int, data: Any) -> int:
+            n = real["write"](fd, data)
+            owner = self._fds.get(fd)
+            if isinstance(owner, str) and fd not in self._os_written:
+                self._os_written.add(fd)
+                self.emit("write", owner)
+            return n
+
+        def os_fsync(fd: Any) -> None:
+            real["fsync"](fd)
+            number = fd if isinstance(fd, int) else fd.fileno()
+            full = self.watched(_fd_path(number) or "")
+            if full is not None:
+                owner = self._fds.get(number)
+                if isinstance(owner, _WatchedFile):
+                    owner.rearm()
+                self._os_written.discard(number)
+                self.emit("fsync", full)
+
+        def os_close(fd: int) -> None:
+            self._fds.pop(fd, None)
+            self._os_written.discard(fd)
+            real["close"](fd)
+
+        def mover(name: str) -> Callable[..., None]:
+            def move(src: Any, dst: Any, *, src_dir_fd: int | None = None,
+                     dst_dir_fd: int | None = None) -> None:
+                real[name](src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+                full = self.watched(dst, dst_dir_fd) or self.watched(src, src_dir_fd)
+                if full is not None:
+                    self.emit("rename", full)
+            return move
+
+        def path_op(name: str, op: str) -> Callable[..., None]:
+            def run(path: Any, *args: Any, dir_fd: int | None = None, **kwargs: Any) -> None:
+                full = self.watched(path, dir_fd)  # resolve before a remove makes it vanish
+                real[name](path, *args, dir_fd=dir_fd, **kwargs)
+                if full is not None:
+                    self.emit(op, full)
+            return run
+
+        os.open = os_open
+        os.write = os_write
+        os.fsync = os_fsync
+        os.close = os_close
+        os.rename = mover("rename")
+        os.replace = mover("replace")
+        os.remove = path_op("remove", "remove")
+        os.unlink = path_op("unlink", "remove")
+        os.rmdir = path_op("rmdir", "remove")
+        os.mkdir = path_op("mkdir", "mkdir")
+
+    def _wrap_torch(self) -> None:
+        import torch
+
+        real_save, real_load = torch.save, torch.load
+
+        def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+            path = self.watched(f) if isinstance(f, (str, os.PathLike)) else None
+            if path is not None:
+                self.emit("open", path)
+            real_save(obj, f, *args, **kwargs)
+            if path is not None:
+                self.emit("write", path)
+
+        def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+            path = self.watched(f) if isinstance(f, (str, os.PathLike)) else None
+            if path is not None:
+                self.emit("read", path)
+            return real_load(f, *args, **kwargs)
+
+        torch.save = save
+        torch.load = load
+
+
+def _fd_path(fd: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None

@@ -1,0 +1,48 @@
+"""Where the harness keeps its files inside a run directory.
+
+The run directory is also the target's working directory, so everything the
+harness writes lives under one sub-folder, `_chaos/`, that targets never see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+CHAOS_DIR = "_chaos"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    run_dir: Path
+
+    @property
+    def chaos_dir(self) -> Path:
+        return self.run_dir / CHAOS_DIR
+
+    @property
+    def history_dir(self) -> Path:
+        return self.chaos_dir / "history"
+
+    @property
+    def fired_dir(self) -> Path:
+        return self.chaos_dir / "fired"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.chaos_dir / "logs"
+
+    @property
+    def schedule_file(self) -> Path:
+        return self.chaos_dir / "schedule.json"
+
+    def rank_history(self, rank: int) -> Path:
+        return self.history_dir / f"rank-{rank}.jsonl"
+
+    @property
+    def harness_history(self) -> Path:
+        return self.history_dir / "harness.jsonl"
+
+    def create(self) -> None:
+        for folder in (self.history_dir, self.fired_dir, self.logs_dir):
+            folder.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,89 @@
+"""Find and reap every process of a run.
+
+torchrun starts each worker in its own session, so killing torchrun or its
+process group leaves the workers alive. Every process of a run therefore
+carries a marker in its environment (`TORCHCHAOS_RUN_ID=<id>`), inherited by
+anything it forks or spawns, and reaping kills by marker as well as by the
+live process tree. A process that escaped the tree (double-forked, reparented
+to init) still carries the marker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+
+from chaos import env
+
+
+def marked_pids(run_id: str) -> list[int]:
+    """Pids of live processes whose initial environment carries this run's marker."""
+    needle = f"{env.RUN_ID}={run_id}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            if needle in environ.split(b"\0") and not _is_zombie(entry):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _is_zombie(proc_dir: Path) -> bool:
+    stat = (proc_dir / "stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def tree(pids: list[int]) -> list[int]:
+    """The pids and all their live descendants."""
+    found: list[int] = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            family = [proc, *proc.children(recursive=True)]
+        except psutil.Error:
+            continue
+        found.extend(p.pid for p in family if _alive(p))
+    return found
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def reap(run_id: str, roots: list[int], timeout: float = 10.0) -> list[int]:
+    """SIGKILL every process of the run; return the pids that had to be killed.
+
+    Stopped processes are sent SIGCONT too: a SIGKILLed process that is
+    stopped dies anyway, but its parent may be waiting on it.
+    """
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while True:
+        victims = sorted(set(tree(roots)) | set(marked_pids(run_id)))
+        if not victims:
+            return sorted(killed)
+        killed.update(victims)
+        signal_all(victims, signal.SIGKILL)
+        signal_all(victims, signal.SIGCONT)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes of run {run_id} survived SIGKILL: {victims}")
+        time.sleep(0.05)

@@ -1,0 +1,103 @@
+"""The fault-free reference run, cached by what determines its outcome.
+
+The cache key covers the script's bytes, its arguments, the job's shape, the
+extra environment and the torch / torchchaos versions. An entry is complete
+only once its `meta.json` exists, so an interrupted reference run is never
+reused. With two reference runs the entry also records whether the target is
+deterministic without faults.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import chaos
+from chaos.errors import CannotJudge
+from chaos.history import History
+from chaos.layout import RunLayout
+from chaos.runner import Job, Progress
+from chaos.scenario import Scenario
+
+
+@dataclass
+class Reference:
+    run_dir: Path
+    wall_seconds: float
+    deterministic: bool | None  # None: only one run, not proven either way
+    detail: str
+
+    @property
+    def history_dir(self) -> Path:
+        return RunLayout(self.run_dir).history_dir
+
+    def history(self) -> History:
+        return History.load(self.history_dir)
+
+
+def cache_key(scenario: Scenario) -> str:
+    import torch
+
+    blob = {
+        "script": hashlib.sha256(Path(scenario.script).read_bytes()).hexdigest(),
+        "args": scenario.args, "nproc": scenario.nproc, "nodes": scenario.nodes,
+        "env": scenario.env, "torch": torch.__version__, "torchchaos": chaos.__version__,
+    }
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _step_table(history: History) -> dict[tuple[int, int], dict[str, str]]:
+    return {(e["rank"], e["step"]): e["fp"] for e in history.steps()}
+
+
+def _compare(first: History, second: History) -> tuple[bool, str]:
+    a, b = _step_table(first), _step_table(second)
+    for key in sorted(set(a) | set(b), key=lambda k: (k[1], k[0])):
+        if a.get(key) != b.get(key):
+            return False, f"two fault-free runs differ at step {key[1]} on rank {key[0]}"
+    return True, f"two fault-free runs matched bitwise over {len(a)} rank-steps"
+
+
+def _run_once(scenario: Scenario, run_dir: Path, progress: Progress) -> float:
+    outcome = Job(scenario, run_dir, faults=[], progress=progress).run()
+    if outcome.deadline_hit:
+        raise CannotJudge(f"the target did not finish without faults within {scenario.timeout:g}"
+                          f" s (see {RunLayout(run_dir).logs_dir})")
+    if not outcome.completed:
+        tail = outcome.log_tail()
+        raise CannotJudge(f"the target fails without faults (exit codes"
+                          f" {outcome.exit_codes[-1]}): {tail}")
+    if not History.load(RunLayout(run_dir).history_dir).steps():
+        raise CannotJudge("the target ran without any optimizer step the agent could see"
+                          " (is it a torch training script using torch.optim?)")
+    return outcome.wall_seconds
+
+
+def get_reference(scenario: Scenario, cache_root: Path, progress: Progress) -> Reference:
+    entry = cache_root / f"ref-{cache_key(scenario)}"
+    meta_file = entry / "meta.json"
+    if meta_file.exists():
+        meta = json.loads(meta_file.read_text())
+        if meta["runs"] >= scenario.reference_runs:
+            progress(f"reference: reusing cached run {entry}")
+            return Reference(entry / "run-0", meta["wall_seconds"], meta["deterministic"],
+                             meta["detail"])
+    if entry.exists():
+        shutil.rmtree(entry)  # incomplete or too few runs: a directory this harness created
+    entry.mkdir(parents=True)
+    walls = []
+    for number in range(scenario.reference_runs):
+        progress(f"reference run {number + 1}/{scenario.reference_runs} (fault-free) ...")
+        walls.append(_run_once(scenario, entry / f"run-{number}", progress))
+        progress(f"reference run {number + 1} done in {walls[-1]:.1f} s")
+    deterministic, detail = None, "one reference run; determinism not proven"
+    if scenario.reference_runs == 2:
+        deterministic, detail = _compare(History.load(RunLayout(entry / "run-0").history_dir),
+                                         History.load(RunLayout(entry / "run-1").history_dir))
+    meta = {"runs": scenario.reference_runs, "wall_seconds": walls[0],
+            "deterministic": deterministic, "detail": detail}
+    meta_file.write_text(json.dumps(meta))
+    return Reference(entry / "run-0", walls[0], deterministic, detail)

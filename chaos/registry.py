@@ -1,0 +1,80 @@
+"""Fault kinds register here; the engine looks them up by name.
+
+The engine never imports a specific fault module: `faults/__init__.py` imports
+its modules, each of which calls `register`. A kind says which parameters it
+accepts and how it fires. Kinds that fire inside a rank (kill, bit flip) are
+"agent" kinds; kinds the harness applies from outside (partition) are
+"harness" kinds, injected and healed by the runner.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from chaos.errors import UsageError
+
+if TYPE_CHECKING:
+    from chaos.schedule import ResolvedFault
+
+
+@dataclass
+class FireContext:
+    """What a firing fault may use inside the rank it fires in."""
+
+    rank: int
+    local_rank: int
+    node: int
+    record: Callable[..., None]  # write an event to this rank's history
+
+
+class FaultKind:
+    """One kind of fault. Subclasses set `name` and `params` and implement `fire`."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+    # parameter name -> parser (str -> value); parsers raise ValueError on bad input
+    params: ClassVar[dict[str, Callable[[str], object]]] = {}
+    side: ClassVar[str] = "agent"  # "agent": fires in a rank; "harness": fired by the runner
+
+    def validate(self, params: dict[str, object]) -> None:
+        """Check the combination of parameters; raise UsageError if it makes no sense."""
+
+    def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
+        """Inject the fault from inside the rank (agent kinds)."""
+        raise NotImplementedError
+
+    def heal(self, fault: ResolvedFault) -> None:
+        """Undo the fault (harness kinds). Must be safe to call twice."""
+
+
+_KINDS: dict[str, FaultKind] = {}
+_loaded = False
+
+
+def register(kind: FaultKind) -> FaultKind:
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def _load() -> None:
+    global _loaded
+    if not _loaded:
+        importlib.import_module("faults")
+        _loaded = True
+
+
+def get_kind(name: str) -> FaultKind:
+    _load()
+    try:
+        return _KINDS[name]
+    except KeyError:
+        known = ", ".join(sorted(_KINDS))
+        raise UsageError(f"unknown fault kind {name!r} (known: {known})") from None
+
+
+def all_kinds() -> dict[str, FaultKind]:
+    _load()
+    return dict(_KINDS)

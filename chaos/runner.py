@@ -1,0 +1,182 @@
+"""Launch one job (reference or chaos) under torchrun and always clean up.
+
+A job is one torchrun agent per simulated node, each started in its own
+session, with a deadline. If the whole job dies (every torchrun exits, some
+non-zero), the runner relaunches it the way a cluster scheduler requeues a
+job, up to `max_relaunches`, so recovery from checkpoints is exercised for
+node loss too. Whatever happens — success, failure, deadline, Ctrl-C — the
+`finally` reaps every process of the run, found by tree and by marker.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import chaos
+from chaos import env, procs, schedule
+from chaos.history import HistoryWriter
+from chaos.layout import RunLayout
+from chaos.scenario import Scenario
+from chaos.schedule import ResolvedFault
+
+INJECT_DIR = Path(__file__).resolve().parent / "_inject"
+PACKAGE_ROOT = Path(chaos.__file__).resolve().parent.parent
+POLL_SECONDS = 0.1
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class JobOutcome:
+    run_dir: Path
+    completed: bool = False  # the last launch exited 0 on every node
+    deadline_hit: bool = False
+    exit_codes: list[list[int | None]] = field(default_factory=list)  # per launch, per node
+    wall_seconds: float = 0.0
+    reaped: list[int] = field(default_factory=list)  # killed by the harness after the job ended
+    leftovers: list[int] = field(default_factory=list)  # alive even after reaping: a harness bug
+
+    @property
+    def launches(self) -> int:
+        return len(self.exit_codes)
+
+    def log_tail(self, lines: int = 1) -> str:
+        """The last non-empty lines of the last launch's logs, for one-line reasons."""
+        logs = sorted(RunLayout(self.run_dir).logs_dir.glob("launch-*.log"))
+        if not logs:
+            return ""
+        text = [ln for ln in logs[-1].read_text(errors="replace").splitlines() if ln.strip()]
+        return " | ".join(text[-lines:])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def substitute(args: list[str], run_dir: Path) -> list[str]:
+    return [a.replace("{run_dir}", str(run_dir)) for a in args]
+
+
+def torchrun_command(scenario: Scenario, node: int, run_id: str, port: int,
+                     run_dir: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run",
+           "--nproc-per-node", str(scenario.nproc),
+           "--max-restarts", str(scenario.max_restarts),
+           "--monitor-interval", str(POLL_SECONDS)]
+    if scenario.nodes == 1:
+        cmd += ["--standalone"]
+    else:
+        cmd += ["--nnodes", str(scenario.nodes), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id]
+    script = str(Path(scenario.script).resolve())
+    return cmd + [script, *substitute(scenario.args, run_dir)]
+
+
+def job_environment(scenario: Scenario, run_dir: Path, run_id: str, launch: int,
+                    t0: float, reference: Path | None) -> dict[str, str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCHCHAOS_")}
+    environ.update(scenario.env)
+    path = [str(INJECT_DIR), str(PACKAGE_ROOT), environ.get("PYTHONPATH", "")]
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+    environ.setdefault("OMP_NUM_THREADS", "1")
+    # torchrun's c10d rendezvous shares its TCPStore with the workers by default, and
+    # workers of an elastic restart then read the previous attempt's peer addresses
+    # (pytorch/pytorch#135712, still seen on 2.13): every in-place restart fails to
+    # connect. A job may set it back to "0" through Scenario.env to test that path.
+    environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    environ.setdefault("PYTHONUNBUFFERED", "1")
+    environ.update({env.RUN_DIR: str(run_dir), env.RUN_ID: run_id, env.LAUNCH: str(launch),
+                    env.T0: repr(t0)})
+    if reference is not None:
+        environ[env.REFERENCE] = str(reference)
+    return environ
+
+
+class Job:
+    """One run of the scenario's job in `run_dir` (which the caller created)."""
+
+    def __init__(self, scenario: Scenario, run_dir: Path, faults: list[ResolvedFault],
+                 reference: Path | None = None, progress: Progress | None = None) -> None:
+        self.scenario = scenario
+        self.layout = RunLayout(run_dir)
+        self.faults = faults
+        self.reference = reference
+        self.progress = progress or (lambda _msg: None)
+        self.run_id = uuid.uuid4().hex[:12]
+        self.nodes: list[subprocess.Popen[bytes]] = []
+
+    def run(self) -> JobOutcome:
+        self.layout.create()
+        schedule.save(self.faults, self.layout.schedule_file)
+        outcome = JobOutcome(self.layout.run_dir)
+        log = HistoryWriter(self.layout.harness_history, source="harness")
+        t0 = time.monotonic()
+        deadline = t0 + self.scenario.timeout
+        try:
+            for launch in range(self.scenario.max_relaunches + 1):
+                self._start(launch, t0)
+                log.record("launch", launch=launch, pids=[p.pid for p in self.nodes])
+                codes, timed_out = self._wait(deadline)
+                outcome.exit_codes.append(codes)
+                log.record("job_exit", launch=launch, codes=codes)
+                if timed_out:
+                    outcome.deadline_hit = True
+                    log.record("deadline", seconds=self.scenario.timeout)
+                    break
+                if all(code == 0 for code in codes):
+                    outcome.completed = True
+                    break
+                self.progress(f"job died (exit codes {codes}); requeueing"
+                              if launch < self.scenario.max_relaunches else
+                              f"job died (exit codes {codes}); no relaunch left")
+                self._reap(log)
+        finally:
+            killed = self._reap(log)
+            if outcome.completed:  # the job ended cleanly, yet these were still running
+                outcome.reaped = killed
+            outcome.leftovers = procs.marked_pids(self.run_id)
+            outcome.wall_seconds = time.monotonic() - t0
+            log.close()
+        return outcome
+
+    def _start(self, launch: int, t0: float) -> None:
+        environ = job_environment(self.scenario, self.layout.run_dir, self.run_id, launch, t0,
+                                  self.reference)
+        port = _free_port()
+        self.nodes = []
+        for node in range(self.scenario.nodes):
+            log_path = self.layout.logs_dir / f"launch-{launch}-node-{node}.log"
+            with open(log_path, "ab") as log_file:
+                self.nodes.append(subprocess.Popen(
+                    torchrun_command(self.scenario, node, self.run_id, port, self.layout.run_dir),
+                    cwd=self.layout.run_dir, env=environ, stdin=subprocess.DEVNULL,
+                    stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                ))
+
+    def _wait(self, deadline: float) -> tuple[list[int | None], bool]:
+        """Wait until every node exited, one failed, or the deadline passed."""
+        while True:
+            codes = [p.poll() for p in self.nodes]
+            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+                return codes, False
+            if time.monotonic() > deadline:
+                return codes, True
+            time.sleep(POLL_SECONDS)
+
+    def _reap(self, log: HistoryWriter) -> list[int]:
+        killed = procs.reap(self.run_id, [p.pid for p in self.nodes])
+        for proc in self.nodes:
+            proc.wait()
+        if killed:
+            log.record("reaped", pids=killed)
+        return killed

@@ -1,0 +1,59 @@
+"""A scenario: which job to run, which faults to inject, which checks to apply.
+
+Python (pytest), the CLI and (later) YAML files all build this one object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chaos.checkers import CHECKERS
+from chaos.errors import UsageError
+from chaos.spec import FaultSpec, parse_fault_spec
+
+
+@dataclass
+class Scenario:
+    script: str
+    args: list[str] = field(default_factory=list)
+    nproc: int = 2
+    nodes: int = 1
+    faults: list[FaultSpec] = field(default_factory=list)
+    checks: list[str] | None = None  # None: every check that applies
+    max_lost_steps: int | None = None  # None: the checkpoint interval seen in the reference
+    max_lost_seconds: float | None = None
+    seed: int = 0
+    timeout: float = 300.0  # seconds, for each run (reference and chaos)
+    max_restarts: int = 3  # torchrun's elastic restarts within one launch
+    max_relaunches: int = 2  # times the whole job is requeued after it died
+    reference_runs: int = 1  # 2 also proves the target deterministic without faults
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, script: str, faults: list[str] | None = None, **kwargs: object) -> Scenario:
+        """Build from fault spec strings; validates everything."""
+        specs = [parse_fault_spec(text) for text in faults or []]
+        scenario = cls(script=script, faults=specs, **kwargs)  # type: ignore[arg-type]
+        scenario.validate()
+        return scenario
+
+    def validate(self) -> None:
+        path = Path(self.script)
+        if not path.is_file():
+            raise UsageError(f"training script not found: {self.script}")
+        if self.nproc < 1 or self.nodes < 1:
+            raise UsageError("--nproc and --nodes must be >= 1")
+        if self.timeout <= 0:
+            raise UsageError("--timeout must be > 0 seconds")
+        if self.max_lost_steps is not None and self.max_lost_steps < 0:
+            raise UsageError("--max-lost-steps must be >= 0")
+        if self.reference_runs not in (1, 2):
+            raise UsageError("--reference-runs must be 1 or 2")
+        for name in self.checks or []:
+            if name not in CHECKERS:
+                raise UsageError(f"unknown check {name!r} (known: {', '.join(CHECKERS)})")
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nodes

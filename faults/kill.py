@@ -1,0 +1,99 @@
+"""kill: a rank or a whole simulated node dies.
+
+`signal=SIGKILL` (default) is a crash with no warning; `SIGTERM` is a
+preemption notice: the target may checkpoint and exit, and is SIGKILLed if it
+is still alive after `grace` seconds; `SIGSEGV` is a native crash; `exit`
+makes the process exit with `code` (default 1) without running any handler.
+
+A node is its torchrun agent plus all its workers. torchrun starts each worker
+in its own session, so killing torchrun alone would leave the workers
+training; a node kill walks the real process tree instead. A node SIGTERM
+goes to the torchrun agent only, which forwards it to its workers the way a
+cluster's preemption notice does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+
+from chaos.registry import FaultKind, FireContext, register
+from chaos.schedule import ResolvedFault
+
+SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGSEGV": signal.SIGSEGV,
+           "SIGINT": signal.SIGINT, "exit": None}
+
+
+def _signal(value: str) -> str:
+    name = value.upper() if value.lower() != "exit" else "exit"
+    if not name.startswith("SIG") and name != "exit":
+        name = "SIG" + name
+    if name not in SIGNALS:
+        raise ValueError(f"unknown signal {value!r} (known: {', '.join(SIGNALS)})")
+    return name
+
+
+def _seconds(value: str) -> float:
+    number = float(value)
+    if not number >= 0:
+        raise ValueError(f"needs seconds >= 0, got {value!r}")
+    return number
+
+
+def _sigkill_later(pids: list[int], delay: float) -> None:
+    def run() -> None:
+        time.sleep(delay)
+        _sigkill_all(pids)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def _sigkill_all(pids: list[int]) -> None:
+    me = os.getpid()
+    for pid in [p for p in pids if p != me] + ([me] if me in pids else []):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class Kill(FaultKind):
+    name = "kill"
+    summary = "kill a rank or a node (SIGKILL, SIGTERM with grace, SIGSEGV, exit)"
+    params = {"signal": _signal, "grace": _seconds, "code": int}
+
+    def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
+        sig = str(fault.params.get("signal", "SIGKILL"))
+        grace = float(fault.params.get("grace", 30.0))  # type: ignore[arg-type]
+        code = int(fault.params.get("code", 1))  # type: ignore[call-overload]
+        if fault.target_type == "node":
+            self._kill_node(sig, grace, code)
+        else:
+            self._kill_self(sig, grace, code)
+
+    def _kill_self(self, sig: str, grace: float, code: int) -> None:
+        if sig == "exit":
+            os._exit(code)
+        if sig == "SIGTERM":
+            _sigkill_later([os.getpid()], grace)
+        os.kill(os.getpid(), SIGNALS[sig])
+
+    def _kill_node(self, sig: str, grace: float, code: int) -> None:
+        launcher = psutil.Process(os.getppid())
+        tree = [launcher.pid] + [c.pid for c in launcher.children(recursive=True)]
+        if sig == "SIGTERM":
+            _sigkill_later(tree, grace)
+            os.kill(launcher.pid, signal.SIGTERM)
+            return
+        _sigkill_all(tree[:1])  # the launcher first, so it cannot restart the workers
+        if sig == "exit":
+            _sigkill_all([p for p in tree[1:] if p != os.getpid()])
+            os._exit(code)
+        _sigkill_all(tree[1:])
+
+
+register(Kill())
