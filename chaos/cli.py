@@ -157,7 +157,10 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, _interrupt)  # so `finally` blocks heal and reap
+    # Both signals become KeyboardInterrupt so `finally` blocks heal and reap; SIGINT is
+    # set explicitly because a shell's background job starts with it ignored.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         ns = build_parser().parse_args(argv)
         if ns.command is None:

@@ -15,9 +15,10 @@ Files under the harness's own folder (`_chaos/`) are never reported.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import io
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 Listener = Callable[[str, str], None]  # (op, path)
@@ -87,7 +88,7 @@ class IOWatch:
         if dir_fd is not None and not os.path.isabs(text):
             text = os.path.join(_fd_path(dir_fd) or "", text)
         full = os.path.abspath(text)
-        if full.startswith(self.root) and not full.startswith(self.exclude):
+        if full.startswith(self.root) and not (full + os.sep).startswith(self.exclude):
             return full
         return None
 
@@ -99,6 +100,14 @@ class IOWatch:
             self.listener(op, path)
         finally:
             self._busy = False
+
+    @contextlib.contextmanager
+    def muted(self) -> Iterator[None]:
+        busy, self._busy = self._busy, True
+        try:
+            yield
+        finally:
+            self._busy = busy
 
     def track_fd(self, fd: int, owner: Any) -> None:
         self._fds[fd] = owner
@@ -196,19 +205,22 @@ class IOWatch:
 
         real_save, real_load = torch.save, torch.load
 
-        def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
             path = self.watched(f) if isinstance(f, (str, os.PathLike)) else None
-            if path is not None:
-                self.emit("open", path)
-            real_save(obj, f, *args, **kwargs)
-            if path is not None:
-                self.emit("write", path)
+            if path is None:
+                return real_save(obj, f, *args, **kwargs)
+            self.emit("open", path)
+            with self.muted():
+                real_save(obj, f, *args, **kwargs)
+            self.emit("write", path)
 
         def load(f: Any, *args: Any, **kwargs: Any) -> Any:
             path = self.watched(f) if isinstance(f, (str, os.PathLike)) else None
-            if path is not None:
-                self.emit("read", path)
-            return real_load(f, *args, **kwargs)
+            if path is None:
+                return real_load(f, *args, **kwargs)
+            self.emit("read", path)
+            with self.muted():  # torch.load opens the file again: one event is enough
+                return real_load(f, *args, **kwargs)
 
         torch.save = save
         torch.load = load

@@ -33,6 +33,10 @@ class RunLayout:
         return self.chaos_dir / "logs"
 
     @property
+    def tmp_dir(self) -> Path:
+        return self.chaos_dir / "tmp"
+
+    @property
     def schedule_file(self) -> Path:
         return self.chaos_dir / "schedule.json"
 
@@ -44,5 +48,5 @@ class RunLayout:
         return self.history_dir / "harness.jsonl"
 
     def create(self) -> None:
-        for folder in (self.history_dir, self.fired_dir, self.logs_dir):
+        for folder in (self.history_dir, self.fired_dir, self.logs_dir, self.tmp_dir):
             folder.mkdir(parents=True, exist_ok=True)

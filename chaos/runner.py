@@ -97,6 +97,8 @@ def job_environment(scenario: Scenario, run_dir: Path, run_id: str, launch: int,
     environ.setdefault("PYTHONUNBUFFERED", "1")
     environ.update({env.RUN_DIR: str(run_dir), env.RUN_ID: run_id, env.LAUNCH: str(launch),
                     env.T0: repr(t0)})
+    # torchrun and torch make temporary folders (torchelastic_*); keep them in the run
+    environ["TMPDIR"] = str(RunLayout(run_dir).tmp_dir)
     if reference is not None:
         environ[env.REFERENCE] = str(reference)
     return environ

@@ -38,6 +38,7 @@ import signal
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -72,9 +73,7 @@ class TinyLM(nn.Module):
         self.tok = nn.Embedding(VOCAB, D_MODEL)
         self.pos = nn.Embedding(SEQ, D_MODEL)
         self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(
-                D_MODEL, HEADS, FF, dropout=0.1, batch_first=True
-            )
+            nn.TransformerEncoderLayer(D_MODEL, HEADS, FF, dropout=0.1, batch_first=True)
             for _ in range(LAYERS)
         )
         self.head = nn.Linear(D_MODEL, VOCAB)
@@ -96,12 +95,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ckpt-dir", default="ckpt")
     p.add_argument("--keep", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--timeout", type=float, default=30.0, help="process group timeout (s)"
-    )
-    p.add_argument(
-        "--grace", type=int, default=20, help="seconds allowed after SIGTERM"
-    )
+    p.add_argument("--timeout", type=float, default=30.0, help="process group timeout (s)")
+    p.add_argument("--grace", type=int, default=20, help="seconds allowed after SIGTERM")
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--bug", choices=BUGS, default="none")
     return p.parse_args()
@@ -205,9 +200,7 @@ def write_file(f: IO[bytes], write: Callable[[IO[bytes]], None], sync: bool) -> 
         os.fsync(f.fileno())
 
 
-def atomic_write(
-    directory: str, name: str, write: Callable[[IO[bytes]], None], sync: bool
-) -> str:
+def atomic_write(directory: str, name: str, write: Callable[[IO[bytes]], None], sync: bool) -> str:
     """Write to a temp file in the same dir, then rename it over `name`."""
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
     with os.fdopen(fd, "wb") as f:
@@ -253,9 +246,7 @@ def write_checkpoint(state: dict[str, Any], args: argparse.Namespace) -> None:
         buf = io.BytesIO()
         torch.save(state, buf)
         data = buf.getvalue()
-        update_manifest(
-            d, step, name, hashlib.sha256(data).hexdigest(), args.keep, sync
-        )
+        update_manifest(d, step, name, hashlib.sha256(data).hexdigest(), args.keep, sync)
         with open(os.path.join(d, name), "wb") as f:
             write_file(f, lambda out: out.write(data), sync)
         return
@@ -360,14 +351,26 @@ def setup(args: argparse.Namespace) -> tuple[int, torch.device]:
     return dist.get_rank(), device
 
 
-def finish(code: int, message: str) -> None:
+def finish(code: int, message: str) -> int:
     if dist.get_rank() == 0:
         print(message, flush=True)
     dist.destroy_process_group()
-    sys.exit(code)
+    return code
 
 
-def main() -> None:
+def exit_now(code: int) -> None:
+    """Exit without interpreter teardown.
+
+    At teardown the DDP reducer can free the gloo process group while holding
+    the GIL, and join a gloo worker thread that is waiting for the GIL to free a
+    tensor: a deadlock that was seen here (one rank hung after "done").
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main() -> int:
     args = parse_args()
     rank, device = setup(args)
     seed_globals(args.seed, rank, args.bug)
@@ -397,9 +400,15 @@ def main() -> None:
         if preempt.agreed(device):
             if saved != step:
                 save(step, loss, data_pos, parts, args, device)
-            finish(143, f"preempted at step {step}, checkpoint saved")
-    finish(0, f"done step {step} loss {loss!r}")
+            # Nonzero so that torchrun restarts the workers, which then resume.
+            return finish(143, f"preempted at step {step}, checkpoint saved")
+    return finish(0, f"done step {step} loss {loss!r}")
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        status = main()
+    except Exception:
+        traceback.print_exc()
+        status = 1
+    exit_now(status)

@@ -1,0 +1,143 @@
+"""Checkers on hand-written histories: every verdict and every diagnosis."""
+
+from __future__ import annotations
+
+import pytest
+from histories import Timeline, evidence, fp
+
+from chaos import checkers
+
+
+def killed_and_resumed(restored: int = 10, kill_step: int = 12, **train: object) -> Timeline:
+    """Rank 1 dies after step kill_step; the restart resumes from `restored`."""
+    timeline = Timeline()
+    timeline.train(2, range(1, kill_step + 1))
+    timeline.fault(1, kill_step)
+    timeline.train(2, range(restored + 1, 21), attempt=1, restored=restored, **train)
+    return timeline
+
+
+def test_clean_recovery_passes_every_check():
+    ev = evidence(killed_and_resumed().history())
+    results = checkers.run_checks(ev)
+    assert {name: r.ok for name, r in results.items()} == {
+        "completes": True, "atomic_recovery": True, "deterministic_resume": True,
+        "bounded_lost_work": True, "no_orphans": True}
+    assert results["bounded_lost_work"].data["lost_steps"] == [2]
+    assert results["bounded_lost_work"].data["ettr"] == pytest.approx(0.5)
+
+
+def test_completes_fails_on_deadline_and_on_exit_code_and_on_short_run():
+    history = killed_and_resumed().history()
+    assert checkers.completes(evidence(history, deadline_hit=True)).ok is False
+    failed = checkers.completes(evidence(history, completed=False, exit_codes=[[1]],
+                                         log_tail="RuntimeError: boom"))
+    assert failed.ok is False and "RuntimeError: boom" in failed.detail
+    short = Timeline()
+    short.train(2, range(1, 15))
+    assert "stopped at step 14 of 20" in checkers.completes(evidence(short.history())).detail
+
+
+def test_atomic_recovery_undecided_without_a_recovery():
+    plain = Timeline()
+    plain.train(2, range(1, 21))
+    assert checkers.atomic_recovery(evidence(plain.history())).ok is None
+
+
+def test_atomic_recovery_flags_a_resume_that_raises():
+    timeline = Timeline()
+    timeline.train(2, range(1, 13))
+    timeline.fault(1, 12)
+    timeline.add("exception", type="UnpicklingError", message="invalid load key\nmore",
+                 before_first_step=True, after_load=True, **timeline.proc(0, attempt=1))
+    result = checkers.atomic_recovery(evidence(timeline.history(), completed=False))
+    assert result.ok is False
+    assert "resume raised on rank 0: UnpicklingError: invalid load key" in result.detail
+
+
+def test_atomic_recovery_ignores_errors_of_surviving_ranks_before_the_restart():
+    timeline = Timeline()
+    timeline.train(2, range(1, 13))
+    timeline.fault(1, 12)
+    # rank 0's all-reduce fails because its peer died: mid-training, not a resume
+    timeline.add("exception", type="RuntimeError", message="Connection closed by peer",
+                 before_first_step=False, after_load=True, **timeline.proc(0))
+    timeline.train(2, range(11, 21), attempt=1, restored=10)
+    assert checkers.atomic_recovery(evidence(timeline.history())).ok is True
+
+
+def test_atomic_recovery_flags_a_restore_matching_no_step():
+    timeline = killed_and_resumed()
+    for event in timeline.events:
+        if event["ev"] == "restore" and event["attempt"] == 1 and event["rank"] == 1:
+            event["restored"], event["match"] = None, None
+    result = checkers.atomic_recovery(evidence(timeline.history()))
+    assert result.ok is False and "matches no step" in result.detail
+
+
+@pytest.mark.parametrize("component,key", [
+    ("weights", "params_start"), ("optimizer", "optim_start"), ("lr_schedule", "lr"),
+    ("rng", "rng"), ("data", "batch"),
+])
+def test_deterministic_resume_names_the_first_divergent_step_and_component(component, key):
+    wrong = {step: fp(step, **{key: "different", "params": "different"}) for step in
+             range(11, 21)}
+    ev = evidence(killed_and_resumed(fps=wrong).history())
+    result = checkers.deterministic_resume(ev)
+    assert result.ok is False
+    assert result.data["divergent_step"] == 11 and result.data["component"] == component
+    assert f"at step 11 on rank 0: {component} not restored" in result.detail
+
+
+def test_deterministic_resume_reports_a_nondeterministic_target_instead_of_failing():
+    timeline = Timeline()
+    timeline.train(2, range(1, 13), fps={3: fp(3, batch="other", params="other")})
+    timeline.fault(1, 12)
+    timeline.train(2, range(11, 21), attempt=1, restored=10)
+    result = checkers.deterministic_resume(evidence(timeline.history()))
+    assert result.ok is None and "not deterministic without faults" in result.detail
+    proven = evidence(killed_and_resumed().history(), reference_deterministic=False,
+                      reference_detail="two fault-free runs differ at step 4 on rank 0")
+    assert checkers.deterministic_resume(proven).ok is None
+
+
+def test_deterministic_resume_fails_when_steps_cannot_be_aligned():
+    timeline = killed_and_resumed()
+    for event in timeline.events:
+        if event["ev"] == "step" and event["attempt"] == 1:
+            event["step"] = None
+    assert checkers.deterministic_resume(evidence(timeline.history())).ok is False
+
+
+def test_bounded_lost_work_uses_the_reference_checkpoint_interval():
+    ok = checkers.bounded_lost_work(evidence(killed_and_resumed(10, 14).history()))
+    assert ok.ok is True and ok.data["bound_steps"] == 5 and ok.data["lost_steps"] == [4]
+    too_much = checkers.bounded_lost_work(evidence(killed_and_resumed(5, 14).history()))
+    assert too_much.ok is False
+    assert "redid 9 steps after the failure at step 14 (resumed from step 5)" in too_much.detail
+
+
+def test_bounded_lost_work_obeys_explicit_bounds():
+    history = killed_and_resumed(10, 14).history()
+    assert checkers.bounded_lost_work(evidence(history, max_lost_steps=3)).ok is False
+    assert checkers.bounded_lost_work(evidence(history, max_lost_steps=4)).ok is True
+    slow = checkers.bounded_lost_work(evidence(history, max_lost_seconds=0.5))
+    assert slow.ok is False and "bound is 0.5 s" in slow.detail
+
+
+def test_bounded_lost_work_undecided_without_failures_or_checkpoints():
+    plain = Timeline()
+    plain.train(2, range(1, 21))
+    assert checkers.bounded_lost_work(evidence(plain.history())).ok is None
+    never_saves = Timeline()
+    never_saves.train(2, range(1, 21), save_every=0)
+    no_bound = checkers.bounded_lost_work(evidence(killed_and_resumed(0, 12).history(),
+                                                   never_saves.history()))
+    assert no_bound.ok is None and "--max-lost-steps" in no_bound.detail
+
+
+def test_no_orphans():
+    history = killed_and_resumed().history()
+    assert checkers.no_orphans(evidence(history, leftovers=[4242])).ok is False
+    reaped = checkers.no_orphans(evidence(history, reaped=[4242]))
+    assert reaped.ok is True and "reaped 1" in reaped.detail

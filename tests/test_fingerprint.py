@@ -1,0 +1,69 @@
+"""Fingerprints are exact: equal bits give equal digests, any flipped bit changes them."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from chaos.fingerprint import digest_object, digest_rng, digest_tensors
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
+          torch.int8, torch.uint8, torch.bool]
+
+
+def _sample(dtype: torch.dtype) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0)
+    if dtype == torch.bool:
+        return torch.rand(257, generator=gen) > 0.5
+    if dtype.is_floating_point:
+        return torch.randn(257, generator=gen).to(dtype)
+    return torch.randint(0, 100, (257,), generator=gen).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_single_bit_flip_changes_the_digest(dtype):
+    tensor = _sample(dtype)
+    base = digest_tensors([tensor])
+    assert digest_tensors([tensor.clone()]) == base
+    raw = tensor.view(torch.uint8) if dtype != torch.bool else tensor.view(torch.uint8)
+    for byte in (0, raw.numel() // 2, raw.numel() - 1):
+        for bit in range(8 if dtype != torch.bool else 1):
+            flipped = raw.clone()
+            flipped[byte] ^= 1 << bit
+            assert digest_tensors([flipped.view(dtype)]) != base, (byte, bit)
+
+
+def test_digest_sees_order_shape_and_negative_zero():
+    a = torch.arange(6, dtype=torch.float32)
+    assert digest_tensors([a]) != digest_tensors([a.flip(0)])
+    assert digest_tensors([a]) != digest_tensors([a.reshape(2, 3)])
+    assert digest_tensors([a[:3], a[3:]]) != digest_tensors([a[3:], a[:3]])
+    assert digest_tensors([torch.tensor([0.0])]) != digest_tensors([torch.tensor([-0.0])])
+
+
+def test_digest_of_non_contiguous_and_empty_tensors():
+    a = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    assert digest_tensors([a.t()]) == digest_tensors([a.t().contiguous()])
+    assert digest_tensors([torch.empty(0)]) == digest_tensors([torch.empty(0)])
+
+
+def test_object_digest_covers_tensors_and_plain_values():
+    state = {"step": 3, "exp_avg": torch.ones(4)}
+    assert digest_object(state) == digest_object({"exp_avg": torch.ones(4), "step": 3})
+    assert digest_object(state) != digest_object({"step": 4, "exp_avg": torch.ones(4)})
+
+
+def test_rng_digest_follows_every_global_generator():
+    base = digest_rng()
+    assert digest_rng() == base
+    torch.rand(1)
+    after_torch = digest_rng()
+    assert after_torch != base
+    np.random.rand()
+    after_numpy = digest_rng()
+    assert after_numpy != after_torch
+    random.random()
+    assert digest_rng() != after_numpy

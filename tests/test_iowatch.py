@@ -1,0 +1,77 @@
+"""The in-process file-event watcher, run in a child process (it patches builtins)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SAVE = textwrap.dedent("""
+    import json, os, sys, torch
+    from chaos.iowatch import IOWatch
+    root, die_at = sys.argv[1], int(sys.argv[2])
+    seen = []
+    def listener(op, path):
+        seen.append([op, os.path.relpath(path, root)])
+        if len(seen) == die_at:
+            os._exit(9)
+    IOWatch(root, os.path.join(root, "_chaos"), listener).install()
+    os.chdir(root)
+    os.makedirs("ckpt", exist_ok=True)
+    with open("_chaos_ignored.txt", "w") as f:
+        f.write("x")
+    os.makedirs("_chaos", exist_ok=True)
+    with open("_chaos/own.txt", "w") as f:   # the harness's folder: never reported
+        f.write("x")
+    with open("ckpt/tmp", "wb") as f:
+        torch.save({"w": torch.arange(100000.0)}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace("ckpt/tmp", "ckpt/step-1.pt")
+    fd = os.open("ckpt", os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    torch.save({"a": 1}, "ckpt/meta.pt")
+    torch.load("ckpt/step-1.pt")
+    os.remove("ckpt/meta.pt")
+    print(json.dumps(seen))
+""")
+
+
+def _run(root: Path, die_at: int = 0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", SAVE, str(root), str(die_at)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_events_of_an_atomic_save_in_order(tmp_path):
+    result = _run(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [
+        ["mkdir", "ckpt"],
+        ["open", "_chaos_ignored.txt"], ["write", "_chaos_ignored.txt"],
+        ["open", "ckpt/tmp"], ["write", "ckpt/tmp"], ["fsync", "ckpt/tmp"],
+        ["rename", "ckpt/step-1.pt"], ["fsync", "ckpt"],
+        ["open", "ckpt/meta.pt"], ["write", "ckpt/meta.pt"],
+        ["read", "ckpt/step-1.pt"], ["remove", "ckpt/meta.pt"],
+    ]
+
+
+def test_a_kill_at_the_write_event_leaves_a_torn_file(tmp_path):
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    killed.mkdir()
+    whole.mkdir()
+    assert _run(killed, die_at=5).returncode == 9  # after the first chunk of ckpt/tmp
+    assert _run(whole).returncode == 0
+    torn = (killed / "ckpt" / "tmp").stat().st_size
+    assert 0 < torn < (whole / "ckpt" / "step-1.pt").stat().st_size
+    assert not (killed / "ckpt" / "step-1.pt").exists()
+
+
+def test_a_kill_after_the_rename_leaves_the_published_file(tmp_path):
+    assert _run(tmp_path, die_at=7).returncode == 9
+    assert (tmp_path / "ckpt" / "step-1.pt").exists()
+    assert not (tmp_path / "ckpt" / "tmp").exists()
