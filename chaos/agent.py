@@ -229,8 +229,9 @@ class Agent:
         self.fp["params"] = digest_tensors(self.params())
         self.fp["optim"] = self._optim_fp()
         loss = float(self.loss) if self.loss is not None else None
-        step = self.global_step() if self.aligned else None
-        self.history.record("step", step=step, local=self.local_steps, loss=loss, fp=self.fp)
+        # An unaligned process (its restored state is no reference step) counts from 0.
+        self.history.record("step", step=self.global_step(), aligned=self.aligned,
+                            local=self.local_steps, loss=loss, fp=self.fp)
         self.batch, self.loss, self.fp, self.step_open, self.depth = [], None, {}, False, 0
         self._check_step_triggers(self.global_step() or 0)
 

@@ -53,27 +53,76 @@ def completes(ev: Evidence) -> CheckResult:
                              f" ({launches} launch(es), {len(ev.recoveries())} recovery(ies))")
 
 
-def _resume_crashes(ev: Evidence) -> list[dict[str, Any]]:
-    """Exceptions raised while resuming: after reading a checkpoint, before any step."""
+def _failed_resume(ev: Evidence) -> str | None:
+    """How the first failed resume died, if one did.
+
+    A failed resume is a worker, started after a fault, that read the
+    checkpoint and died before its first step, in an attempt where no fault
+    fired (a fault there would explain the death). Its exception is in the
+    history when the agent saw it; a target that prints its traceback and
+    exits with os._exit leaves only the log, so the log's last line stands in.
+    """
     first = ev.first_fault_time()
     if first is None:
-        return []
-    return [e for e in ev.chaos.of("exception")
-            if e["t"] > first and e.get("after_load") and e.get("before_first_step")]
+        return None
+    faulted = {(e["launch"], e["attempt"]) for e in ev.chaos.faults()}
+    for pid, events in ev.processes().items():
+        head = events[0]
+        if head["t"] < first or (head["launch"], head["attempt"]) in faulted:
+            continue
+        kinds = {e["ev"] for e in events}
+        if "load" not in kinds or kinds & {"restore", "step"}:
+            continue
+        raised = [e for e in events if e["ev"] == "exception"]
+        why = (f"{raised[0]['type']}: {raised[0]['message'].splitlines()[0]}" if raised
+               else f"last output: {ev.log_tail}" if ev.log_tail else "no error was recorded")
+        return (f"resume failed on rank {head['rank']} (pid {pid}): it read the checkpoint and"
+                f" died before its first step; {why}")
+    return None
+
+
+def nondeterminism(ev: Evidence) -> str | None:
+    """Why the target is not deterministic without faults, if it shows it is not.
+
+    Proof comes from two fault-free reference runs that differ, a first run
+    that starts from a state the reference never had, or a step that differs
+    from the reference before any fault fired.
+    """
+    if ev.reference_deterministic is False:
+        return ev.reference_detail
+    for event in ev.chaos.of("restore"):
+        if (event["launch"], event["attempt"]) == (0, 0) and event["restored"] is None:
+            return (f"rank {event['rank']} started from a state the reference run never had"
+                    " (is it seeded from its arguments?)")
+    reference = ev.reference_steps()
+    first_fault = ev.first_fault_time()
+    for e in ev.chaos.steps():
+        if first_fault is not None and e["t"] >= first_fault:
+            break
+        ref = reference.get((e["rank"], e["step"]))
+        if ref is not None and ref["fp"] != e["fp"]:
+            return (f"step {e['step']} on rank {e['rank']} differs from the reference before"
+                    f" any fault fired ({_diverging_component(e['fp'], ref['fp'])})")
+    return None
+
+
+def _undecidable(reason: str) -> CheckResult:
+    return CheckResult(None, f"the target is not deterministic without faults: {reason};"
+                             " resume cannot be compared with the reference",
+                       {"nondeterministic": True})
 
 
 def atomic_recovery(ev: Evidence) -> CheckResult:
-    crashes = _resume_crashes(ev)
-    if crashes:
-        e = crashes[0]
-        return CheckResult(False, f"resume raised on rank {e['rank']}: {e['type']}: "
-                                  f"{e['message'].splitlines()[0] if e['message'] else ''}"
-                                  " (the job is down until a human cleans up)")
+    failed = _failed_resume(ev)
+    if failed:
+        return CheckResult(False, f"{failed} (the job is down until a human cleans up)")
     recoveries = ev.recoveries()
     if not recoveries:
         return CheckResult(None, "no recovery happened, nothing to judge")
     for rec in recoveries:
         for rank, restored in sorted(rec.restored.items()):
+            if restored is None and (reason := nondeterminism(ev)):
+                return _undecidable(reason)
             if restored is None:
                 return CheckResult(False, f"after the failure at step {rec.failed_step}, rank"
                                           f" {rank} restored a state that matches no step of"
@@ -91,14 +140,13 @@ def _diverging_component(mine: dict[str, str], ref: dict[str, str]) -> str:
 
 
 def deterministic_resume(ev: Evidence) -> CheckResult:
-    if ev.reference_deterministic is False:
-        return CheckResult(None, f"the target is not deterministic without faults"
-                                 f" ({ev.reference_detail}); divergence cannot be judged")
+    reason = nondeterminism(ev)
+    if reason:
+        return _undecidable(reason)
     reference = ev.reference_steps()
-    first_fault = ev.first_fault_time()
     compared = 0
     for e in ev.chaos.steps():
-        if e.get("step") is None:
+        if not e.get("aligned", True):
             return CheckResult(False, f"rank {e['rank']} resumed from a state that matches no"
                                       " reference step; its steps cannot be aligned")
         ref = reference.get((e["rank"], e["step"]))
@@ -108,10 +156,6 @@ def deterministic_resume(ev: Evidence) -> CheckResult:
         if e["fp"] == ref["fp"]:
             continue
         component = _diverging_component(e["fp"], ref["fp"])
-        if first_fault is None or e["t"] < first_fault:
-            return CheckResult(None, f"the target is not deterministic without faults: step"
-                                     f" {e['step']} on rank {e['rank']} differs from the"
-                                     f" reference ({component}) before any fault fired")
         return CheckResult(False, f"diverged from the reference at step {e['step']} on rank"
                                   f" {e['rank']}: {component} not restored",
                            {"divergent_step": e["step"], "rank": e["rank"],
@@ -140,6 +184,9 @@ def bounded_lost_work(ev: Evidence) -> CheckResult:
     data = {"lost_steps": lost, "seconds_lost": seconds, "mttr": mttr, "ettr": ettr,
             "bound_steps": bound}
     if any(x is None for x in lost):
+        reason = nondeterminism(ev)
+        if reason:
+            return _undecidable(reason)
         return CheckResult(None, "a restore matched no reference step; lost work unknown", data)
     if bound is None:
         return CheckResult(None, f"lost steps {lost}, but the reference made no checkpoint;"

@@ -13,8 +13,9 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from chaos.errors import ChaosError, UsageError
 
@@ -55,11 +56,33 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     run = sub.add_parser("run", help="run a chaos scenario against a training script",
                          epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--fault", action="append", default=[], metavar="SPEC",
+                     help="a fault to inject (repeatable; see below)")
+    _add_job_options(run)
+    run.add_argument("script", metavar="SCRIPT", help="the training script (run under torchrun)")
+    run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                     help="arguments for the script")
+    battery = sub.add_parser(
+        "battery", help="run the standard kill battery and print one verdict table",
+        description="Kill each rank mid-interval, a whole node, a rank inside a checkpoint"
+        " save, and preempt rank 0 with SIGTERM; one chaos run each, judged against one"
+        " cached fault-free reference. With no SCRIPT, runs the bundled reference target"
+        " (targets/ddp_lm.py --steps 20 --ckpt-every 5).")
+    _add_job_options(battery)
+    battery.add_argument("script", metavar="SCRIPT", nargs="?", default=None,
+                         help="the training script (default: the bundled reference target)")
+    battery.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                         help="arguments for the script")
+    report = sub.add_parser("report", help="print the verdict table of a finished run")
+    report.add_argument("out", type=Path, metavar="DIR", help="a --out directory of `run`")
+    sub.add_parser("faults", help="list the fault kinds and their parameters")
+    return parser
+
+
+def _add_job_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--nproc", type=_positive_int, default=2, help="ranks per node (default 2)")
     run.add_argument("--nodes", type=_positive_int, default=1,
                      help="simulated nodes, one torchrun agent each (default 1)")
-    run.add_argument("--fault", action="append", default=[], metavar="SPEC",
-                     help="a fault to inject (repeatable; see below)")
     run.add_argument("--check", action="append", default=None, metavar="NAME",
                      help="only these checks (repeatable; default: every check)")
     run.add_argument("--max-lost-steps", type=_positive_int, default=None, metavar="N",
@@ -84,13 +107,6 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where fault-free reference runs are cached"
                           " (default $XDG_CACHE_HOME/torchchaos)")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
-    run.add_argument("script", metavar="SCRIPT", help="the training script (run under torchrun)")
-    run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
-                     help="arguments for the script")
-    report = sub.add_parser("report", help="print the verdict table of a finished run")
-    report.add_argument("out", type=Path, metavar="DIR", help="a --out directory of `run`")
-    sub.add_parser("faults", help="list the fault kinds and their parameters")
-    return parser
 
 
 def default_cache_dir() -> Path:
@@ -98,7 +114,7 @@ def default_cache_dir() -> Path:
     return Path(base) / "torchchaos"
 
 
-def _progress(quiet: bool) -> object:
+def _progress(quiet: bool) -> Callable[[str], None]:
     start = time.monotonic()
 
     def say(message: str) -> None:
@@ -109,25 +125,51 @@ def _progress(quiet: bool) -> object:
     return say
 
 
-def cmd_run(ns: argparse.Namespace) -> int:
-    from chaos.engine import run_scenario
+def _scenario(ns: argparse.Namespace, script: str, args: list[str], faults: list[str]) -> Any:
     from chaos.scenario import Scenario
 
-    args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
-    scenario = Scenario.build(
-        ns.script, faults=ns.fault, args=args, nproc=ns.nproc, nodes=ns.nodes, checks=ns.check,
+    args = args[1:] if args[:1] == ["--"] else args
+    return Scenario.build(
+        script, faults=faults, args=args, nproc=ns.nproc, nodes=ns.nodes, checks=ns.check,
         max_lost_steps=ns.max_lost_steps, max_lost_seconds=ns.max_lost_seconds, seed=ns.seed,
         timeout=ns.timeout, max_restarts=ns.max_restarts, max_relaunches=ns.max_relaunches,
         reference_runs=ns.reference_runs,
     )
+
+
+def _dirs(ns: argparse.Namespace) -> tuple[Path, Path]:
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     out = ns.out or Path("torchchaos-runs") / stamp
-    report = run_scenario(scenario, out.resolve(), (ns.cache_dir or default_cache_dir()).resolve(),
-                          _progress(ns.quiet))  # type: ignore[arg-type]
+    return out.resolve(), (ns.cache_dir or default_cache_dir()).resolve()
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    from chaos.engine import run_scenario
+
+    scenario = _scenario(ns, ns.script, ns.args, ns.fault)
+    out, cache = _dirs(ns)
+    report = run_scenario(scenario, out, cache, _progress(ns.quiet))
     print(report.table())
     if report.verdict == "error":
         print(f"torchchaos: error: {report.reason}", file=sys.stderr)
     return report.exit_code()
+
+
+def cmd_battery(ns: argparse.Namespace) -> int:
+    from chaos import battery
+    from chaos.engine import prepare_out_dir
+
+    if ns.script is None:
+        script, args = str(battery.BUNDLED_TARGET), battery.BUNDLED_ARGS
+    else:
+        script, args = ns.script, ns.args
+    base = _scenario(ns, script, args, [])
+    out, cache = _dirs(ns)
+    prepare_out_dir(out)
+    entries = battery.run_battery(base, out, cache, _progress(ns.quiet))
+    print(battery.table(entries))
+    print(f"runs: {out}")
+    return battery.exit_code(entries)
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
@@ -166,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         if ns.command is None:
             build_parser().print_help()
             return 2
-        return {"run": cmd_run, "report": cmd_report, "faults": cmd_faults}[ns.command](ns)
+        commands = {"run": cmd_run, "battery": cmd_battery, "report": cmd_report,
+                    "faults": cmd_faults}
+        return commands[ns.command](ns)
     except ChaosError as exc:
         print(f"torchchaos: error: {exc}", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from chaos import schedule
-from chaos.checkers import run_checks
+from chaos.checkers import CheckResult, run_checks
 from chaos.errors import UsageError
 from chaos.evidence import Evidence
 from chaos.history import History
@@ -39,6 +39,13 @@ def _never_fired(summary: list[dict]) -> str:
             " the target's checkpoint I/O or step count may differ from what the spec assumes)")
 
 
+def _undecided_by_nondeterminism(checks: dict[str, CheckResult]) -> str:
+    for check in checks.values():
+        if check.data.get("nondeterministic"):
+            return check.detail
+    return ""
+
+
 def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
                  progress: Progress | None = None) -> Report:
     say = progress or (lambda _msg: None)
@@ -68,7 +75,7 @@ def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
         reference_dir=str(reference.run_dir), wall_seconds=outcome.wall_seconds,
         command=torchrun_command(scenario, 0, "RUN_ID", 0, chaos_dir),
     )
-    reason = _never_fired(summary)
+    reason = _never_fired(summary) or _undecided_by_nondeterminism(checks)
     if reason and report.verdict == "pass":  # a pass that tested nothing is no pass
         report.verdict, report.reason = "error", reason
     report.write(out_dir)

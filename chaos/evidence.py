@@ -70,6 +70,14 @@ class Evidence:
                 gaps.append(max(b - a for a, b in zip(points, points[1:])))
         return max(gaps) if gaps else None
 
+    def processes(self) -> dict[int, list[Event]]:
+        """Each worker process's own events, in time order."""
+        by_pid: dict[int, list[Event]] = {}
+        for event in self.chaos.events:
+            if "rank" in event and "pid" in event:
+                by_pid.setdefault(event["pid"], []).append(event)
+        return by_pid
+
     def first_fault_time(self) -> float | None:
         faults = self.chaos.faults()
         return faults[0]["t"] if faults else None
@@ -86,7 +94,7 @@ class Evidence:
             events = attempts[key]
             started = min(e["t"] for e in events)
             before = [e for e in self.chaos.events if e["t"] < started]
-            done = [e["step"] for e in before if e["ev"] == "step" and e.get("step") is not None]
+            done = [e["step"] for e in before if e["ev"] == "step" and e.get("aligned", True)]
             faults = [e for e in before if e["ev"] == "fault"
                       and (e["launch"], e["attempt"]) == previous]
             failed_at = faults[-1]["t"] if faults else max(e["t"] for e in attempts[previous])

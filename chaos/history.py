@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,10 +73,7 @@ class History:
         return sorted({e["rank"] for e in self.events if "rank" in e})
 
     def final_step(self) -> int:
-        return max((e["step"] for e in self.steps() if e.get("step") is not None), default=0)
+        return max((e["step"] for e in self.steps()), default=0)
 
     def faults(self) -> list[Event]:
         return self.of("fault")
-
-    def filter(self, pred: Any) -> Iterable[Event]:
-        return (e for e in self.events if pred(e))

@@ -11,6 +11,7 @@ node loss too. Whatever happens — success, failure, deadline, Ctrl-C — the
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from chaos.schedule import ResolvedFault
 INJECT_DIR = Path(__file__).resolve().parent / "_inject"
 PACKAGE_ROOT = Path(chaos.__file__).resolve().parent.parent
 POLL_SECONDS = 0.1
+ERROR_LINE = re.compile(r"\b\w+(Error|Exception)\b: ")
 
 Progress = Callable[[str], None]
 
@@ -48,13 +50,14 @@ class JobOutcome:
     def launches(self) -> int:
         return len(self.exit_codes)
 
-    def log_tail(self, lines: int = 1) -> str:
-        """The last non-empty lines of the last launch's logs, for one-line reasons."""
-        logs = sorted(RunLayout(self.run_dir).logs_dir.glob("launch-*.log"))
-        if not logs:
-            return ""
-        text = [ln for ln in logs[-1].read_text(errors="replace").splitlines() if ln.strip()]
-        return " | ".join(text[-lines:])
+    def log_tail(self) -> str:
+        """The workers' last error line in the logs (else the last line), for one-line reasons."""
+        logs = sorted(RunLayout(self.run_dir).logs_dir.glob("launch-*.log"),
+                      key=lambda p: p.stat().st_mtime)
+        lines = [ln.strip() for log in logs for ln in log.read_text(errors="replace").splitlines()
+                 if ln.strip()]
+        errors = [ln for ln in lines if ERROR_LINE.search(ln) and "ChildFailedError" not in ln]
+        return (errors or lines or [""])[-1][:300]
 
 
 def _free_port() -> int:

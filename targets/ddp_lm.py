@@ -358,12 +358,17 @@ def finish(code: int, message: str) -> int:
     return code
 
 
+KEEP_ALIVE: list[object] = []
+
+
 def exit_now(code: int) -> None:
     """Exit without interpreter teardown.
 
     At teardown the DDP reducer can free the gloo process group while holding
     the GIL, and join a gloo worker thread that is waiting for the GIL to free a
-    tensor: a deadlock that was seen here (one rank hung after "done").
+    tensor: a deadlock that was seen here (one rank hung after "done"). The
+    same happens when main() returns and its locals are freed, so the DDP
+    module is kept alive in KEEP_ALIVE until os._exit ends the process.
     """
     sys.stdout.flush()
     sys.stderr.flush()
@@ -379,6 +384,7 @@ def main() -> int:
     model = DistributedDataParallel(
         inner, device_ids=[device.index] if device.type == "cuda" else None
     )
+    KEEP_ALIVE.append(model)  # never freed before os._exit: see exit_now
     optim = torch.optim.AdamW(model.parameters(), lr=3e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(args.steps))
     parts = {"model": inner, "optim": optim, "sched": sched}

@@ -1,4 +1,47 @@
+"""Shared test set-up: helpers importable, and a session-wide leak check.
+
+Every test may start real torchrun jobs; when the session ends, no process
+of any torchchaos run may still be alive and no temporary folder may have
+appeared outside pytest's own (runs keep theirs inside their run directory).
+"""
+
+from __future__ import annotations
+
+import os
 import sys
+import tempfile
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = REPO / "targets" / "ddp_lm.py"
+PLAIN = REPO / "tests" / "scripts" / "plain_ddp.py"
+
+
+def chaos_processes(under: Path) -> list[int]:
+    """Live processes of torchchaos runs whose run directory is under `under`."""
+    needle = f"TORCHCHAOS_RUN_DIR={under}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "environ").read_bytes():
+                    if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                        found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_leaks(tmp_path_factory: pytest.TempPathFactory):
+    tmp = Path(tempfile.gettempdir())
+    before = set(os.listdir(tmp))
+    yield
+    leaked = chaos_processes(tmp_path_factory.getbasetemp())
+    assert leaked == [], f"processes of this session's runs survived it: {leaked}"
+    new = {n for n in set(os.listdir(tmp)) - before if not n.startswith("pytest-of-")}
+    assert not new, f"temporary files or folders left outside the run dirs: {sorted(new)}"

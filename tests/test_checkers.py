@@ -48,11 +48,36 @@ def test_atomic_recovery_flags_a_resume_that_raises():
     timeline = Timeline()
     timeline.train(2, range(1, 13))
     timeline.fault(1, 12)
+    timeline.add("boot", **timeline.proc(0, attempt=1))
+    timeline.add("load", path="ckpt/step-10.pt", **timeline.proc(0, attempt=1))
     timeline.add("exception", type="UnpicklingError", message="invalid load key\nmore",
                  before_first_step=True, after_load=True, **timeline.proc(0, attempt=1))
     result = checkers.atomic_recovery(evidence(timeline.history(), completed=False))
     assert result.ok is False
-    assert "resume raised on rank 0: UnpicklingError: invalid load key" in result.detail
+    assert "resume failed on rank 0" in result.detail
+    assert "UnpicklingError: invalid load key" in result.detail
+
+
+def test_atomic_recovery_flags_a_resume_that_dies_without_a_recorded_exception():
+    timeline = Timeline()
+    timeline.train(2, range(1, 13))
+    timeline.fault(1, 12)
+    timeline.add("boot", **timeline.proc(1, attempt=1))
+    timeline.add("load", path="ckpt/latest.pt", **timeline.proc(1, attempt=1))
+    ev = evidence(timeline.history(), completed=False, log_tail="EOFError: Ran out of input")
+    result = checkers.atomic_recovery(ev)
+    assert result.ok is False and "last output: EOFError: Ran out of input" in result.detail
+
+
+def test_atomic_recovery_does_not_blame_a_resume_cut_short_by_another_fault():
+    timeline = Timeline()
+    timeline.train(2, range(1, 13))
+    timeline.fault(1, 12)
+    timeline.add("boot", **timeline.proc(0, attempt=1))
+    timeline.add("load", path="ckpt/step-10.pt", **timeline.proc(0, attempt=1))
+    timeline.fault(1, 0, attempt=1)  # e.g. a kill during checkpoint_load on the peer
+    timeline.train(2, range(11, 21), attempt=2, restored=10)
+    assert checkers.atomic_recovery(evidence(timeline.history())).ok is True
 
 
 def test_atomic_recovery_ignores_errors_of_surviving_ranks_before_the_restart():
@@ -64,6 +89,18 @@ def test_atomic_recovery_ignores_errors_of_surviving_ranks_before_the_restart():
                  before_first_step=False, after_load=True, **timeline.proc(0))
     timeline.train(2, range(11, 21), attempt=1, restored=10)
     assert checkers.atomic_recovery(evidence(timeline.history())).ok is True
+
+
+def test_a_first_run_that_matches_no_reference_state_is_nondeterministic():
+    timeline = killed_and_resumed()
+    for event in timeline.events:
+        if event["ev"] == "restore":
+            event["restored"], event["match"] = None, None
+    ev = evidence(timeline.history())
+    for check in (checkers.atomic_recovery, checkers.deterministic_resume):
+        result = check(ev)
+        assert result.ok is None and result.data["nondeterministic"] is True
+        assert "rank 0 started from a state the reference run never had" in result.detail
 
 
 def test_atomic_recovery_flags_a_restore_matching_no_step():
@@ -96,6 +133,8 @@ def test_deterministic_resume_reports_a_nondeterministic_target_instead_of_faili
     timeline.train(2, range(11, 21), attempt=1, restored=10)
     result = checkers.deterministic_resume(evidence(timeline.history()))
     assert result.ok is None and "not deterministic without faults" in result.detail
+    assert "step 3 on rank 0 differs from the reference before any fault fired (data)" in (
+        result.detail)
     proven = evidence(killed_and_resumed().history(), reference_deterministic=False,
                       reference_detail="two fault-free runs differ at step 4 on rank 0")
     assert checkers.deterministic_resume(proven).ok is None
@@ -105,7 +144,7 @@ def test_deterministic_resume_fails_when_steps_cannot_be_aligned():
     timeline = killed_and_resumed()
     for event in timeline.events:
         if event["ev"] == "step" and event["attempt"] == 1:
-            event["step"] = None
+            event["aligned"] = False
     assert checkers.deterministic_resume(evidence(timeline.history())).ok is False
 
 

@@ -1,0 +1,98 @@
+"""The standard kill battery: one command, every kill that matters, one table.
+
+The fault steps are derived from the fault-free reference run, so the same
+battery fits any training script: kills land mid-interval (between two
+checkpoints), the in-save kill hits the second save of the rank that writes
+checkpoints, and the preemption lands where a save is not due anyway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaos.engine import run_scenario
+from chaos.errors import CannotJudge
+from chaos.reference import get_reference
+from chaos.report import MARK, Report
+from chaos.runner import Progress
+from chaos.scenario import Scenario
+from chaos.spec import parse_fault_spec
+
+BUNDLED_TARGET = Path(__file__).resolve().parent.parent / "targets" / "ddp_lm.py"
+BUNDLED_ARGS = ["--steps", "20", "--ckpt-every", "5"]
+
+
+@dataclass
+class Entry:
+    name: str
+    fault: str
+    report: Report | None = None
+
+
+def plan(base: Scenario, cache_dir: Path, progress: Progress) -> list[Entry]:
+    """Choose the battery's faults from what the reference run did."""
+    history = get_reference(base, cache_dir, progress).history()
+    final = history.final_step()
+    saves = history.of("save_begin")
+    writer = saves[0]["rank"] if saves else 0
+    interval = max(final // 4, 1)
+    if len(saves) >= 2:
+        interval = saves[1]["after_step"] - saves[0]["after_step"] or interval
+    mid = min(max(final // 2 + interval // 2, 1), max(final - 1, 1))
+    if mid % interval == 0:  # land between two checkpoints, where work is at stake
+        mid = max(mid - 1, 1)
+    last_rank = base.world_size - 1
+    entries = [Entry(f"kill rank {rank} at step {mid}", f"kill:rank={rank},step={mid}")
+               for rank in sorted({0, last_rank})]
+    entries.append(Entry(f"kill node 0 at step {mid}", f"kill:node=0,step={mid}"))
+    if len(saves) >= 2:
+        entries.append(Entry(f"kill rank {writer} inside its 2nd checkpoint save",
+                             f"kill:rank={writer},phase=checkpoint_save,save=2,event=3"))
+    entries.append(Entry(f"preempt rank 0 (SIGTERM) at step {mid}",
+                         f"kill:rank=0,step={mid},signal=SIGTERM,grace=30"))
+    return entries
+
+
+def run_battery(base: Scenario, out_dir: Path, cache_dir: Path,
+                progress: Progress) -> list[Entry]:
+    entries = plan(base, cache_dir, progress)
+    for number, entry in enumerate(entries, 1):
+        progress(f"[{number}/{len(entries)}] {entry.name}: {entry.fault}")
+        scenario = dataclasses.replace(base, faults=[parse_fault_spec(entry.fault)])
+        try:
+            entry.report = run_scenario(scenario, out_dir / f"{number:02d}", cache_dir, progress)
+        except CannotJudge as exc:
+            progress(f"could not judge {entry.name}: {exc}")
+        if entry.report:
+            progress(f"[{number}/{len(entries)}] {entry.report.verdict.upper()}")
+    return entries
+
+
+def table(entries: list[Entry]) -> str:
+    checks = next((list(e.report.checks) for e in entries if e.report), [])
+    short = {"completes": "completes", "atomic_recovery": "atomic", "bounded_lost_work":
+             "lost_work", "deterministic_resume": "bitwise", "no_orphans": "orphans"}
+    width = max(len(e.name) for e in entries)
+    header = f"{'scenario':<{width}}  " + "  ".join(f"{short.get(c, c):<9}" for c in checks)
+    lines = [header + "  verdict", "-" * (len(header) + 9)]
+    for e in entries:
+        if e.report is None:
+            lines.append(f"{e.name:<{width}}  " + "could not judge".ljust(11 * len(checks))
+                         + "ERROR")
+            continue
+        marks = "  ".join(f"{MARK[e.report.checks[c]['ok']]:<9}" for c in checks)
+        lines.append(f"{e.name:<{width}}  {marks}  {e.report.verdict.upper()}")
+    failing = [(e, n, c) for e in entries if e.report
+               for n, c in e.report.checks.items() if c["ok"] is False]
+    for entry, name, check in failing:
+        lines.append(f"  {entry.name} / {name}: {check['detail']}")
+    return "\n".join(lines)
+
+
+def exit_code(entries: list[Entry]) -> int:
+    """1 if any scenario found a bug; else 2 if any could not be judged; else 0."""
+    if any(e.report and e.report.verdict == "fail" for e in entries):
+        return 1
+    return 2 if any(e.report is None or e.report.verdict == "error" for e in entries) else 0

@@ -1,0 +1,115 @@
+"""The command line: the contract's exit codes, one-line errors, no leftovers."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TARGET, chaos_processes
+
+CLI = [sys.executable, "-m", "chaos.cli"]
+
+
+def cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout, env=_env())
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+@pytest.mark.parametrize("args,reason", [
+    (["run", "--fault", "explode:rank=0,step=3", "--", str(TARGET)], "unknown fault kind"),
+    (["run", "--fault", "kill:rank=0", "--", str(TARGET)], "needs exactly one trigger"),
+    (["run", "--fault", "kill:rank=0,step=x", "--", str(TARGET)], "step= needs an integer"),
+    (["run", "--fault", "kill:rank=5,step=3", "--", str(TARGET)], "rank 5 does not exist"),
+    (["run", "--", "no/such/train.py"], "training script not found"),
+    (["run", "--check", "vibes", "--", str(TARGET)], "unknown check 'vibes'"),
+    (["run", "--nproc", "two", "--", str(TARGET)], "expected an integer"),
+    (["run"], "the following arguments are required: SCRIPT"),
+    (["report", "nowhere"], "no report.json in nowhere"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, reason):
+    result = cli(*args, cwd=tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("torchchaos: error: "), result.stderr
+    assert reason in lines[0]
+    assert list(tmp_path.iterdir()) == [], "bad input must not write anything"
+
+
+def test_an_existing_output_directory_is_never_touched(tmp_path):
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "data.txt").write_text("keep me")
+    result = cli("run", "--out", str(out), "--", str(TARGET), cwd=tmp_path)
+    assert result.returncode == 2 and "already exists and is not empty" in result.stderr
+    assert [p.name for p in out.iterdir()] == ["data.txt"]
+
+
+def test_help_explains_fault_specs_and_exit_codes(tmp_path):
+    result = cli("run", "--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for words in ("kill:rank=1,step=30", "signal=SIGTERM", "phase=checkpoint_save",
+                  "exit status", "{run_dir}", "--max-lost-steps"):
+        assert words in result.stdout
+    assert "kill" in cli("faults", cwd=tmp_path).stdout
+
+
+def test_a_target_that_crashes_without_faults_cannot_be_judged(tmp_path):
+    result = cli("run", "--quiet", "--out", str(tmp_path / "out"), "--cache-dir",
+                 str(tmp_path / "cache"), "--fault", "kill:rank=1,step=5", "--",
+                 str(TARGET), "--steps", "10", "--bug", "crash", cwd=tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "the target fails without faults" in lines[0]
+    assert "planted crash" in lines[0]
+
+
+def test_run_writes_the_report_and_report_reprints_it(tmp_path):
+    out = tmp_path / "out"
+    result = cli("run", "--quiet", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+                 "--fault", "kill:rank=1,step=7", "--", str(TARGET), "--steps", "12",
+                 cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "pass"
+    assert set(report["checks"]) == {"completes", "atomic_recovery", "deterministic_resume",
+                                     "bounded_lost_work", "no_orphans"}
+    assert report["faults"][0]["spec"] == "kill:rank=1,step=7" and report["restarts"] == 1
+    assert report["lost_steps"] == [2]
+    again = cli("report", str(out), cwd=tmp_path)
+    assert again.returncode == 0 and "verdict: PASS" in again.stdout
+
+
+def test_a_fault_that_never_fires_is_not_a_pass(tmp_path):
+    result = cli("run", "--quiet", "--out", str(tmp_path / "out"), "--cache-dir",
+                 str(tmp_path / "cache"), "--fault", "kill:rank=1,step=500", "--",
+                 str(TARGET), "--steps", "6", cwd=tmp_path)
+    assert result.returncode == 2 and "never fired" in result.stderr
+
+
+def test_interrupt_reaps_every_process(tmp_path):
+    proc = subprocess.Popen([*CLI, "run", "--out", str(tmp_path / "out"), "--cache-dir",
+                             str(tmp_path / "cache"), "--", str(TARGET), "--steps", "200",
+                             "--step-sleep", "0.05"], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    pattern = "*/run-0/_chaos/history/rank-1.jsonl"
+    while time.monotonic() < deadline and not list((tmp_path / "cache").glob(pattern)):
+        time.sleep(0.2)
+    time.sleep(2)  # the workers are training now
+    assert chaos_processes(tmp_path), "the job should be running"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err
+    assert chaos_processes(tmp_path) == []
