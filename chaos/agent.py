@@ -36,7 +36,7 @@ from chaos.layout import RunLayout
 from chaos.registry import FireContext, get_kind
 from chaos.schedule import ResolvedFault
 
-RESTORED = ("params_start", "optim_start", "lr", "rng")  # what a restore sets up
+RESTORED = ("params_start", "optim_start", "lr")  # what a restore sets up (and rng.*)
 
 
 class ReferenceTable:
@@ -183,7 +183,7 @@ class Agent:
             "params_start": digest_tensors(self.params()),
             "optim_start": self._optim_fp(),
             "lr": self._lr_fp(),
-            "rng": digest_rng(),
+            **{f"rng.{name}": value for name, value in digest_rng().items()},
         }
         if self.local_steps == 0:
             self._restore_point()
@@ -197,7 +197,8 @@ class Agent:
         self.aligned = restored is not None
         self.base_step = restored if restored is not None else 0
         self.history.record("restore", restored=restored, match=match, loads=self.loads,
-                            fp={k: self.fp[k] for k in RESTORED})
+                            fp={k: v for k, v in self.fp.items()
+                                if k in RESTORED or k.startswith("rng.")})
 
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         if os.getpid() != self.pid:

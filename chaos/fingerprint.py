@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import random
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -107,18 +108,22 @@ def _without_tensors(obj: Any) -> Any:
     return repr(obj)
 
 
-def digest_rng() -> str:
-    """Digest of every global RNG: torch CPU, CUDA (if initialised), numpy, python."""
-    h = hashlib.blake2b(digest_size=8)
-    h.update(digest_tensors([torch.get_rng_state()]).encode())
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        h.update(digest_tensors(torch.cuda.get_rng_state_all()).encode())
-    h.update(repr(random.getstate()).encode())
-    try:
-        import numpy
+def _hash(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
 
+
+def digest_rng() -> dict[str, str]:
+    """One digest per global RNG: torch CPU, CUDA (if initialised), numpy, python.
+
+    Kept apart so a generator the target never seeds (and never uses) can be
+    told from one whose restore was forgotten.
+    """
+    digests = {"torch": digest_tensors([torch.get_rng_state()]),
+               "python": _hash(repr(random.getstate()).encode())}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        digests["cuda"] = digest_tensors(torch.cuda.get_rng_state_all())
+    numpy = sys.modules.get("numpy")  # only if the target imported it
+    if numpy is not None:
         kind, keys, pos, has_gauss, cached = numpy.random.get_state()
-        h.update(keys.tobytes() + repr((kind, pos, has_gauss, cached)).encode())
-    except ImportError:
-        pass
-    return h.hexdigest()
+        digests["numpy"] = _hash(keys.tobytes() + repr((kind, pos, has_gauss, cached)).encode())
+    return digests

@@ -123,7 +123,13 @@ class IOWatch:
 
         def watched_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
             handle = real_open(file, mode, *args, **kwargs)
-            path = self.watched(file) if not isinstance(file, int) else None
+            if isinstance(file, int):  # os.fdopen of a descriptor os.open gave us
+                owner = self._fds.get(file)
+                path = owner if isinstance(owner, str) else None
+                if path is not None and any(c in mode for c in "wax+"):
+                    return _WatchedFile(handle, path, self)
+                return handle
+            path = self.watched(file)
             if path is None:
                 return handle
             if any(c in mode for c in "wax+"):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import chaos
+from chaos.checkers import same_state
 from chaos.errors import CannotJudge
 from chaos.history import History
 from chaos.layout import RunLayout
@@ -56,7 +57,7 @@ def _step_table(history: History) -> dict[tuple[int, int], dict[str, str]]:
 def _compare(first: History, second: History) -> tuple[bool, str]:
     a, b = _step_table(first), _step_table(second)
     for key in sorted(set(a) | set(b), key=lambda k: (k[1], k[0])):
-        if a.get(key) != b.get(key):
+        if key not in a or key not in b or not same_state(a[key], b[key]):
             return False, f"two fault-free runs differ at step {key[1]} on rank {key[0]}"
     return True, f"two fault-free runs matched bitwise over {len(a)} rank-steps"
 

@@ -51,13 +51,16 @@ class JobOutcome:
         return len(self.exit_codes)
 
     def log_tail(self) -> str:
-        """The workers' last error line in the logs (else the last line), for one-line reasons."""
+        """The first error line of the last launch (the root cause; peers fail after it),
+        else its last line: the one-line reason shown to the user."""
         logs = sorted(RunLayout(self.run_dir).logs_dir.glob("launch-*.log"),
                       key=lambda p: p.stat().st_mtime)
-        lines = [ln.strip() for log in logs for ln in log.read_text(errors="replace").splitlines()
+        if not logs:
+            return ""
+        lines = [ln.strip() for ln in logs[-1].read_text(errors="replace").splitlines()
                  if ln.strip()]
         errors = [ln for ln in lines if ERROR_LINE.search(ln) and "ChildFailedError" not in ln]
-        return (errors or lines or [""])[-1][:300]
+        return errors[0][:300] if errors else (lines or [""])[-1][:300]
 
 
 def _free_port() -> int:

@@ -114,16 +114,33 @@ def test_atomic_recovery_flags_a_restore_matching_no_step():
 
 @pytest.mark.parametrize("component,key", [
     ("weights", "params_start"), ("optimizer", "optim_start"), ("lr_schedule", "lr"),
-    ("rng", "rng"), ("data", "batch"),
+    ("rng (torch)", "rng.torch"), ("data", "batch"),
 ])
 def test_deterministic_resume_names_the_first_divergent_step_and_component(component, key):
     wrong = {step: fp(step, **{key: "different", "params": "different"}) for step in
-             range(11, 21)}
+             range(11, 21)}  # the culprit, and the weights it spoiled
     ev = evidence(killed_and_resumed(fps=wrong).history())
     result = checkers.deterministic_resume(ev)
     assert result.ok is False
     assert result.data["divergent_step"] == 11 and result.data["component"] == component
     assert f"at step 11 on rank 0: {component} not restored" in result.detail
+
+
+def test_an_unseeded_generator_is_neither_a_divergence_nor_a_culprit():
+    # python's `random` is never seeded: it differs from the reference in every step
+    noisy = {step: fp(step, **{"rng.python": f"noise{step}"}) for step in range(1, 21)}
+    clean = killed_and_resumed(fps=noisy)
+    assert checkers.deterministic_resume(evidence(clean.history())).ok is True
+    spoiled = {step: fp(step, **{"rng.python": f"noise{step}", "batch": "other",
+                                 "params": "other"}) for step in range(1, 21)}
+    for step in range(1, 13):
+        spoiled[step] = noisy[step]
+    timeline = Timeline()
+    timeline.train(2, range(1, 13), fps=noisy)
+    timeline.fault(1, 12)
+    timeline.train(2, range(11, 21), attempt=1, restored=10, fps=spoiled)
+    result = checkers.deterministic_resume(evidence(timeline.history()))
+    assert result.ok is False and result.data["component"] == "data"
 
 
 def test_deterministic_resume_reports_a_nondeterministic_target_instead_of_failing():

@@ -34,9 +34,11 @@ def test_reference_target_passes_every_check(chaos_run, fault):
 BUGS = {
     "write_in_place": ("kill:rank=0,phase=checkpoint_save,save=2,event=2",
                        "atomic_recovery", "resume failed on rank", None),
-    "early_pointer": ("kill:rank=0,phase=checkpoint_save,save=2,event=2",
+    # event 4: the manifest's rename, which publishes a pointer to a file not written yet
+    "early_pointer": ("kill:rank=0,phase=checkpoint_save,save=2,event=4",
                       "atomic_recovery", "resume failed on rank", None),
-    "skip_rng": ("kill:rank=1,step=12", "deterministic_resume", "rng not restored", None),
+    "skip_rng": ("kill:rank=1,step=12", "deterministic_resume",
+                 "rng (numpy, python, torch) not restored", None),
     "skip_optim": ("kill:rank=1,step=12", "deterministic_resume",
                    "optimizer not restored", None),
     "skip_sched": ("kill:rank=1,step=12", "deterministic_resume",

@@ -1,58 +1,80 @@
-"""A plain DDP training script that has never heard of torchchaos.
+"""A plain DDP training script that knows nothing about any chaos harness.
 
-The kind of script users bring: an MLP on synthetic data, SGD with momentum,
-a checkpoint every 5 steps (temp file + os.replace), resume from the newest.
-Used by the tests to show the agent instruments and judges it unchanged.
+Run with ``torchrun --standalone --nproc-per-node 2 plain_ddp.py`` from a run
+directory. It trains an MLP on synthetic data with SGD + momentum over gloo for
+30 steps, saves ``ckpt/step-NNNN.pt`` every 5 steps (temp file + os.replace) and
+resumes from the newest checkpoint on start. Deterministic on CPU.
 """
+
+from __future__ import annotations
 
 import glob
 import os
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-STEPS, EVERY = 30, 5
+STEPS, CKPT_EVERY, CKPT_DIR = 30, 5, "ckpt"
 
 
-def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(step * 100 + rank)
-    x = torch.randn(16, 8, generator=gen)
+def make_batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # Seeded by (step, rank) so a resumed run sees the same data.
+    g = torch.Generator().manual_seed(step * 1000 + rank)
+    x = torch.randn(16, 8, generator=g)
     return x, x.sum(dim=1, keepdim=True).sin()
+
+
+def save(step: int, model: nn.Module, optim: torch.optim.Optimizer) -> None:
+    state = {
+        "model": model.state_dict(),
+        "optim": optim.state_dict(),
+        "step": step,
+        # All ranks seed alike and draw alike, so rank 0's RNG stands for all.
+        "rng": torch.get_rng_state(),
+    }
+    path = os.path.join(CKPT_DIR, f"step-{step:04d}.pt")
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def resume(model: nn.Module, optim: torch.optim.Optimizer) -> int:
+    found = sorted(glob.glob(os.path.join(CKPT_DIR, "step-*.pt")))
+    if not found:
+        return 0
+    state = torch.load(found[-1], weights_only=False)
+    model.load_state_dict(state["model"])
+    optim.load_state_dict(state["optim"])
+    torch.set_rng_state(state["rng"])
+    print(f"rank {dist.get_rank()} resumed from {found[-1]}", flush=True)
+    return state["step"]
 
 
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    ddp = DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    os.makedirs("ckpt", exist_ok=True)
-    start = 0
-    found = sorted(glob.glob("ckpt/step-*.pt"))
-    if found:
-        state = torch.load(found[-1])
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        torch.set_rng_state(state["rng"])
-        start = state["step"]
-    for step in range(start + 1, STEPS + 1):
-        x, y = batch(step, rank)
-        loss = torch.nn.functional.mse_loss(ddp(x), y)
-        opt.zero_grad()
+    torch.manual_seed(0)
+    os.makedirs(CKPT_DIR, exist_ok=True)
+    net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 1))
+    model = DistributedDataParallel(net)
+    optim = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    step = resume(net, optim)
+    loss = torch.tensor(float("nan"))
+    while step < STEPS:
+        step += 1
+        x, y = make_batch(step, rank)
+        loss = nn.functional.mse_loss(model(x), y)
+        optim.zero_grad()
         loss.backward()
-        opt.step()
-        if step % EVERY == 0 and rank == 0:
-            state = {"model": model.state_dict(), "opt": opt.state_dict(),
-                     "rng": torch.get_rng_state(), "step": step}
-            torch.save(state, "ckpt/tmp.pt")
-            os.replace("ckpt/tmp.pt", f"ckpt/step-{step:04d}.pt")
-        if step % EVERY == 0:
+        optim.step()
+        if step % CKPT_EVERY == 0:
+            if rank == 0:
+                save(step, net, optim)
             dist.barrier()
     if rank == 0:
-        print(f"done step {STEPS} loss {loss.item():.6f}", flush=True)
+        print(f"done step {step} loss {loss.item()!r}", flush=True)
     dist.destroy_process_group()
 
 

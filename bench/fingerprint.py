@@ -1,0 +1,79 @@
+"""Cost of the agent's fingerprints: per training step, and raw throughput.
+
+1. Per step, for the bundled reference model (TinyLM + AdamW): the time of one
+   training step without fingerprints vs the fingerprints the agent takes per
+   step (parameters twice, optimizer state twice, gradients, RNG, batch).
+2. Throughput of `digest_tensors` vs `torch.sum` over the same 64 MiB tensor
+   (the memory-bandwidth bound it is measured against).
+
+    python bench/fingerprint.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from chaos.fingerprint import digest_object, digest_rng, digest_tensors  # noqa: E402
+from targets.ddp_lm import TinyLM  # noqa: E402
+
+
+def timed(fn, repeats: int = 50) -> float:
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def per_step() -> None:
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = TinyLM()
+    optim = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    tokens = torch.randint(0, 64, (8, 17))
+
+    def step() -> None:
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), tokens[:, 1:].reshape(-1))
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+
+    params = [p for g in optim.param_groups for p in g["params"]]
+
+    def fingerprints() -> None:
+        for _ in range(2):  # start of step and after the optimizer step
+            digest_tensors(params)
+            digest_object(optim.state_dict()["state"])
+        digest_tensors([p.grad for p in params])
+        digest_rng()
+        digest_tensors([tokens])
+
+    step_s, fp_s = timed(step), timed(fingerprints)
+    count = sum(p.numel() for p in params)
+    print(f"reference model: {count} parameters; training step {step_s * 1e3:.2f} ms,"
+          f" fingerprints {fp_s * 1e3:.2f} ms per step ({fp_s / step_s:.1%} of a step)")
+
+
+def throughput() -> None:
+    x = torch.randn(16 * 1024 * 1024)  # 64 MiB of float32
+    sum_s = timed(lambda: x.sum(), 20)
+    fp_s = timed(lambda: digest_tensors([x]), 10)
+    gbs = x.numel() * 4 / 1e9
+    print(f"64 MiB float32: torch.sum {gbs / sum_s:.1f} GB/s, digest_tensors"
+          f" {gbs / fp_s:.2f} GB/s ({sum_s / fp_s:.1%} of the sum bound)")
+
+
+if __name__ == "__main__":
+    per_step()
+    throughput()
