@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TARGET, chaos_processes
 
+HANGS = REPO / "tests" / "scripts" / "hangs.py"
+
 CLI = [sys.executable, "-m", "chaos.cli"]
 
 
@@ -73,6 +75,15 @@ def test_a_target_that_crashes_without_faults_cannot_be_judged(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "the target fails without faults" in lines[0]
     assert "planted crash" in lines[0]
+
+
+def test_a_hung_target_meets_the_deadline_and_is_reaped(tmp_path):
+    start = time.monotonic()
+    result = cli("run", "--quiet", "--timeout", "8", "--out", str(tmp_path / "out"),
+                 "--cache-dir", str(tmp_path / "cache"), "--", str(HANGS), cwd=tmp_path)
+    assert result.returncode == 2 and "did not finish without faults within 8 s" in result.stderr
+    assert time.monotonic() - start < 60
+    assert chaos_processes(tmp_path) == []
 
 
 def test_run_writes_the_report_and_report_reprints_it(tmp_path):

@@ -18,6 +18,8 @@ CORRECT = {
     "kill node 0": "kill:node=0,step=12",
     "kill during save": "kill:rank=0,phase=checkpoint_save,save=2,event=3",
     "preemption": "kill:rank=0,step=12,signal=SIGTERM,grace=20",
+    "segfault": "kill:rank=1,step=12,signal=SIGSEGV",
+    "exit 3": "kill:rank=0,step=12,signal=exit,code=3",
 }
 
 
@@ -80,6 +82,12 @@ def test_verdicts_repeat(chaos_run, round_):
     assert good.verdict == "pass", good.table()
     assert bad.verdict == "fail", bad.table()
     assert bad.checks["deterministic_resume"]["divergent_step"] == 6
+
+
+def test_kill_at_a_time(chaos_run):
+    report = chaos_run(TARGET, faults=["kill:rank=1,time=6"],
+                       args=["--steps", "40", "--step-sleep", "0.15"], expect="pass")
+    assert 1 <= report.faults[0]["fired_step"] < 40
 
 
 def test_plain_ddp_script_is_instrumented_and_judged(chaos_run):
