@@ -23,7 +23,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from chaos.history import History  # noqa: E402
-from chaos.layout import RunLayout  # noqa: E402
 from chaos.runner import Job  # noqa: E402
 from chaos.scenario import Scenario  # noqa: E402
 
@@ -45,7 +44,7 @@ def harness_run(script: str, args: list[str], nproc: int) -> tuple[float, float]
         scenario = Scenario(script=script, args=args, nproc=nproc)
         outcome = Job(scenario, Path(run_dir), faults=[]).run()
         assert outcome.completed, outcome.log_tail()
-        steps = History.load(RunLayout(Path(run_dir)).history_dir).steps(rank=0)
+        steps = History.of_run(Path(run_dir)).steps(rank=0)
         per_step = (steps[-1]["t"] - steps[0]["t"]) / max(len(steps) - 1, 1)
         return outcome.wall_seconds, per_step
 

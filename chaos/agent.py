@@ -51,8 +51,8 @@ class ReferenceTable:
             self.by_params[fp["params_start"]] = restored  # the latest wins
 
     @classmethod
-    def load(cls, history_dir: Path, rank: int) -> ReferenceTable | None:
-        path = RunLayout(history_dir.parent.parent).rank_history(rank)
+    def load(cls, run_dir: Path, rank: int) -> ReferenceTable | None:
+        path = RunLayout(run_dir).rank_history(rank)
         if not path.exists():
             return None
         return cls([e for e in read_stream(path) if e["ev"] == "step"])
@@ -81,7 +81,8 @@ class Agent:
         reference = environ.get(env.REFERENCE)
         self.reference = ReferenceTable.load(Path(reference), self.rank) if reference else None
         self.faults = [f for f in schedule.load(self.layout.schedule_file) if self._mine(f)]
-        self.optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        # in creation order (a WeakSet's order changes between runs, and with it the digests)
+        self._optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
         self.base_step: int | None = None  # global step restored before this process's first step
         self.aligned = True
         self.local_steps = 0
@@ -111,7 +112,7 @@ class Agent:
 
         def init(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
             real_init(opt, *args, **kwargs)
-            agent.optimizers.add(opt)
+            agent.track(opt)
 
         optim_module.Optimizer.__init__ = init
         optim_module.register_optimizer_step_pre_hook(self._pre_step)
@@ -167,6 +168,14 @@ class Agent:
             return None if self.local_steps else 0
         return self.base_step + self.local_steps
 
+    def track(self, opt: torch.optim.Optimizer) -> None:
+        if all(ref() is not opt for ref in self._optimizers):
+            self._optimizers.append(weakref.ref(opt))
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [opt for ref in self._optimizers if (opt := ref()) is not None]
+
     def params(self) -> list[torch.Tensor]:
         return [p for opt in self.optimizers for g in opt.param_groups for p in g["params"]]
 
@@ -216,7 +225,7 @@ class Agent:
     def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if os.getpid() != self.pid:
             return
-        self.optimizers.add(opt)
+        self.track(opt)
         if not self.step_open:
             self._begin_step()
         grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]

@@ -9,7 +9,6 @@ from chaos.checkers import CheckResult, run_checks
 from chaos.errors import UsageError
 from chaos.evidence import Evidence
 from chaos.history import History
-from chaos.layout import RunLayout
 from chaos.reference import get_reference
 from chaos.report import Report
 from chaos.runner import Job, Progress, torchrun_command
@@ -56,9 +55,9 @@ def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
     say(f"chaos run with {len(faults)} fault(s): {', '.join(f.spec for f in faults) or 'none'}")
     chaos_dir = out_dir / "chaos"
     chaos_dir.mkdir()
-    outcome = Job(scenario, chaos_dir, faults, reference.history_dir, say).run()
+    outcome = Job(scenario, chaos_dir, faults, reference.run_dir, say).run()
     say(f"chaos run done in {outcome.wall_seconds:.1f} s ({outcome.launches} launch(es))")
-    chaos_history = History.load(RunLayout(chaos_dir).history_dir)
+    chaos_history = History.of_run(chaos_dir)
     evidence = Evidence(
         chaos=chaos_history, reference=reference.history(), completed=outcome.completed,
         deadline_hit=outcome.deadline_hit, exit_codes=outcome.exit_codes,

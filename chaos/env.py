@@ -2,7 +2,7 @@
 
 RUN_DIR = "TORCHCHAOS_RUN_DIR"  # the run directory; its presence arms the agent in workers
 RUN_ID = "TORCHCHAOS_RUN_ID"  # marks every process of a run, so none escapes reaping
-REFERENCE = "TORCHCHAOS_REFERENCE"  # history dir of the reference run (absent in the reference)
+REFERENCE = "TORCHCHAOS_REFERENCE"  # run dir of the reference run (absent in the reference)
 LAUNCH = "TORCHCHAOS_LAUNCH"  # how many times the runner relaunched the whole job
 T0 = "TORCHCHAOS_T0"  # time.monotonic() when the job first started, for time= triggers
 AGENT_PID = "TORCHCHAOS_AGENT_PID"  # set by an armed agent; children that inherit it stay inert

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaos.layout import RunLayout
+
 Event = dict[str, Any]
 
 
@@ -62,6 +64,10 @@ class History:
             events.extend(read_stream(path))
         events.sort(key=lambda e: e["t"])
         return cls(events)
+
+    @classmethod
+    def of_run(cls, run_dir: Path) -> History:
+        return cls.load(RunLayout(run_dir).history_dir)
 
     def of(self, *kinds: str) -> list[Event]:
         return [e for e in self.events if e["ev"] in kinds]

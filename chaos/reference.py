@@ -31,12 +31,8 @@ class Reference:
     deterministic: bool | None  # None: only one run, not proven either way
     detail: str
 
-    @property
-    def history_dir(self) -> Path:
-        return RunLayout(self.run_dir).history_dir
-
     def history(self) -> History:
-        return History.load(self.history_dir)
+        return History.of_run(self.run_dir)
 
 
 def cache_key(scenario: Scenario) -> str:
@@ -71,7 +67,7 @@ def _run_once(scenario: Scenario, run_dir: Path, progress: Progress) -> float:
         tail = outcome.log_tail()
         raise CannotJudge(f"the target fails without faults (exit codes"
                           f" {outcome.exit_codes[-1]}): {tail}")
-    if not History.load(RunLayout(run_dir).history_dir).steps():
+    if not History.of_run(run_dir).steps():
         raise CannotJudge("the target ran without any optimizer step the agent could see"
                           " (is it a torch training script using torch.optim?)")
     return outcome.wall_seconds
@@ -96,8 +92,8 @@ def get_reference(scenario: Scenario, cache_root: Path, progress: Progress) -> R
         progress(f"reference run {number + 1} done in {walls[-1]:.1f} s")
     deterministic, detail = None, "one reference run; determinism not proven"
     if scenario.reference_runs == 2:
-        deterministic, detail = _compare(History.load(RunLayout(entry / "run-0").history_dir),
-                                         History.load(RunLayout(entry / "run-1").history_dir))
+        deterministic, detail = _compare(History.of_run(entry / "run-0"),
+                                         History.of_run(entry / "run-1"))
     meta = {"runs": scenario.reference_runs, "wall_seconds": walls[0],
             "deterministic": deterministic, "detail": detail}
     meta_file.write_text(json.dumps(meta))

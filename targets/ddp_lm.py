@@ -40,7 +40,8 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from typing import IO, Any
+from dataclasses import dataclass
+from typing import IO, Any, NoReturn
 
 import numpy as np
 import torch
@@ -52,13 +53,13 @@ VOCAB, SEQ, BATCH, D_MODEL, HEADS, FF, LAYERS = 64, 16, 8, 32, 2, 64, 2
 WARMUP = 5
 BUGS = (
     "none",
-    "write_in_place",  # torn latest.pt
+    "write_in_place",
     "skip_rng",
     "skip_optim",
     "skip_sched",
-    "off_by_one",  # skips a batch on resume
-    "sparse_ckpt",  # saves half as often as advertised
-    "early_pointer",  # manifest before data
+    "off_by_one",
+    "sparse_ckpt",
+    "early_pointer",
     "no_fsync",
     "nondeterministic",
     "crash",
@@ -254,21 +255,32 @@ def write_checkpoint(state: dict[str, Any], args: argparse.Namespace) -> None:
     update_manifest(d, step, name, sha256_file(final), args.keep, sync)
 
 
-def save(
-    step: int,
-    loss: float,
-    data_pos: int,
-    parts: dict[str, Any],
-    args: argparse.Namespace,
-    device: torch.device,
-) -> None:
+@dataclass
+class Trainer:
+    """The training state a checkpoint must capture, plus where the run is."""
+
+    args: argparse.Namespace
+    device: torch.device
+    inner: TinyLM
+    model: DistributedDataParallel
+    optim: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LRScheduler
+    step: int = 0
+    data_pos: int = 0  # equals step unless a bug (off_by_one) shifts the data
+    loss: float = float("nan")
+
+    def parts(self) -> dict[str, Any]:
+        return {"model": self.inner, "optim": self.optim, "sched": self.sched}
+
+
+def save(t: Trainer) -> None:
     """Collective: every rank contributes its RNG state, rank 0 writes."""
     rngs: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(rngs, rng_state(device))
+    dist.all_gather_object(rngs, rng_state(t.device))
     if dist.get_rank() == 0:
-        state = {k: v.state_dict() for k, v in parts.items()}
-        state.update(step=step, loss=loss, data_pos=data_pos, rng=rngs)
-        write_checkpoint(state, args)
+        state = {k: v.state_dict() for k, v in t.parts().items()}
+        state.update(step=t.step, loss=t.loss, data_pos=t.data_pos, rng=rngs)
+        write_checkpoint(state, t.args)
     # Nobody proceeds (or exits) while rank 0 is still writing.
     dist.barrier()
 
@@ -295,126 +307,109 @@ def choose_checkpoint(args: argparse.Namespace) -> str | None:
     return None
 
 
-def resume(
-    parts: dict[str, Any], args: argparse.Namespace, device: torch.device
-) -> tuple[int, int, float]:
-    """Returns (last finished step, last data position, its loss)."""
-    choice = [choose_checkpoint(args) if dist.get_rank() == 0 else None]
+def resume(t: Trainer) -> None:
+    choice = [choose_checkpoint(t.args) if dist.get_rank() == 0 else None]
     # One decision for all ranks, so they cannot resume from different steps.
     dist.broadcast_object_list(choice, src=0)
     if choice[0] is None:
-        return 0, 0, float("nan")
+        return
     state = torch.load(choice[0], map_location="cpu", weights_only=False)
-    skip = {"skip_optim": "optim", "skip_sched": "sched"}.get(args.bug)
-    for key, part in parts.items():
+    skip = {"skip_optim": "optim", "skip_sched": "sched"}.get(t.args.bug)
+    for key, part in t.parts().items():
         if key != skip:
             part.load_state_dict(state[key])
-    if args.bug != "skip_rng":
-        set_rng_state(state["rng"][dist.get_rank()], device)
-    extra = 1 if args.bug == "off_by_one" else 0
+    if t.args.bug != "skip_rng":
+        set_rng_state(state["rng"][dist.get_rank()], t.device)
+    t.step, t.loss = state["step"], state["loss"]
+    t.data_pos = state["data_pos"] + (1 if t.args.bug == "off_by_one" else 0)
     if dist.get_rank() == 0:
-        print(f"resumed from {choice[0]} at step {state['step']}", flush=True)
-    return state["step"], state["data_pos"] + extra, state["loss"]
+        print(f"resumed from {choice[0]} at step {t.step}", flush=True)
 
 
-def train_step(
-    model: nn.Module,
-    optim: torch.optim.Optimizer,
-    sched: torch.optim.lr_scheduler.LRScheduler,
-    inputs: torch.Tensor,
-    targets: torch.Tensor,
-) -> float:
-    logits = model(inputs)
+def train_step(t: Trainer) -> None:
+    t.step, t.data_pos = t.step + 1, t.data_pos + 1
+    if t.args.bug == "crash" and dist.get_rank() == 0 and t.step == t.args.steps // 2:
+        raise RuntimeError("planted crash")
+    inputs, targets = make_batch(t.args.seed, t.data_pos, dist.get_rank(), t.device)
+    logits = t.model(inputs)
     loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
-    optim.zero_grad(set_to_none=True)
+    t.optim.zero_grad(set_to_none=True)
     loss.backward()
-    optim.step()
-    sched.step()
-    return loss.item()
+    t.optim.step()
+    t.sched.step()
+    t.loss = loss.item()
 
 
-def setup(args: argparse.Namespace) -> tuple[int, torch.device]:
+def setup(args: argparse.Namespace) -> Trainer:
     # cuBLAS reads this when its first handle is created; it must be set before
     # any CUDA work to make GEMMs deterministic.
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     cuda = torch.cuda.is_available()
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device(f"cuda:{local}" if cuda else "cpu")
+    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group(
-        "nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout)
-    )
+    timeout = datetime.timedelta(seconds=args.timeout)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
     os.makedirs(args.ckpt_dir, exist_ok=True)
-    return dist.get_rank(), device
+    seed_globals(args.seed, dist.get_rank(), args.bug)
+    inner = TinyLM().to(device)
+    model = DistributedDataParallel(inner, device_ids=[device.index] if cuda else None)
+    optim = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(args.steps))
+    return Trainer(args, device, inner, model, optim, sched)
 
 
-def finish(code: int, message: str) -> int:
+def finish(code: int, message: str, grace: int) -> NoReturn:
+    """Print, tear down the process group and exit with `code`, skipping teardown.
+
+    Interpreter teardown (or just returning from main) frees the DDP reducer,
+    whose gloo process group then joins its worker threads while holding the
+    GIL; a worker still freeing the last collective's tensor needs the GIL, so
+    both wait forever. That hang was seen here, so never free them: os._exit.
+    """
+    # Last-resort watchdog: a stuck destroy must not turn into a hung job.
+    signal.alarm(grace)
     if dist.get_rank() == 0:
         print(message, flush=True)
     dist.destroy_process_group()
-    return code
+    exit_now(code)
 
 
-KEEP_ALIVE: list[object] = []
-
-
-def exit_now(code: int) -> None:
-    """Exit without interpreter teardown.
-
-    At teardown the DDP reducer can free the gloo process group while holding
-    the GIL, and join a gloo worker thread that is waiting for the GIL to free a
-    tensor: a deadlock that was seen here (one rank hung after "done"). The
-    same happens when main() returns and its locals are freed, so the DDP
-    module is kept alive in KEEP_ALIVE until os._exit ends the process.
-    """
+def exit_now(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
-def main() -> int:
+def main() -> None:
     args = parse_args()
-    rank, device = setup(args)
-    seed_globals(args.seed, rank, args.bug)
+    t = setup(args)
     preempt = Preemption(args.grace)
-    inner = TinyLM().to(device)
-    model = DistributedDataParallel(
-        inner, device_ids=[device.index] if device.type == "cuda" else None
-    )
-    KEEP_ALIVE.append(model)  # never freed before os._exit: see exit_now
-    optim = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(args.steps))
-    parts = {"model": inner, "optim": optim, "sched": sched}
-    step, data_pos, loss = resume(parts, args, device)
+    resume(t)
     every = args.ckpt_every * (2 if args.bug == "sparse_ckpt" else 1)
-    saved = step
-    while step < args.steps:
-        step, data_pos = step + 1, data_pos + 1
-        if args.bug == "crash" and rank == 0 and step == args.steps // 2:
-            raise RuntimeError("planted crash")
-        batch = make_batch(args.seed, data_pos, rank, device)
-        loss = train_step(model, optim, sched, *batch)
-        if rank == 0 and step % 10 == 0:
-            print(f"step {step} loss {loss:.4f}", flush=True)
+    saved = t.step
+    while t.step < args.steps:
+        train_step(t)
+        if dist.get_rank() == 0 and t.step % 10 == 0:
+            print(f"step {t.step} loss {t.loss:.4f}", flush=True)
         time.sleep(args.step_sleep)
-        if step % every == 0:
-            save(step, loss, data_pos, parts, args, device)
-            saved = step
-        if preempt.agreed(device):
-            if saved != step:
-                save(step, loss, data_pos, parts, args, device)
+        if t.step % every == 0:
+            save(t)
+            saved = t.step
+        if preempt.agreed(t.device):
+            if saved != t.step:
+                save(t)
             # Nonzero so that torchrun restarts the workers, which then resume.
-            return finish(143, f"preempted at step {step}, checkpoint saved")
-    return finish(0, f"done step {step} loss {loss!r}")
+            finish(143, f"preempted at step {t.step}, checkpoint saved", args.grace)
+    finish(0, f"done step {t.step} loss {t.loss!r}", args.grace)
 
 
 if __name__ == "__main__":
     try:
-        status = main()
+        main()
     except Exception:
         traceback.print_exc()
-        status = 1
-    exit_now(status)
+        # The traceback still holds main's frame, so this exit frees nothing.
+        exit_now(1)
