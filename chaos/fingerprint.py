@@ -1,20 +1,19 @@
-"""Exact, bitwise-sensitive digests of tensors, computed on their own device.
+"""Exact, bitwise-sensitive digests of tensors, computed where the tensors live.
 
-A tensor's raw bits are viewed as integers of the same width and reduced with
-integer arithmetic (a plain sum and a position-weighted sum), so the digest is
-identical across runs exactly when the bits are identical, and costs a few
-memory-bandwidth-bound passes. Per-tensor partial sums are stacked and moved
-to the host once, then folded with a cryptographic hash so that digests of
-different tensor sets do not collide by accident.
+- CPU tensors: their raw bytes go straight into xxh3-128 (no copy for
+  contiguous tensors); that runs at memory bandwidth, about 20 GB/s per core.
+- Tensors on an accelerator: their bits are viewed as integers of the same
+  width and reduced on the device with exact integer arithmetic (a plain sum
+  and a position-weighted sum, chunked so int64 cannot overflow); only the
+  small per-tensor sums cross to the host, once per device.
 
-Why two sums: the plain sum changes on any single-bit change of one element;
-the weighted sum also changes when elements trade places. Both are exact in
-int64 for up to 2**24 elements per chunk, so tensors are reduced in chunks.
+Either way the digest is equal across runs exactly when the bits (and the
+dtypes and shapes) are equal: the plain sum changes with any single flipped
+bit, the weighted sum when elements trade places, the hash with both.
 """
 
 from __future__ import annotations
 
-import hashlib
 import pickle
 import random
 import sys
@@ -22,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import xxhash
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _CHUNK = 1 << 24
@@ -36,24 +36,28 @@ def _weights_for(device: torch.device, n: int) -> torch.Tensor:
     return _weights[key]
 
 
-def _as_int64_words(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bits as a flat int64 tensor of 32-bit-or-smaller words."""
-    flat = t.detach().reshape(-1)
-    if flat.dtype == torch.bool:
-        flat = flat.view(torch.uint8)
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's elements, contiguous and one-dimensional, in a real dtype."""
+    flat = t.detach()
+    if flat.is_conj() or flat.is_neg():
+        flat = flat.resolve_conj().resolve_neg()
+    flat = flat.reshape(-1) if flat.is_contiguous() else flat.contiguous().reshape(-1)
     if flat.is_complex():
         flat = torch.view_as_real(flat).reshape(-1)
+    return flat.view(torch.uint8) if flat.dtype == torch.bool else flat
+
+
+def _as_int64_words(flat: torch.Tensor) -> torch.Tensor:
+    """The bits as int64 words of 32 bits or fewer (so weighted sums cannot overflow)."""
     width = flat.element_size()
-    if flat.dtype.is_floating_point or width in (1, 2, 4):
-        flat = flat.view(_INT_VIEW[width])
-    words = flat.to(torch.int64)
-    if width == 8:  # split 64-bit words so the weighted sum cannot overflow
+    words = flat.view(_INT_VIEW[width]).to(torch.int64)
+    if width == 8:
         words = torch.cat([words & 0xFFFFFFFF, words >> 32])
     return words
 
 
-def _partial_sums(t: torch.Tensor) -> torch.Tensor:
-    words = _as_int64_words(t)
+def _device_sums(flat: torch.Tensor) -> torch.Tensor:
+    words = _as_int64_words(flat)
     sums = [torch.tensor([words.numel()], device=words.device, dtype=torch.int64)]
     for start in range(0, max(words.numel(), 1), _CHUNK):
         chunk = words[start : start + _CHUNK]
@@ -62,20 +66,34 @@ def _partial_sums(t: torch.Tensor) -> torch.Tensor:
     return torch.cat(sums)
 
 
+def _host_sums(device_tensors: list[torch.Tensor]) -> list[list[int]]:
+    """Per-tensor integer sums of accelerator tensors, one transfer per device."""
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(device_tensors):
+        by_device.setdefault(t.device, []).append(i)
+    result: list[list[int]] = [[] for _ in device_tensors]
+    for indices in by_device.values():
+        parts = [_device_sums(device_tensors[i]) for i in indices]
+        host = torch.cat(parts).tolist()
+        offset = 0
+        for i, part in zip(indices, parts):
+            result[i] = host[offset : offset + part.numel()]
+            offset += part.numel()
+    return result
+
+
 def digest_tensors(tensors: Iterable[torch.Tensor]) -> str:
-    """A 16-hex-digit digest of an ordered collection of tensors."""
-    h = hashlib.blake2b(digest_size=8)
-    per_device: dict[torch.device, list[torch.Tensor]] = {}
-    order: list[tuple[torch.device, int]] = []
-    for t in tensors:
-        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-        sums = per_device.setdefault(t.device, [])
-        order.append((t.device, len(sums)))
-        sums.append(_partial_sums(t))
-    host = {dev: [s.tolist() for s in torch.cat(parts).split([p.numel() for p in parts])]
-            for dev, parts in per_device.items() if parts}
-    for dev, i in order:
-        h.update(repr(host[dev][i]).encode())
+    """A 32-hex-digit digest of an ordered collection of tensors."""
+    flats = [(t, _flat(t)) for t in tensors]
+    remote = [flat for _, flat in flats if not flat.is_cpu]
+    sums = iter(_host_sums(remote)) if remote else iter(())
+    h = xxhash.xxh3_128()
+    for t, flat in flats:
+        h.update(f"{t.dtype}{t.shape};".encode())
+        if flat.is_cpu:
+            h.update(flat.view(torch.uint8).numpy())
+        else:
+            h.update(repr(next(sums)).encode())
     return h.hexdigest()
 
 
@@ -92,8 +110,7 @@ def tensors_in(obj: Any) -> list[torch.Tensor]:
 
 def digest_object(obj: Any) -> str:
     """Digest of a nested structure: its tensors bitwise, everything else by pickle."""
-    h = hashlib.blake2b(digest_size=8)
-    h.update(digest_tensors(tensors_in(obj)).encode())
+    h = xxhash.xxh3_128(digest_tensors(tensors_in(obj)).encode())
     h.update(pickle.dumps(_without_tensors(obj), protocol=4))
     return h.hexdigest()
 
@@ -109,7 +126,7 @@ def _without_tensors(obj: Any) -> Any:
 
 
 def _hash(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=8).hexdigest()
+    return xxhash.xxh3_128(data).hexdigest()
 
 
 def digest_rng() -> dict[str, str]:
