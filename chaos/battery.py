@@ -2,8 +2,9 @@
 
 The fault steps are derived from the fault-free reference run, so the same
 battery fits any training script: kills land mid-interval (between two
-checkpoints), the in-save kill hits the second save of the rank that writes
-checkpoints, and the preemption lands where a save is not due anyway.
+checkpoints), the in-save kills hit the second save of the rank that writes
+checkpoints at its first write and its first rename, and the preemption
+lands where a save is not due anyway.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from chaos.engine import run_scenario
 from chaos.errors import CannotJudge
+from chaos.history import History
 from chaos.reference import get_reference
 from chaos.report import MARK, Report
 from chaos.runner import Progress
@@ -47,11 +49,23 @@ def plan(base: Scenario, cache_dir: Path, progress: Progress) -> list[Entry]:
     entries = [Entry(f"kill rank {rank} at step {mid}", f"kill:rank={rank},step={mid}")
                for rank in sorted({0, last_rank})]
     entries.append(Entry(f"kill node 0 at step {mid}", f"kill:node=0,step={mid}"))
-    if len(saves) >= 2:
-        entries.append(Entry(f"kill rank {writer} inside its 2nd checkpoint save",
-                             f"kill:rank={writer},phase=checkpoint_save,save=2,event=3"))
+    entries.extend(_in_save_kills(history, writer))
     entries.append(Entry(f"preempt rank 0 (SIGTERM) at step {mid}",
                          f"kill:rank=0,step={mid},signal=SIGTERM,grace=30"))
+    return entries
+
+
+def _in_save_kills(history: History, writer: int) -> list[Entry]:
+    """Kills inside the writer's 2nd save: mid-write (a torn file) and after the first
+    rename (a published name), the two crash points that break most protocols."""
+    events = [e for e in history.of("file") if e["rank"] == writer and e.get("save") == 2]
+    entries = []
+    for op, what in (("write", "mid-write"), ("rename", "right after a rename")):
+        index = next((e["index"] for e in events if e["op"] == op), None)
+        if index is not None:
+            entries.append(Entry(f"kill rank {writer} {what} in its 2nd save",
+                                 f"kill:rank={writer},phase=checkpoint_save,save=2,"
+                                 f"event={index}"))
     return entries
 
 

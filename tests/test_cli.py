@@ -125,3 +125,13 @@ def test_interrupt_reaps_every_process(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err
     assert chaos_processes(tmp_path) == []
+
+
+def test_the_battery_passes_the_reference_target_and_prints_one_table(tmp_path):
+    result = cli("battery", "--quiet", "--out", str(tmp_path / "out"), "--cache-dir",
+                 str(tmp_path / "cache"), cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith(("kill", "preempt"))]
+    assert len(rows) == 6 and all(row.endswith("PASS") for row in rows), result.stdout
+    assert "mid-write in its 2nd save" in result.stdout
+    assert "right after a rename in its 2nd save" in result.stdout

@@ -65,3 +65,33 @@ def test_rng_digest_follows_each_global_generator_apart():
         draw()
         after = digest_rng()
         assert [k for k in after if after[k] != before[k]] == [name]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_accelerator_path_sees_every_flip_too(dtype):
+    """The integer-sum path used on GPUs, exercised here on CPU tensors."""
+    from chaos.fingerprint import _device_sums, _flat
+
+    tensor = _sample(dtype)
+    base = _device_sums(_flat(tensor)).tolist()
+    raw = tensor.view(torch.uint8)
+    for byte in (0, raw.numel() - 1):
+        for bit in range(8 if dtype != torch.bool else 1):
+            flipped = raw.clone()
+            flipped[byte] ^= 1 << bit
+            assert _device_sums(_flat(flipped.view(dtype))).tolist() != base, (byte, bit)
+    swapped = tensor.clone()
+    swapped[[0, 1]] = tensor[[1, 0]]
+    if not torch.equal(swapped, tensor):
+        assert _device_sums(_flat(swapped)).tolist() != base
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_tensors_are_digested_on_the_device():
+    cpu = torch.randn(1 << 20)
+    gpu = cpu.cuda()
+    assert digest_tensors([gpu]) == digest_tensors([gpu.clone()])
+    flipped = gpu.clone()
+    flipped.view(torch.int32)[123] ^= 1
+    assert digest_tensors([flipped]) != digest_tensors([gpu])
