@@ -71,7 +71,7 @@ def _failed_resume(ev: Evidence) -> str | None:
     checkpoint and died before its first step, in an attempt where no fault
     fired (a fault there would explain the death). Its exception is in the
     history when the agent saw it; a target that prints its traceback and
-    exits with os._exit leaves only the log, so the log's last line stands in.
+    exits with os._exit leaves only the log, so the log's first error stands in.
     """
     first = ev.first_fault_time()
     if first is None:
