@@ -27,7 +27,8 @@ import pytest
 from chaos.errors import ChaosError
 from chaos.report import Report
 
-_RESULTS_KEY = pytest.StashKey[list]()
+_RESULTS_KEY = pytest.StashKey[list]()  # (nodeid, report) of every run this session
+_FAILURE_KEY = pytest.StashKey[str]()  # why a marked test fails before its body runs
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -69,38 +70,59 @@ def _new_out_dir(runs_dir: Path, nodeid: str) -> Path:
 RunFn = Callable[..., Report]
 
 
-@pytest.fixture
-def chaos_run(request: pytest.FixtureRequest) -> RunFn:
-    """Run a scenario: chaos_run(script, faults=[...], args=[...], expect=None, **scenario)."""
+def _runner(request: pytest.FixtureRequest) -> RunFn:
+    """Run a scenario for this test; raises ChaosError when it cannot be judged."""
     from chaos.engine import run_scenario
     from chaos.scenario import Scenario
 
     runs_dir, cache_dir = _base_dirs(request)
     config = request.config
 
-    def run(script: str, faults: list[str] | None = None, expect: str | None = None,
-            **kwargs: Any) -> Report:
+    def run(script: str, faults: list[str] | None = None, **kwargs: Any) -> Report:
         kwargs.setdefault("seed", config.getoption("--chaos-seed"))
         if config.getoption("--chaos-timeout"):
             kwargs["timeout"] = config.getoption("--chaos-timeout")
-        out = _new_out_dir(runs_dir, request.node.nodeid)
-        try:
-            scenario = Scenario.build(str(script), faults=faults, **kwargs)
-            report = run_scenario(scenario, out, cache_dir)
-        except ChaosError as exc:
-            pytest.fail(f"torchchaos could not judge: {exc}", pytrace=False)
+        scenario = Scenario.build(str(script), faults=faults, **kwargs)
+        report = run_scenario(scenario, _new_out_dir(runs_dir, request.node.nodeid), cache_dir)
         config.stash[_RESULTS_KEY].append((request.node.nodeid, report))
-        if expect is not None and report.verdict != expect:
-            pytest.fail(f"expected verdict {expect!r}, got {report.verdict!r}\n\n"
-                        f"{report.table()}", pytrace=False)
         return report
 
     return run
 
 
+def _verdict_failure(report: Report, expect: str) -> str | None:
+    if report.verdict == expect:
+        return None
+    return f"expected verdict {expect!r}, got {report.verdict!r}\n\n{report.table()}"
+
+
 @pytest.fixture
-def chaos_report(request: pytest.FixtureRequest, chaos_run: RunFn) -> Report:
-    """The report of the scenario declared by the test's `chaos` marker."""
+def chaos_run(request: pytest.FixtureRequest) -> RunFn:
+    """Run a scenario: chaos_run(script, faults=[...], args=[...], expect=None, **scenario)."""
+    run = _runner(request)
+
+    def checked(script: str, faults: list[str] | None = None, expect: str | None = None,
+                **kwargs: Any) -> Report:
+        try:
+            report = run(script, faults, **kwargs)
+        except ChaosError as exc:
+            pytest.fail(f"torchchaos could not judge: {exc}", pytrace=False)
+        failure = _verdict_failure(report, expect) if expect else None
+        if failure:
+            pytest.fail(failure, pytrace=False)
+        return report
+
+    return checked
+
+
+@pytest.fixture
+def chaos_report(request: pytest.FixtureRequest) -> Report | None:
+    """The report of the scenario declared by the test's `chaos` marker.
+
+    The run happens while the fixture is set up; a wrong verdict (or one that
+    could not be reached) fails the test itself, before its body runs, so it is
+    reported as a failure rather than as a set-up error.
+    """
     marker = request.node.get_closest_marker("chaos")
     if marker is None:
         pytest.fail("chaos_report needs @pytest.mark.chaos(script=..., faults=[...])",
@@ -108,8 +130,23 @@ def chaos_report(request: pytest.FixtureRequest, chaos_run: RunFn) -> Report:
     kwargs = dict(marker.kwargs)
     if marker.args:
         kwargs.setdefault("script", marker.args[0])
-    kwargs.setdefault("expect", "pass")
-    return chaos_run(**kwargs)
+    expect = kwargs.pop("expect", "pass")
+    try:
+        report = _runner(request)(**kwargs)
+    except ChaosError as exc:
+        request.node.stash[_FAILURE_KEY] = f"torchchaos could not judge: {exc}"
+        return None
+    failure = _verdict_failure(report, expect)
+    if failure:
+        request.node.stash[_FAILURE_KEY] = failure
+    return report
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    failure = item.stash.get(_FAILURE_KEY, None)
+    if failure:
+        pytest.fail(failure, pytrace=False)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

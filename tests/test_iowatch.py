@@ -82,3 +82,34 @@ def test_a_kill_after_the_rename_leaves_the_published_file(tmp_path):
     assert _run(tmp_path, die_at=7).returncode == 9
     assert (tmp_path / "ckpt" / "step-1.pt").exists()
     assert not (tmp_path / "ckpt" / "tmp").exists()
+
+
+DCP = textwrap.dedent("""
+    import json, os, sys, warnings, torch
+    from chaos.iowatch import IOWatch
+    root = sys.argv[1]
+    seen = []
+    IOWatch(root, os.path.join(root, "_chaos"),
+            lambda op, path: seen.append([op, os.path.relpath(path, root)])).install()
+    import torch.distributed.checkpoint as dcp
+    warnings.simplefilter("ignore")
+    dcp.save({"w": torch.arange(10.0)}, checkpoint_id=os.path.join(root, "ckpt"), no_dist=True)
+    state = {"w": torch.zeros(10)}
+    dcp.load(state, checkpoint_id=os.path.join(root, "ckpt"), no_dist=True)
+    assert torch.equal(state["w"], torch.arange(10.0))
+    print(json.dumps(seen))
+""")
+
+
+def test_torch_distributed_checkpoint_saves_and_loads_are_seen(tmp_path):
+    result = subprocess.run([sys.executable, "-c", DCP, str(tmp_path)], capture_output=True,
+                            text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [
+        ["mkdir", "ckpt"],
+        ["open", "ckpt/__0_0.distcp"], ["write", "ckpt/__0_0.distcp"],
+        ["fsync", "ckpt/__0_0.distcp"],
+        ["open", "ckpt/.metadata.tmp"], ["write", "ckpt/.metadata.tmp"],
+        ["fsync", "ckpt/.metadata.tmp"], ["rename", "ckpt/.metadata"],
+        ["read", "ckpt/.metadata"], ["read", "ckpt/__0_0.distcp"],
+    ]

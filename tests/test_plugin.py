@@ -1,0 +1,49 @@
+"""The pytest plugin: the marker, the fixtures, the options and the failure message."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import TARGET
+
+pytest_plugins = ["pytester"]
+
+STEPS = ["--steps", "12", "--ckpt-every", "5"]
+
+
+@pytest.mark.chaos(script=str(TARGET), faults=["kill:rank=1,step=7"], args=STEPS)
+def test_the_marker_declares_a_scenario(chaos_report):
+    assert chaos_report.verdict == "pass"
+    assert chaos_report.faults[0]["fired_step"] == 7
+
+
+def test_a_verdict_other_than_expected_fails_with_the_table(pytester):
+    runs = pytester.path / "kept-runs"
+    pytester.makepyfile(f"""
+        import pytest
+
+        @pytest.mark.chaos(script={str(TARGET)!r}, faults=["kill:rank=1,step=7"],
+                           args={[*STEPS, "--bug", "skip_optim"]!r})
+        def test_buggy(chaos_report):
+            pass
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--chaos-dir={runs}",
+                                           "--chaos-seed=3")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*expected verdict 'pass', got 'fail'*",
+        "*deterministic_resume  FAIL     diverged from the reference at step 6*optimizer*",
+        f"*verdict: FAIL   run dir: {runs}*",
+        "*torchchaos verdicts*",
+        "FAIL  test_a_verdict_other_than_expected_fails_with_the_table.py::test_buggy*",
+    ])
+    assert any(runs.iterdir()), "runs are kept where --chaos-dir says"
+
+
+def test_bad_scenarios_fail_the_test_with_one_line(pytester):
+    pytester.makepyfile("""
+        def test_bad(chaos_run):
+            chaos_run("train.py", faults=["kill:rank=0"])
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*torchchaos could not judge: *needs exactly one trigger*"])
