@@ -61,7 +61,7 @@ def completes(ev: Evidence) -> CheckResult:
         return CheckResult(True, "exited 0; the final step is unknown because a restore"
                                  " matched no reference step")
     return CheckResult(True, f"reached step {reached} of {target} and exited 0"
-                             f" ({launches} launch(es), {len(ev.recoveries())} recovery(ies))")
+                             f" ({launches} launch(es), {len(ev.recoveries)} recovery(ies))")
 
 
 def _failed_resume(ev: Evidence) -> str | None:
@@ -127,7 +127,7 @@ def atomic_recovery(ev: Evidence) -> CheckResult:
     failed = _failed_resume(ev)
     if failed:
         return CheckResult(False, f"{failed} (the job is down until a human cleans up)")
-    recoveries = ev.recoveries()
+    recoveries = ev.recoveries
     if not recoveries:
         return CheckResult(None, "no recovery happened, nothing to judge")
     for rec in recoveries:
@@ -205,7 +205,7 @@ def _seconds_lost(rec: Recovery) -> float | None:
 
 
 def bounded_lost_work(ev: Evidence) -> CheckResult:
-    recoveries = ev.recoveries()
+    recoveries = ev.recoveries
     if not recoveries:
         return CheckResult(None, "no failure happened, no work lost")
     bound = ev.max_lost_steps if ev.max_lost_steps is not None else ev.checkpoint_interval()

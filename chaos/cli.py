@@ -183,6 +183,8 @@ def cmd_report(ns: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         raise UsageError(f"{path} is not a torchchaos report: {exc}") from None
     print(report.table())
+    if report.verdict == "error":
+        print(f"torchchaos: error: {report.reason}", file=sys.stderr)
     return report.exit_code()
 
 

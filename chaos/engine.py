@@ -70,7 +70,7 @@ def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
     checks = run_checks(evidence, scenario.checks)
     summary = _fault_summary(faults, chaos_history)
     report = Report.from_checks(
-        checks, faults=summary, restarts=len(evidence.recoveries()), run_dir=str(chaos_dir),
+        checks, faults=summary, restarts=len(evidence.recoveries), run_dir=str(chaos_dir),
         reference_dir=str(reference.run_dir), wall_seconds=outcome.wall_seconds,
         command=torchrun_command(scenario, 0, "RUN_ID", 0, chaos_dir),
     )

@@ -8,6 +8,7 @@ checker stays a short pure function.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from chaos.history import Event, History
@@ -82,6 +83,7 @@ class Evidence:
         faults = self.chaos.faults()
         return faults[0]["t"] if faults else None
 
+    @cached_property
     def recoveries(self) -> list[Recovery]:
         """Every attempt after the first, with where it failed and what it restored."""
         attempts: dict[tuple[int, int], list[Event]] = {}
