@@ -44,13 +44,6 @@ class Scenario:
             raise UsageError(f"training script not found: {self.script}")
         if self.nproc < 1 or self.nodes < 1:
             raise UsageError("--nproc and --nodes must be >= 1")
-        if self.nodes > 1:
-            # Several torchrun agents on localhost do not yet end cleanly: when node 0's
-            # agent (the c10d store host) exits first, the others restart their workers
-            # and wait for a rendezvous that never comes. Simulated nodes arrive with the
-            # network namespaces of the partition faults.
-            raise UsageError("--nodes > 1 is not supported yet (simulated multi-node jobs"
-                             " arrive with network partitions); use --nodes 1")
         if self.timeout <= 0:
             raise UsageError("--timeout must be > 0 seconds")
         if self.max_lost_steps is not None and self.max_lost_steps < 0:

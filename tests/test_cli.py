@@ -36,7 +36,7 @@ def _env() -> dict[str, str]:
     (["run", "--", "no/such/train.py"], "training script not found"),
     (["run", "--check", "vibes", "--", str(TARGET)], "unknown check 'vibes'"),
     (["run", "--nproc", "two", "--", str(TARGET)], "expected an integer"),
-    (["run", "--nodes", "2", "--", str(TARGET)], "--nodes > 1 is not supported yet"),
+    (["run", "--nodes", "0", "--", str(TARGET)], "--nproc and --nodes must be >= 1"),
     (["run"], "the following arguments are required: SCRIPT"),
     (["report", "nowhere"], "no report.json in nowhere"),
     (["frobnicate"], "invalid choice"),

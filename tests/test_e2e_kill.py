@@ -84,6 +84,19 @@ def test_verdicts_repeat(chaos_run, round_):
     assert bad.checks["deterministic_resume"]["divergent_step"] == 6
 
 
+@pytest.mark.parametrize("fault", ["kill:node=1,step=12", "kill:rank=0,step=12"])
+def test_two_simulated_nodes_recover(chaos_run, fault):
+    """Two torchrun agents (c10d rendezvous on localhost), one rank each."""
+    report = chaos_run(TARGET, faults=[fault], args=STEPS, nodes=2, nproc=1, expect="pass")
+    assert report.restarts >= 1
+
+
+def test_two_nodes_still_catch_a_resume_bug(chaos_run):
+    report = chaos_run(TARGET, faults=["kill:node=1,step=12"], nodes=2, nproc=1,
+                       args=[*STEPS, "--bug", "skip_optim"], expect="fail")
+    assert report.checks["deterministic_resume"]["component"] == "optimizer"
+
+
 def test_kill_at_a_time(chaos_run):
     report = chaos_run(TARGET, faults=["kill:rank=1,time=6"],
                        args=["--steps", "40", "--step-sleep", "0.15"], expect="pass")
