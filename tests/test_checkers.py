@@ -44,12 +44,18 @@ def test_atomic_recovery_undecided_without_a_recovery():
     assert checkers.atomic_recovery(evidence(plain.history())).ok is None
 
 
-def test_atomic_recovery_flags_a_resume_that_raises():
+def killed_then_reading(rank: int) -> Timeline:
+    """Rank 1 dies after step 12; `rank`'s restarted worker reads a checkpoint and stops."""
     timeline = Timeline()
     timeline.train(2, range(1, 13))
     timeline.fault(1, 12)
-    timeline.add("boot", **timeline.proc(0, attempt=1))
-    timeline.add("load", path="ckpt/step-10.pt", **timeline.proc(0, attempt=1))
+    timeline.add("boot", **timeline.proc(rank, attempt=1))
+    timeline.add("load", path="ckpt/step-10.pt", **timeline.proc(rank, attempt=1))
+    return timeline
+
+
+def test_atomic_recovery_flags_a_resume_that_raises():
+    timeline = killed_then_reading(0)
     timeline.add("exception", type="UnpicklingError", message="invalid load key\nmore",
                  before_first_step=True, after_load=True, **timeline.proc(0, attempt=1))
     result = checkers.atomic_recovery(evidence(timeline.history(), completed=False))
@@ -59,22 +65,14 @@ def test_atomic_recovery_flags_a_resume_that_raises():
 
 
 def test_atomic_recovery_flags_a_resume_that_dies_without_a_recorded_exception():
-    timeline = Timeline()
-    timeline.train(2, range(1, 13))
-    timeline.fault(1, 12)
-    timeline.add("boot", **timeline.proc(1, attempt=1))
-    timeline.add("load", path="ckpt/latest.pt", **timeline.proc(1, attempt=1))
+    timeline = killed_then_reading(1)
     ev = evidence(timeline.history(), completed=False, log_tail="EOFError: Ran out of input")
     result = checkers.atomic_recovery(ev)
     assert result.ok is False and "last output: EOFError: Ran out of input" in result.detail
 
 
 def test_atomic_recovery_does_not_blame_a_resume_cut_short_by_another_fault():
-    timeline = Timeline()
-    timeline.train(2, range(1, 13))
-    timeline.fault(1, 12)
-    timeline.add("boot", **timeline.proc(0, attempt=1))
-    timeline.add("load", path="ckpt/step-10.pt", **timeline.proc(0, attempt=1))
+    timeline = killed_then_reading(0)
     timeline.fault(1, 0, attempt=1)  # e.g. a kill during checkpoint_load on the peer
     timeline.train(2, range(11, 21), attempt=2, restored=10)
     assert checkers.atomic_recovery(evidence(timeline.history())).ok is True
