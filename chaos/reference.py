@@ -9,6 +9,7 @@ deterministic without faults.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import shutil
@@ -74,7 +75,16 @@ def _run_once(scenario: Scenario, run_dir: Path, progress: Progress) -> float:
 
 
 def get_reference(scenario: Scenario, cache_root: Path, progress: Progress) -> Reference:
+    """The cached reference, made first if need be. One lock file per entry, so two
+    harnesses asking for the same reference at once run it once."""
+    cache_root.mkdir(parents=True, exist_ok=True)
     entry = cache_root / f"ref-{cache_key(scenario)}"
+    with open(entry.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _cached_or_new(scenario, entry, progress)
+
+
+def _cached_or_new(scenario: Scenario, entry: Path, progress: Progress) -> Reference:
     meta_file = entry / "meta.json"
     if meta_file.exists():
         meta = json.loads(meta_file.read_text())
@@ -84,7 +94,7 @@ def get_reference(scenario: Scenario, cache_root: Path, progress: Progress) -> R
                              meta["detail"])
     if entry.exists():
         shutil.rmtree(entry)  # incomplete or too few runs: a directory this harness created
-    entry.mkdir(parents=True)
+    entry.mkdir()
     walls = []
     for number in range(scenario.reference_runs):
         progress(f"reference run {number + 1}/{scenario.reference_runs} (fault-free) ...")
