@@ -92,6 +92,20 @@ def _failed_resume(ev: Evidence) -> str | None:
     return None
 
 
+def _before_faults(ev: Evidence) -> list[tuple[dict[str, Any], dict[str, str]]]:
+    """Each step completed before the first fault, with the reference's fingerprints."""
+    reference = ev.reference_steps()
+    first_fault = ev.first_fault_time()
+    pairs = []
+    for e in ev.chaos.steps():
+        if first_fault is not None and e["t"] >= first_fault:
+            break
+        ref = reference.get((e["rank"], e["step"]))
+        if ref is not None:
+            pairs.append((e, ref["fp"]))
+    return pairs
+
+
 def nondeterminism(ev: Evidence) -> str | None:
     """Why the target is not deterministic without faults, if it shows it is not.
 
@@ -105,15 +119,10 @@ def nondeterminism(ev: Evidence) -> str | None:
         if (event["launch"], event["attempt"]) == (0, 0) and event["restored"] is None:
             return (f"rank {event['rank']} started from a state the reference run never had"
                     " (is it seeded from its arguments?)")
-    reference = ev.reference_steps()
-    first_fault = ev.first_fault_time()
-    for e in ev.chaos.steps():
-        if first_fault is not None and e["t"] >= first_fault:
-            break
-        ref = reference.get((e["rank"], e["step"]))
-        if ref is not None and not same_state(ref["fp"], e["fp"]):
+    for e, ref in _before_faults(ev):
+        if not same_state(ref, e["fp"]):
             return (f"step {e['step']} on rank {e['rank']} differs from the reference before"
-                    f" any fault fired ({_diverging_component(e['fp'], ref['fp'])})")
+                    f" any fault fired ({_diverging_component(e['fp'], ref)})")
     return None
 
 
@@ -150,8 +159,8 @@ def _diverging_component(mine: dict[str, str], ref: dict[str, str],
 
     rngs = [k[4:] for k in sorted(mine) if k.startswith("rng.") and k not in noisy
             and differs(k)]
-    for index, (key, name) in enumerate(STATE):
-        if index == 3 and rngs:  # generators are drawn from after lr, before the batch
+    for key, name in STATE:
+        if key == "batch" and rngs:  # generators are drawn from after lr, before the batch
             return f"rng ({', '.join(rngs)})"
         if differs(key):
             return name
@@ -160,15 +169,8 @@ def _diverging_component(mine: dict[str, str], ref: dict[str, str],
 
 def _noisy_generators(ev: Evidence) -> frozenset[str]:
     """RNG keys that differ from the reference even before any fault: never seeded."""
-    reference = ev.reference_steps()
-    first_fault = ev.first_fault_time()
-    noisy = set()
-    for e in ev.chaos.steps():
-        if first_fault is not None and e["t"] >= first_fault:
-            break
-        ref = reference.get((e["rank"], e["step"]), {}).get("fp", {})
-        noisy.update(k for k, v in e["fp"].items() if k.startswith("rng.") and ref.get(k) != v)
-    return frozenset(noisy)
+    return frozenset(k for e, ref in _before_faults(ev) for k, v in e["fp"].items()
+                     if k.startswith("rng.") and ref.get(k) != v)
 
 
 def deterministic_resume(ev: Evidence) -> CheckResult:
