@@ -86,7 +86,7 @@ def digest_tensors(tensors: Iterable[torch.Tensor]) -> str:
     """A 32-hex-digit digest of an ordered collection of tensors."""
     flats = [(t, _flat(t)) for t in tensors]
     remote = [flat for _, flat in flats if not flat.is_cpu]
-    sums = iter(_host_sums(remote)) if remote else iter(())
+    sums = iter(_host_sums(remote))
     h = xxhash.xxh3_128()
     for t, flat in flats:
         h.update(f"{t.dtype}{t.shape};".encode())

@@ -95,11 +95,8 @@ class IOWatch:
     def emit(self, op: str, path: str) -> None:
         if self._busy:  # an event handler doing its own I/O is not the target's I/O
             return
-        self._busy = True
-        try:
+        with self.muted():
             self.listener(op, path)
-        finally:
-            self._busy = False
 
     @contextlib.contextmanager
     def muted(self) -> Iterator[None]:
