@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -22,14 +23,19 @@ from chaos import env
 
 def marked_pids(run_id: str) -> list[int]:
     """Pids of live processes whose initial environment carries this run's marker."""
-    needle = f"{env.RUN_ID}={run_id}".encode()
+    return pids_with_env(lambda item: item == f"{env.RUN_ID}={run_id}".encode())
+
+
+def pids_with_env(match: Callable[[bytes], bool]) -> list[int]:
+    """Pids of live (not zombie) processes, other than this one, with a matching
+    `NAME=value` item in their initial environment."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             environ = (entry / "environ").read_bytes()
-            if needle in environ.split(b"\0") and not _is_zombie(entry):
+            if any(match(item) for item in environ.split(b"\0")) and not _is_zombie(entry):
                 found.append(int(entry.name))
         except OSError:
             continue

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from chaos import env, procs
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,17 +25,8 @@ PLAIN = REPO / "tests" / "scripts" / "plain_ddp.py"
 
 def chaos_processes(under: Path) -> list[int]:
     """Live processes of torchchaos runs whose run directory is under `under`."""
-    needle = f"TORCHCHAOS_RUN_DIR={under}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if needle in (entry / "environ").read_bytes():
-                    if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                        found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+    prefix = f"{env.RUN_DIR}={under}".encode()
+    return procs.pids_with_env(lambda item: item.startswith(prefix))
 
 
 @pytest.fixture(scope="session", autouse=True)

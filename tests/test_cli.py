@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -23,8 +24,6 @@ def cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProc
 
 
 def _env() -> dict[str, str]:
-    import os
-
     return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
