@@ -94,6 +94,7 @@ class Agent:
         self.saves = self.loads = 0
         self.save_events = self.load_events = 0
         self.in_save = self.in_load = False
+        self.last_path: str | None = None  # the file of the latest file event
 
     def _mine(self, fault: ResolvedFault) -> bool:
         if get_kind(fault.kind).side != "agent":
@@ -263,6 +264,7 @@ class Agent:
         if os.getpid() != self.pid:
             return
         rel = os.path.relpath(path, self.layout.run_dir)
+        self.last_path = path
         if op == "read":
             if self.in_save:  # reading back what a save just wrote is part of the save
                 return
@@ -304,7 +306,8 @@ class Agent:
         self.history.record("fault", id=fault.id, kind=fault.kind, spec=fault.spec,
                             target=f"{fault.target_type}:{fault.index}", step=self.global_step(),
                             params=fault.params)
-        ctx = FireContext(self.rank, self.local_rank, self.node, self.history.record)
+        ctx = FireContext(self.rank, self.local_rank, self.node, self.history.record,
+                          self.last_path)
         get_kind(fault.kind).fire(fault, ctx)
 
 

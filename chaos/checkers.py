@@ -243,9 +243,44 @@ def bounded_lost_work(ev: Evidence) -> CheckResult:
                        data)
 
 
+def _completed_saves(ev: Evidence, before: float) -> list[int]:
+    """`after_step` of every checkpoint save that a rank finished (it went on to
+    train, or exited) before time `before`."""
+    begins = {(e["pid"], e["save"]): e.get("after_step") for e in ev.chaos.of("save_begin")}
+    return [begins[key] for e in ev.chaos.of("save_end") if e["t"] < before
+            and (key := (e["pid"], e["save"])) in begins and begins[key] is not None]
+
+
+def durable_checkpoints(ev: Evidence) -> CheckResult:
+    """A checkpoint the target had finished before a power loss survives it."""
+    losses = [e for e in ev.chaos.of("fs_crash") if e.get("lose_unsynced")]
+    if not losses:
+        return CheckResult(None, "no power loss in this run, durability not tested")
+    for loss in losses:
+        saved = _completed_saves(ev, loss["t"])
+        after = [r for r in ev.recoveries if r.started > loss["t"]]
+        if not saved or not after or after[0].restored_step is None:
+            continue  # nothing finished yet, or the resume failed: other checks say why
+        newest, restored = max(saved), after[0].restored_step
+        if restored < newest:
+            dropped = sorted(set(loss.get("removed", []) + loss.get("reverted_files", [])))
+            shown = ", ".join(dropped[:4]) + (" ..." if len(dropped) > 4 else "")
+            return CheckResult(False, f"the checkpoint saved after step {newest} was finished"
+                                      " before the power loss (training went on) but did not"
+                                      f" survive it: resumed from step {restored}; the power"
+                                      f" loss dropped {shown or 'nothing?'} (missing fsync of"
+                                      " a file or of its directory)",
+                               {"newest_finished": newest, "restored": restored,
+                                "dropped": dropped})
+    return CheckResult(True, f"{len(losses)} power loss(es); every checkpoint finished"
+                             " before one survived it")
+
+
 def no_orphans(ev: Evidence) -> CheckResult:
     if ev.leftovers:
         return CheckResult(False, f"processes of the run survived it: {ev.leftovers}")
+    if ev.leftover_mounts:
+        return CheckResult(False, f"mounts of the run survived it: {ev.leftover_mounts}")
     if ev.reaped:
         return CheckResult(True, f"nothing survived; the harness reaped {len(ev.reaped)}"
                                  " process(es) the job left running after it exited")
@@ -257,6 +292,7 @@ CHECKERS: dict[str, Callable[[Evidence], CheckResult]] = {
     "atomic_recovery": atomic_recovery,
     "deterministic_resume": deterministic_resume,
     "bounded_lost_work": bounded_lost_work,
+    "durable_checkpoints": durable_checkpoints,
     "no_orphans": no_orphans,
 }
 

@@ -50,6 +50,7 @@ class Evidence:
     wall_seconds: float
     reference_wall_seconds: float
     leftovers: list[int] = field(default_factory=list)
+    leftover_mounts: list[str] = field(default_factory=list)
     reaped: list[int] = field(default_factory=list)
     reference_deterministic: bool | None = None
     reference_detail: str = ""

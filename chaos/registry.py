@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from chaos.errors import UsageError
 
@@ -28,6 +29,38 @@ class FireContext:
     local_rank: int
     node: int
     record: Callable[..., None]  # write an event to this rank's history
+    path: str | None = None  # the file of the event that triggered a phase fault
+
+
+@dataclass
+class JobContext:
+    """What a kind may use to set up for one job (a chaos run)."""
+
+    run_dir: Path
+    run_id: str  # the marker every process of the run carries
+
+
+class JobResource(Protocol):
+    """Something a kind sets up for a whole job (a mount) and tears down after it."""
+
+    environ: dict[str, str]  # added to every rank's environment
+
+    def settle(self) -> None:
+        """Before a relaunch: wait until pending fault work (a crash) is done."""
+
+    def close(self) -> None:
+        """Heal and tear down; called on every exit path, safe to call twice."""
+
+
+@dataclass
+class NoResource:
+    environ: dict[str, str] = field(default_factory=dict)
+
+    def settle(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class FaultKind:
@@ -48,6 +81,11 @@ class FaultKind:
 
     def heal(self, fault: ResolvedFault) -> None:
         """Undo the fault (harness kinds). Must be safe to call twice."""
+
+    def setup_job(self, faults: list[ResolvedFault], ctx: JobContext) -> JobResource:
+        """Prepare what this kind's faults need during a job (called with this kind's
+        faults only, before the first launch); the runner closes it after the job."""
+        return NoResource()
 
 
 _KINDS: dict[str, FaultKind] = {}

@@ -25,6 +25,8 @@ import chaos
 from chaos import env, procs, schedule
 from chaos.history import HistoryWriter
 from chaos.layout import RunLayout
+from chaos.mounts import mounts_under
+from chaos.registry import JobContext, JobResource, get_kind
 from chaos.scenario import Scenario
 from chaos.schedule import ResolvedFault
 
@@ -45,6 +47,7 @@ class JobOutcome:
     wall_seconds: float = 0.0
     reaped: list[int] = field(default_factory=list)  # killed by the harness after the job ended
     leftovers: list[int] = field(default_factory=list)  # alive even after reaping: a harness bug
+    leftover_mounts: list[str] = field(default_factory=list)  # mounted after teardown: a bug
 
     @property
     def launches(self) -> int:
@@ -89,9 +92,11 @@ def torchrun_command(scenario: Scenario, node: int, run_id: str, port: int,
 
 
 def job_environment(scenario: Scenario, run_dir: Path, run_id: str, launch: int,
-                    t0: float, reference: Path | None) -> dict[str, str]:
+                    t0: float, reference: Path | None,
+                    extra: dict[str, str] | None = None) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCHCHAOS_")}
     environ.update(scenario.env)
+    environ.update(extra or {})
     path = [str(INJECT_DIR), str(PACKAGE_ROOT), environ.get("PYTHONPATH", "")]
     environ["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
     environ.setdefault("OMP_NUM_THREADS", "1")
@@ -122,6 +127,7 @@ class Job:
         self.progress = progress or (lambda _msg: None)
         self.run_id = uuid.uuid4().hex[:12]
         self.nodes: list[subprocess.Popen[bytes]] = []
+        self.resources: list[JobResource] = []
 
     def run(self) -> JobOutcome:
         self.layout.create()
@@ -131,7 +137,10 @@ class Job:
         t0 = time.monotonic()
         deadline = t0 + self.scenario.timeout
         try:
+            self._set_up_faults()
             for launch in range(self.scenario.max_relaunches + 1):
+                for resource in self.resources:
+                    resource.settle()
                 self._start(launch, t0)
                 log.record("launch", launch=launch, pids=[p.pid for p in self.nodes])
                 codes, timed_out = self._wait(deadline)
@@ -153,13 +162,24 @@ class Job:
             if outcome.completed:  # the job ended cleanly, yet these were still running
                 outcome.reaped = killed
             outcome.leftovers = procs.marked_pids(self.run_id)
+            for resource in reversed(self.resources):
+                resource.close()
+            outcome.leftover_mounts = mounts_under(self.layout.run_dir)
             outcome.wall_seconds = time.monotonic() - t0
             log.close()
         return outcome
 
+    def _set_up_faults(self) -> None:
+        """Let each fault kind set up what its faults need for the whole job."""
+        ctx = JobContext(self.layout.run_dir, self.run_id)
+        for name in dict.fromkeys(f.kind for f in self.faults):
+            mine = [f for f in self.faults if f.kind == name]
+            self.resources.append(get_kind(name).setup_job(mine, ctx))
+
     def _start(self, launch: int, t0: float) -> None:
+        extra = {k: v for r in self.resources for k, v in r.environ.items()}
         environ = job_environment(self.scenario, self.layout.run_dir, self.run_id, launch, t0,
-                                  self.reference)
+                                  self.reference, extra)
         port = _free_port()
         self.nodes = []
         for node in range(self.scenario.nodes):

@@ -1,3 +1,3 @@
-"""Fault kinds. Importing this package registers every kind with the engine."""
+"""Fault kinds; importing this package registers every kind."""
 
-from faults import kill  # noqa: F401  (registers itself)
+from faults import kill, storage  # noqa: F401

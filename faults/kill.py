@@ -71,7 +71,7 @@ class Kill(FaultKind):
         grace = float(fault.params.get("grace", 30.0))  # type: ignore[arg-type]
         code = int(fault.params.get("code", 1))  # type: ignore[call-overload]
         if fault.target_type == "node":
-            self._kill_node(sig, grace, code)
+            self.kill_node(sig, grace, code)
         else:
             self._kill_self(sig, grace, code)
 
@@ -82,7 +82,7 @@ class Kill(FaultKind):
             _sigkill_later([os.getpid()], grace)
         os.kill(os.getpid(), SIGNALS[sig])
 
-    def _kill_node(self, sig: str, grace: float, code: int) -> None:
+    def kill_node(self, sig: str, grace: float, code: int) -> None:
         launcher = psutil.Process(os.getppid())
         tree = [launcher.pid] + [c.pid for c in launcher.children(recursive=True)]
         if sig == "SIGTERM":

@@ -1,7 +1,8 @@
 """Shared test set-up: helpers importable, and a session-wide leak check.
 
 Every test may start real torchrun jobs; when the session ends, no process
-of any torchchaos run may still be alive and no temporary folder may have
+of any torchchaos run may still be alive, no fault filesystem may still be
+mounted, and no temporary folder may have
 appeared outside pytest's own (runs keep theirs inside their run directory).
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from chaos import env, procs
+from chaos.mounts import mounts_under
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -36,5 +38,7 @@ def nothing_leaks(tmp_path_factory: pytest.TempPathFactory):
     yield
     leaked = chaos_processes(tmp_path_factory.getbasetemp())
     assert leaked == [], f"processes of this session's runs survived it: {leaked}"
+    mounts = mounts_under(tmp_path_factory.getbasetemp())
+    assert mounts == [], f"mounts of this session's runs survived it: {mounts}"
     new = {n for n in set(os.listdir(tmp)) - before if not n.startswith("pytest-of-")}
     assert not new, f"temporary files or folders left outside the run dirs: {sorted(new)}"

@@ -1,0 +1,3 @@
+from faults.faultfs.daemon import main
+
+main()

@@ -1,0 +1,209 @@
+"""The fault filesystem's process: mount, serve, and carry out crashes.
+
+Run as `python -m faults.faultfs` by `faults.faultfs.mount.Mount`, never by
+hand. It mounts `STATE/backing` at MOUNTPOINT (libfuse 3 through mfusepy,
+`auto_unmount`: if this process dies, even by SIGKILL, fusermount3 unmounts)
+and answers commands on an abstract unix socket, one JSON object per line:
+
+- `{"cmd": "arm", "mode": "enospc"|"eio"|"torn"|"slow", ...}`: hit the next
+  matching operations (see `armed.Armed`);
+- `{"cmd": "crash", "lose_unsynced": bool}`: kill every process of the run,
+  then, for a power loss, drop what was not durable;
+- `{"cmd": "bitrot", "file": GLOB, "seed": N, "bits": N, "crash": bool}`:
+  flip bits in a committed file (then crash, so the job must read it back);
+- `{"cmd": "settle"}`: answers once no crash is in progress;
+- `{"cmd": "ping"}`.
+
+The crash runs here, not in the rank that asked for it: the runner reaps a
+dead job's processes, and a half-done rewind must not die with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import fnmatch
+import json
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from chaos import procs
+from chaos.history import HistoryWriter
+from faults.faultfs.armed import Armed, ArmedFaults
+from faults.faultfs.durability import DurabilityTracker
+from faults.faultfs.fs import FaultFS
+
+KILL_TIMEOUT = 15.0
+PR_SET_PDEATHSIG = 1
+
+
+class Daemon:
+    def __init__(self, state: Path, log: HistoryWriter, run_id: str | None) -> None:
+        self.backing = state / "backing"
+        self.tracker = DurabilityTracker(self.backing, state / "shadow")
+        self.armed = ArmedFaults()
+        self.log = log
+        self.run_id = run_id
+        self.fs = FaultFS(self.backing, self.tracker, self.armed, log, self._crash_later)
+        self.busy = threading.Lock()  # held while a crash or bit rot is carried out
+
+    # -- commands ------------------------------------------------------------
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        cmd = request.pop("cmd", None)
+        if cmd == "ping":
+            return {"ok": True}
+        if cmd == "settle":
+            with self.busy:
+                return {"ok": True}
+        if cmd == "arm":
+            known = {f.name for f in fields(Armed)}
+            self.armed.arm(Armed(**{k: v for k, v in request.items() if k in known}))
+            self.log.record("fs_armed", **request)
+            return {"ok": True}
+        if cmd == "crash":
+            return self.crash(bool(request.get("lose_unsynced")), request.get("pids"),
+                              str(request.get("fault_id", "")))
+        if cmd == "bitrot":
+            return self.bitrot(request)
+        return {"ok": False, "error": f"unknown command {cmd!r}"}
+
+    def crash(self, lose_unsynced: bool, pids: list[int] | None = None,
+              fault_id: str = "") -> dict[str, Any]:
+        """The machine goes down: every process of the run dies; with
+        `lose_unsynced`, so does everything the disk had not made durable."""
+        with self.busy:
+            self.fs.down.set()
+            killed = self._kill(pids)
+            with self.fs.mutex:
+                dropped = self.tracker.power_loss().to_dict() if lose_unsynced else {}
+                self.armed.clear()  # a reboot forgets pending faults
+            self.fs.down.clear()
+        self.log.record("fs_crash", lose_unsynced=lose_unsynced, killed=killed,
+                        fault=fault_id, **dropped)
+        return {"ok": True, "killed": killed, **dropped}
+
+    def _crash_later(self, fault: Armed) -> None:
+        threading.Thread(target=self.crash, args=(False, None, fault.fault_id),
+                         daemon=True).start()
+
+    def _kill(self, pids: list[int] | None) -> list[int]:
+        """SIGKILL the given pids, or every process of the run, until none is left."""
+        killed: set[int] = set()
+        deadline = time.monotonic() + KILL_TIMEOUT
+        while time.monotonic() < deadline:
+            if pids is None:
+                victims = procs.marked_pids(self.run_id) if self.run_id else []
+            else:
+                victims = [p for p in pids if _alive(p)]
+            if not victims:
+                break
+            killed.update(victims)
+            procs.signal_all(victims, signal.SIGKILL)
+            time.sleep(0.02)
+        return sorted(killed)
+
+    def bitrot(self, request: dict[str, Any]) -> dict[str, Any]:
+        pattern = str(request.get("file") or "*")
+        rng = random.Random(int(request.get("seed", 0)))
+        with self.busy, self.fs.mutex:
+            files = [p for p in self.tracker.committed_files()
+                     if fnmatch.fnmatch(str(p.relative_to(self.backing)), pattern)
+                     and p.stat().st_size > 0]
+            if not files:
+                self.log.record("fs_bitrot", file=None, pattern=pattern)
+                return {"ok": False, "error": f"no committed file matches {pattern!r}"}
+            victim = max(files, key=lambda p: (p.stat().st_size, str(p)))
+            flipped = _flip_bits(victim, rng, int(request.get("bits", 1)))
+        rel = str(victim.relative_to(self.backing))
+        self.log.record("fs_bitrot", file=rel, bits=flipped, fault=request.get("fault_id", ""))
+        if request.get("crash", True):
+            self.crash(False, None, str(request.get("fault_id", "")))
+        return {"ok": True, "file": rel, "bits": flipped}
+
+    # -- serving -------------------------------------------------------------
+    def serve_control(self, name: str) -> None:
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind("\0" + name)
+        server.listen(16)
+        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            conn, _ = server.accept()
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rwb") as stream:
+            line = stream.readline()
+            try:
+                reply = self.handle(json.loads(line))
+            except Exception as exc:  # a bad command must not take the filesystem down
+                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            try:
+                stream.write(json.dumps(reply).encode() + b"\n")
+                stream.flush()
+            except OSError:
+                pass  # the asker was killed by the crash it asked for
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _flip_bits(path: Path, rng: random.Random, bits: int) -> list[int]:
+    """Flip `bits` distinct bits at seeded positions; return their bit offsets."""
+    size = path.stat().st_size
+    offsets = sorted(rng.sample(range(size * 8), min(bits, size * 8)))
+    with open(path, "r+b") as file:
+        for bit in offsets:
+            file.seek(bit // 8)
+            byte = file.read(1)[0]
+            file.seek(bit // 8)
+            file.write(bytes([byte ^ (1 << (bit % 8))]))
+    return offsets
+
+
+def _exit_with_parent() -> None:
+    """SIGTERM this process when the harness that started it dies (even by SIGKILL):
+    libfuse then leaves its loop and unmounts, so no mount outlives its owner."""
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m faults.faultfs")
+    parser.add_argument("mountpoint", type=Path)
+    parser.add_argument("--state", type=Path, required=True, help="backing/ and shadow/ live here")
+    parser.add_argument("--socket", required=True, help="abstract unix socket name for commands")
+    parser.add_argument("--history", type=Path, required=True)
+    parser.add_argument("--run-id", default=None, help="a crash kills this run's processes")
+    args = parser.parse_args(argv)
+
+    import mfusepy  # loads libfuse3: only in this process
+
+    _exit_with_parent()
+    log = HistoryWriter(args.history, source="faultfs", mount=str(args.mountpoint))
+    daemon = Daemon(args.state, log, args.run_id)
+    daemon.serve_control(args.socket)
+    log.record("fs_mount", pid=os.getpid())
+    try:
+        mfusepy.FUSE(daemon.fs, str(args.mountpoint), foreground=True, auto_unmount=True,
+                     fsname="torchchaos-faultfs", allow_other=True)
+    except RuntimeError as exc:  # libfuse's non-zero status, e.g. after SIGTERM
+        log.record("fs_unmount", status=str(exc))
+        return
+    log.record("fs_unmount")

@@ -1,0 +1,253 @@
+"""The fault filesystem's operations: a pass-through to a backing folder.
+
+Every call maps a mount path to the same path under `backing`, tells the
+durability tracker what is about to change, applies the fault armed for that
+operation (if any) and records the mutation in the run's history. While the
+mount is `down` (a simulated crash is being carried out) every operation but
+`release` fails at once with EIO: a process stuck in a FUSE request that
+never returns cannot even be SIGKILLed, so nothing here may block on the
+crash.
+
+Real fsync is skipped on the backing store: durability is what the tracker
+models, and the backing store's own durability is not under test.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mfusepy
+
+from chaos.history import HistoryWriter
+from faults.faultfs.armed import ERRNO_MODES, Armed, ArmedFaults
+from faults.faultfs.durability import DurabilityTracker
+
+Crash = Callable[[Armed], None]  # start a crash of the job (runs in another thread)
+
+STAT_KEYS = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks",
+             "st_atime_ns", "st_mtime_ns", "st_ctime_ns")
+
+
+def _attrs(st: os.stat_result) -> dict[str, Any]:
+    found = {key: getattr(st, key) for key in STAT_KEYS}
+    for short in ("atime", "mtime", "ctime"):
+        found[f"st_{short}"] = found.pop(f"st_{short}_ns")
+    return found
+
+
+class FaultFS(mfusepy.Operations):
+    use_ns = True  # times in nanoseconds (mfusepy's modern interface)
+
+    def __init__(self, backing: Path, tracker: DurabilityTracker, armed: ArmedFaults,
+                 log: HistoryWriter, crash: Crash) -> None:
+        self.backing = backing
+        self.tracker = tracker
+        self.armed = armed
+        self.log = log
+        self.crash = crash
+        self.mutex = threading.RLock()  # one mutation (and tracker update) at a time
+        self.down = threading.Event()
+
+    def init_with_config(self, _conn: Any, config: Any) -> None:
+        # no kernel caching of names or attributes: after a simulated power loss the
+        # tree changes under the kernel's feet; unlink removes at once (no .fuse_hidden)
+        for key in ("entry_timeout", "negative_timeout", "attr_timeout"):
+            setattr(config, key, 0.0)
+        config.hard_remove = 1
+        config.use_ino = 1
+        config.kernel_cache = 0
+
+    # -- helpers -------------------------------------------------------------
+    def _real(self, path: str) -> Path:
+        return self.backing / path.lstrip("/")
+
+    def _gate(self, op: str) -> Armed | None:
+        """Fail fast while down; return the armed fault that hits `op`, after
+        sleeping if it is a slowdown; raise if it is an errno fault."""
+        if self.down.is_set():
+            raise mfusepy.FuseOSError(errno.EIO)
+        fault = self.armed.take(op)
+        if fault is None:
+            return None
+        if fault.mode == "slow":
+            time.sleep(fault.delay)
+            return None
+        if fault.mode in ERRNO_MODES:
+            self._record(op, "", injected=fault.mode, fault=fault.fault_id)
+            raise mfusepy.FuseOSError(ERRNO_MODES[fault.mode])
+        return fault
+
+    def _record(self, op: str, path: str | None, **fields: Any) -> None:
+        pid = mfusepy.fuse_get_context()[2]
+        self.log.record("fs", op=op, path=(path or "").lstrip("/"), pid=pid, **fields)
+
+    # -- metadata ------------------------------------------------------------
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        if self.down.is_set():
+            raise mfusepy.FuseOSError(errno.EIO)
+        return _attrs(os.fstat(fh) if fh is not None else os.lstat(self._real(path)))
+
+    def access(self, path: str, amode: int) -> int:
+        if not os.access(self._real(path), amode):
+            raise mfusepy.FuseOSError(errno.EACCES)
+        return 0
+
+    def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
+        self._gate("readdir")
+        # with use_ino the inode must be given: an entry with inode 0 is hidden by readdir(3)
+        real = self._real(path)
+        entries = [(".", real), ("..", real.parent)]
+        found = [(name, os.lstat(where)) for name, where in entries]
+        found += [(e.name, e.stat(follow_symlinks=False)) for e in os.scandir(real)]
+        return [(name, {"st_mode": st.st_mode, "st_ino": st.st_ino}, 0) for name, st in found]
+
+    def readlink(self, path: str) -> str:
+        return os.readlink(self._real(path))
+
+    def statfs(self, path: str) -> dict[str, int]:
+        st = os.statvfs(self._real(path))
+        return {key: getattr(st, key) for key in (
+            "f_bavail", "f_bfree", "f_blocks", "f_bsize", "f_favail", "f_ffree", "f_files",
+            "f_flag", "f_frsize", "f_namemax")}
+
+    def chmod(self, path: str, mode: int) -> int:
+        self._gate("chmod")
+        os.chmod(self._real(path), mode)
+        return 0
+
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        self._gate("chown")
+        os.chown(self._real(path), uid, gid, follow_symlinks=False)
+        return 0
+
+    def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
+        self._gate("utimens")
+        os.utime(self._real(path), ns=times, follow_symlinks=False)
+        return 0
+
+    # -- files ---------------------------------------------------------------
+    def open(self, path: str, flags: int) -> int:
+        self._gate("open")
+        real = self._real(path)
+        writing = flags & (os.O_WRONLY | os.O_RDWR)
+        with self.mutex:
+            if flags & os.O_TRUNC:
+                self.tracker.before_data_change(real)
+            fd = os.open(real, flags)
+        if writing:
+            self._record("open", path, trunc=bool(flags & os.O_TRUNC))
+        return fd
+
+    def create(self, path: str, mode: int, flags: int = os.O_WRONLY) -> int:
+        self._gate("create")
+        real = self._real(path)
+        with self.mutex:
+            existed = os.path.lexists(real)
+            if existed and flags & os.O_TRUNC:
+                self.tracker.before_data_change(real)
+            fd = os.open(real, flags | os.O_CREAT, mode)
+            if not existed:
+                self.tracker.created(real)
+        self._record("create", path)
+        return fd
+
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        self._gate("read")
+        return os.pread(fh, size, offset)
+
+    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        fault = self._gate("write")
+        with self.mutex:
+            self.tracker.before_data_change(fh)
+            if fault is not None and fault.mode == "torn":
+                kept = os.pwrite(fh, data[: int(len(data) * fault.keep)], offset)
+                self._record("write", path, offset=offset, size=len(data), torn=kept,
+                             fault=fault.fault_id)
+                self.down.set()  # nothing else reaches the disk: the machine is going down
+                self.crash(fault)
+                raise mfusepy.FuseOSError(errno.EIO)
+            written = os.pwrite(fh, data, offset)
+        self._record("write", path, offset=offset, size=written)
+        return written
+
+    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+        self._gate("truncate")
+        with self.mutex:
+            target: int | Path = fh if fh is not None else self._real(path)
+            self.tracker.before_data_change(target)
+            os.truncate(target, length)
+        self._record("truncate", path, length=length)
+        return 0
+
+    def fsync(self, path: str, datasync: int, fh: int) -> int:
+        self._gate("fsync")
+        with self.mutex:
+            self.tracker.file_synced(fh)
+        self._record("fsync", path)
+        return 0
+
+    def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
+        self._gate("fsyncdir")
+        with self.mutex:
+            self.tracker.dir_synced(self._real(path))
+        self._record("fsyncdir", path)
+        return 0
+
+    def flush(self, path: str, fh: int) -> int:
+        return 0
+
+    def release(self, path: str, fh: int) -> int:
+        os.close(fh)  # also while down: the descriptors of killed processes must close
+        return 0
+
+    # -- names ---------------------------------------------------------------
+    def mkdir(self, path: str, mode: int) -> int:
+        self._gate("mkdir")
+        with self.mutex:
+            os.mkdir(self._real(path), mode)
+            self.tracker.created(self._real(path))
+        self._record("mkdir", path)
+        return 0
+
+    def unlink(self, path: str) -> int:
+        self._gate("unlink")
+        with self.mutex:
+            self.tracker.remove(self._real(path))
+        self._record("unlink", path)
+        return 0
+
+    def rmdir(self, path: str) -> int:
+        self._gate("rmdir")
+        with self.mutex:
+            self.tracker.remove(self._real(path))
+        self._record("rmdir", path)
+        return 0
+
+    def rename(self, old: str, new: str) -> int:
+        self._gate("rename")
+        with self.mutex:
+            self.tracker.before_replace(self._real(new))
+            os.rename(self._real(old), self._real(new))
+        self._record("rename", old, to=new.lstrip("/"))
+        return 0
+
+    def link(self, target: str, source: str) -> int:
+        self._gate("link")
+        with self.mutex:
+            os.link(self._real(source), self._real(target))
+        self._record("link", target, source=source.lstrip("/"))
+        return 0
+
+    def symlink(self, target: str, source: str) -> int:
+        self._gate("symlink")
+        with self.mutex:
+            os.symlink(source, self._real(target))
+            self.tracker.created(self._real(target))
+        self._record("symlink", target)
+        return 0

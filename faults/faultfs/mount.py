@@ -1,0 +1,138 @@
+"""Harness side of the fault filesystem: mount it, command it, always unmount.
+
+`Mount` starts the daemon (`python -m faults.faultfs`) over a mountpoint,
+waits until the kernel shows the mount, sends it commands, and on `close()`
+(also from `__exit__`, so on exceptions and Ctrl-C) unmounts — lazily if a
+process still holds a file open — and stops the daemon. The daemon mounts
+with `auto_unmount`, so even a harness killed with SIGKILL leaves no mount.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from chaos.errors import ChaosError
+from chaos.mounts import mounts_under
+from faults.faultfs import client
+
+START_TIMEOUT = 20.0
+FUSERMOUNT = "fusermount3"
+
+
+class FaultFSError(ChaosError):
+    """The fault filesystem could not be mounted or commanded."""
+
+
+def unavailable_reason() -> str:
+    """Why a FUSE mount cannot work here, or "" if it can."""
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse on this machine"
+    if shutil.which(FUSERMOUNT) is None:
+        return "fusermount3 not found (install Debian's fuse3)"
+    try:
+        import mfusepy  # noqa: F401  (loads libfuse3)
+    except (ImportError, OSError) as exc:
+        return f"libfuse3 or mfusepy missing: {exc}"
+    return ""
+
+
+class Mount:
+    """One fault filesystem over `mountpoint`; its state lives in `state`."""
+
+    def __init__(self, mountpoint: Path, state: Path, history: Path,
+                 run_id: str | None = None) -> None:
+        self.mountpoint = mountpoint.resolve()
+        self.state = state
+        self.history = history
+        self.run_id = run_id
+        self.socket_name = f"torchchaos-faultfs-{uuid.uuid4().hex[:12]}"
+        self.daemon: subprocess.Popen[bytes] | None = None
+
+    @property
+    def backing(self) -> Path:
+        return self.state / "backing"
+
+    def start(self) -> Mount:
+        reason = unavailable_reason()
+        if reason:
+            raise FaultFSError(f"cannot mount the fault filesystem: {reason}")
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        self.backing.mkdir(parents=True, exist_ok=True)
+        # anything already in the mountpoint moves to the backing store, then shows through
+        for entry in list(self.mountpoint.iterdir()):
+            os.rename(entry, self.backing / entry.name)
+        cmd = [sys.executable, "-m", "faults.faultfs", str(self.mountpoint),
+               "--state", str(self.state), "--socket", self.socket_name,
+               "--history", str(self.history)]
+        if self.run_id:
+            cmd += ["--run-id", self.run_id]
+        with open(self.state / "daemon.log", "ab") as log:
+            self.daemon = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                           stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_mounted()
+        return self
+
+    def _wait_mounted(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        assert self.daemon is not None
+        while time.monotonic() < deadline:
+            if self.daemon.poll() is not None:
+                tail = (self.state / "daemon.log").read_text(errors="replace").strip()
+                self.close()
+                raise FaultFSError("the fault filesystem exited at start: "
+                                   + (tail.splitlines() or ["(no output)"])[-1])
+            if mounts_under(self.mountpoint) and self._ping():
+                return
+            time.sleep(0.05)
+        self.close()
+        raise FaultFSError(f"the fault filesystem did not mount within {START_TIMEOUT:g} s")
+
+    def _ping(self) -> bool:
+        try:
+            return bool(self.request({"cmd": "ping"}, timeout=1.0).get("ok"))
+        except OSError:
+            return False
+
+    # -- commands ------------------------------------------------------------
+    def request(self, command: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+        return client.request(self.socket_name, command, timeout)
+
+    def settle(self) -> None:
+        """Wait until no crash is being carried out (before a relaunch)."""
+        if self.daemon is not None and self.daemon.poll() is None:
+            self.request({"cmd": "settle"})
+
+    # -- teardown ------------------------------------------------------------
+    def close(self) -> None:
+        """Unmount and stop the daemon; safe to call twice, and after a failed start."""
+        if mounts_under(self.mountpoint):
+            done = subprocess.run([FUSERMOUNT, "-u", str(self.mountpoint)],
+                                  capture_output=True).returncode == 0
+            if not done:  # busy: detach now; files still open there fail from now on
+                subprocess.run([FUSERMOUNT, "-u", "-z", str(self.mountpoint)],
+                               capture_output=True)
+                if self.daemon is not None:  # it would serve the open files until closed
+                    self.daemon.terminate()
+        if self.daemon is not None:
+            try:
+                self.daemon.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.daemon.pid, signal.SIGKILL)
+                self.daemon.wait()
+            self.daemon = None
+
+    def __enter__(self) -> Mount:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

@@ -1,0 +1,170 @@
+"""storage: what disks and filesystems do to a checkpoint protocol.
+
+Modes (`mode=`):
+- `lose_unsynced`: power loss. Every process of the run dies, then all data
+  and directory entries under the checkpoint directory that were not made
+  durable by fsync are dropped. (A plain kill keeps the page cache and so
+  hides a missing fsync; this does not.)
+- `torn`: the next write (`op=` another operation) reaches the disk only in
+  part (`keep=`, the fraction kept, default 0.5), and the job crashes.
+- `enospc`, `eio`: the next `count=` (default 1) operations `op=` (default
+  `write`; also `fsync`, `rename`, `create`, `open`, `any`, ...) fail with
+  that errno. Nothing is killed: the target meets the error on its own.
+- `slow`: every operation takes `delay=` seconds more, for `duration=` seconds.
+- `bitrot`: `bits=` (default 1) bits flip at seeded places in a committed
+  checkpoint file (`file=` glob, relative to the directory; default the
+  largest), then the job crashes, so that resume reads it back.
+
+Where (`dir=`, default `ckpt`): the checkpoint directory, relative to the run
+directory; the harness mounts the fault filesystem there for the chaos run.
+The fault fires at its trigger in the chosen rank: at once for
+`lose_unsynced` and `bitrot`, while the other modes arm the filesystem for
+the next matching operations. A crash takes down every process of the run
+(all simulated nodes share the machine's disk).
+
+`via=agent` is the light mechanism, without a mount: `mode=torn` only; the
+file of the triggering file event is cut to `keep` of its size inside the
+rank, and the rank's node is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chaos.errors import UsageError
+from chaos.layout import CHAOS_DIR
+from chaos.registry import FaultKind, FireContext, JobContext, JobResource, register
+from chaos.schedule import ResolvedFault
+from faults.faultfs.armed import OPS
+
+MODES = ("lose_unsynced", "torn", "enospc", "eio", "slow", "bitrot")
+SOCKETS_ENV = "TORCHCHAOS_FAULTFS"  # JSON: checkpoint dir -> daemon socket name
+
+
+def _choice(options: tuple[str, ...]):  # noqa: ANN202 (a parser factory)
+    def parse(value: str) -> str:
+        if value not in options:
+            raise ValueError(f"{value!r} is not one of {', '.join(options)}")
+        return value
+
+    return parse
+
+
+def _fraction(value: str) -> float:
+    number = float(value)
+    if not 0.0 <= number < 1.0:
+        raise ValueError(f"needs a fraction in [0, 1), got {value!r}")
+    return number
+
+
+def _seconds(value: str) -> float:
+    number = float(value)
+    if not number >= 0:
+        raise ValueError(f"needs seconds >= 0, got {value!r}")
+    return number
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(f"needs an integer >= 1, got {value!r}")
+    return number
+
+
+def _relative_dir(value: str) -> str:
+    path = Path(value)
+    if path.is_absolute() or ".." in path.parts or path.parts[:1] == (CHAOS_DIR,):
+        raise ValueError(f"needs a folder inside the run directory, got {value!r}")
+    return str(path)
+
+
+@dataclass
+class FaultFSMounts:
+    """The fault filesystems of one job, one per checkpoint directory."""
+
+    mounts: list = field(default_factory=list)  # faults.faultfs.mount.Mount
+    environ: dict[str, str] = field(default_factory=dict)
+
+    def settle(self) -> None:
+        for mount in self.mounts:
+            mount.settle()
+
+    def close(self) -> None:
+        for mount in self.mounts:
+            mount.close()
+
+
+class Storage(FaultKind):
+    name = "storage"
+    summary = ("checkpoint storage faults: power loss dropping unsynced data, torn write,"
+               " ENOSPC/EIO, slow I/O, bit rot (FUSE)")
+    params = {"mode": _choice(MODES), "op": _choice((*OPS, "any")), "count": _positive,
+              "keep": _fraction, "delay": _seconds, "duration": _seconds, "file": str,
+              "bits": _positive, "dir": _relative_dir, "via": _choice(("fuse", "agent"))}
+
+    def validate(self, params: dict[str, object]) -> None:
+        if "mode" not in params:
+            raise UsageError(f"storage needs mode= (one of {', '.join(MODES)})")
+        if params.get("via") == "agent" and params["mode"] != "torn":
+            raise UsageError("storage via=agent supports mode=torn only (the others need"
+                             " the fault filesystem)")
+
+    def setup_job(self, faults: list[ResolvedFault], ctx: JobContext) -> JobResource:
+        from faults.faultfs.mount import Mount  # the harness side only
+
+        dirs = dict.fromkeys(str(f.params.get("dir", "ckpt")) for f in faults
+                             if f.params.get("via", "fuse") == "fuse")
+        resource = FaultFSMounts()
+        try:
+            for number, folder in enumerate(dirs):
+                slug = f"{number}-{re.sub(r'[^A-Za-z0-9_.-]', '_', folder)}"
+                state = ctx.run_dir / CHAOS_DIR / "faultfs" / slug
+                history = ctx.run_dir / CHAOS_DIR / "history" / f"faultfs-{slug}.jsonl"
+                mount = Mount(ctx.run_dir / folder, state, history, ctx.run_id)
+                resource.mounts.append(mount)
+                mount.start()
+        except BaseException:
+            resource.close()
+            raise
+        names = {folder: m.socket_name for folder, m in zip(dirs, resource.mounts)}
+        resource.environ[SOCKETS_ENV] = json.dumps(names)
+        return resource
+
+    def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
+        params = fault.params
+        mode = str(params["mode"])
+        if params.get("via") == "agent":
+            _tear_in_process(ctx, float(params.get("keep", 0.5)))  # type: ignore[arg-type]
+            return
+        from faults.faultfs.client import request
+
+        socket_name = json.loads(os.environ[SOCKETS_ENV])[str(params.get("dir", "ckpt"))]
+        if mode == "lose_unsynced":
+            command = {"cmd": "crash", "lose_unsynced": True}
+        elif mode == "bitrot":
+            command = {"cmd": "bitrot", "file": params.get("file"), "bits": params.get("bits", 1),
+                       "seed": fault.seed, "crash": True}
+        else:
+            command = {"cmd": "arm", "mode": mode, **{k: v for k, v in params.items()
+                                                       if k in ("op", "count", "keep", "delay",
+                                                                "duration")}}
+        reply = request(socket_name, {**command, "fault_id": fault.id})
+        ctx.record("fault_applied", id=fault.id, reply=reply)  # not reached after a crash
+
+
+def _tear_in_process(ctx: FireContext, keep: float) -> None:
+    """Cut the file just written to `keep` of its size, then the node dies with it."""
+    from faults.kill import Kill
+
+    if ctx.path and os.path.isfile(ctx.path):
+        size = os.path.getsize(ctx.path)
+        os.truncate(ctx.path, int(size * keep))
+        ctx.record("fault_applied", torn=ctx.path, size=size, kept=int(size * keep))
+    Kill().kill_node("SIGKILL", 0.0, 0)
+
+
+register(Storage())

@@ -1,0 +1,303 @@
+"""The fault filesystem on small files: what survives a power loss, torn writes,
+errno faults, slow I/O, bit rot, and that no mount ever outlives its owner.
+
+Every test mounts a real FUSE filesystem (libfuse 3); CI installs fuse3.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from chaos.mounts import mounts_under
+from faults.faultfs.mount import Mount, unavailable_reason
+
+pytestmark = pytest.mark.skipif(bool(unavailable_reason()), reason=unavailable_reason())
+
+
+@pytest.fixture
+def fs(tmp_path: Path):
+    mount = Mount(tmp_path / "mnt", tmp_path / "state", tmp_path / "fs.jsonl").start()
+    try:
+        yield mount
+    finally:
+        mount.close()
+        assert mounts_under(tmp_path) == []
+
+
+def power_loss(mount: Mount) -> dict:
+    reply = mount.request({"cmd": "crash", "lose_unsynced": True, "pids": []})
+    assert reply["ok"], reply
+    return reply
+
+
+def write(path: Path, data: bytes, sync: bool) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        if sync:
+            os.fsync(f.fileno())
+
+
+def sync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- power loss ----------------------------------------------------------------
+@pytest.mark.parametrize("file_sync,dir_sync,survives", [
+    (False, False, None),  # neither: the name is gone
+    (True, False, None),  # data durable, name not: gone all the same
+    (False, True, b""),  # name durable, data not: an empty file
+    (True, True, b"payload"),  # the atomic-publish recipe: intact
+])
+def test_power_loss_keeps_only_what_fsync_made_durable(fs, file_sync, dir_sync, survives):
+    write(fs.mountpoint / "f", b"payload", sync=file_sync)
+    if dir_sync:
+        sync_dir(fs.mountpoint)
+    power_loss(fs)
+    path = fs.mountpoint / "f"
+    assert (path.read_bytes() if path.exists() else None) == survives
+
+
+def test_rename_without_directory_fsync_is_undone(fs):
+    """Temp file + fsync + rename, but no fsync of the folder: the old version is back."""
+    write(fs.mountpoint / "ckpt", b"old", sync=True)
+    sync_dir(fs.mountpoint)
+    write(fs.mountpoint / "ckpt.tmp", b"new", sync=True)
+    os.replace(fs.mountpoint / "ckpt.tmp", fs.mountpoint / "ckpt")
+    assert (fs.mountpoint / "ckpt").read_bytes() == b"new"
+    report = power_loss(fs)
+    assert (fs.mountpoint / "ckpt").read_bytes() == b"old"
+    assert sorted(os.listdir(fs.mountpoint)) == ["ckpt"]
+    assert "ckpt" in report["restored"]
+
+
+def test_rename_with_directory_fsync_survives(fs):
+    write(fs.mountpoint / "ckpt", b"old", sync=True)
+    sync_dir(fs.mountpoint)
+    write(fs.mountpoint / "ckpt.tmp", b"new", sync=True)
+    os.replace(fs.mountpoint / "ckpt.tmp", fs.mountpoint / "ckpt")
+    sync_dir(fs.mountpoint)
+    power_loss(fs)
+    assert (fs.mountpoint / "ckpt").read_bytes() == b"new"
+
+
+def test_overwrite_in_place_without_fsync_reverts_to_synced_data(fs):
+    write(fs.mountpoint / "f", b"version-1", sync=True)
+    sync_dir(fs.mountpoint)
+    with open(fs.mountpoint / "f", "r+b") as f:
+        f.write(b"VERSION-2-longer")
+    report = power_loss(fs)
+    assert (fs.mountpoint / "f").read_bytes() == b"version-1"
+    assert report["reverted_files"] == ["f"]
+
+
+def test_removed_files_and_folders_come_back_unless_the_removal_was_synced(fs):
+    old = fs.mountpoint / "step-5"
+    old.mkdir()
+    write(old / "shard-0", b"zero", sync=True)
+    sync_dir(old)
+    sync_dir(fs.mountpoint)
+    write(fs.mountpoint / "keep", b"k", sync=True)
+    sync_dir(fs.mountpoint)
+    # rmtree of the old checkpoint, unsynced
+    (old / "shard-0").unlink()
+    old.rmdir()
+    (fs.mountpoint / "keep").unlink()
+    sync_dir(fs.mountpoint)  # this removal of "keep" (and of step-5) is now durable...
+    assert not old.exists()
+    power_loss(fs)
+    assert not old.exists() and not (fs.mountpoint / "keep").exists()
+
+
+def test_unsynced_removal_of_a_folder_is_undone(fs):
+    old = fs.mountpoint / "step-5"
+    old.mkdir()
+    write(old / "shard-0", b"zero", sync=True)
+    sync_dir(old)
+    sync_dir(fs.mountpoint)
+    (old / "shard-0").unlink()
+    old.rmdir()
+    power_loss(fs)
+    assert (old / "shard-0").read_bytes() == b"zero"
+
+
+def test_files_present_at_mount_time_count_as_durable(tmp_path):
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "mnt" / "resume.pt").write_bytes(b"from before")
+    with Mount(tmp_path / "mnt", tmp_path / "state", tmp_path / "fs.jsonl") as mount:
+        write(mount.mountpoint / "new", b"x", sync=False)
+        power_loss(mount)
+        assert os.listdir(mount.mountpoint) == ["resume.pt"]
+        assert (mount.mountpoint / "resume.pt").read_bytes() == b"from before"
+    assert mounts_under(tmp_path) == []
+
+
+def test_power_loss_kills_the_given_processes_first(fs):
+    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        with open({str(fs.mountpoint / "log")!r}, "wb") as f:
+            while True:
+                f.write(b"x" * 100); f.flush(); time.sleep(0.01)
+    """)])
+    time.sleep(1.0)
+    reply = fs.request({"cmd": "crash", "lose_unsynced": True, "pids": [writer.pid]})
+    assert writer.wait(timeout=10) == -signal.SIGKILL
+    assert reply["killed"] == [writer.pid]
+    assert not (fs.mountpoint / "log").exists()  # never synced
+
+
+# -- armed faults --------------------------------------------------------------
+@pytest.mark.parametrize("mode,code", [("enospc", errno.ENOSPC), ("eio", errno.EIO)])
+def test_errno_fault_hits_the_next_matching_operation_once(fs, mode, code):
+    fs.request({"cmd": "arm", "mode": mode, "op": "write"})
+    with pytest.raises(OSError) as raised:
+        write(fs.mountpoint / "a", b"data", sync=False)
+    assert raised.value.errno == code
+    write(fs.mountpoint / "b", b"data", sync=False)  # used up: the next write works
+    assert (fs.mountpoint / "b").read_bytes() == b"data"
+
+
+@pytest.mark.parametrize("op", ["fsync", "rename"])
+def test_errno_fault_on_fsync_and_rename(fs, op):
+    write(fs.mountpoint / "a", b"data", sync=False)
+    fs.request({"cmd": "arm", "mode": "eio", "op": op, "count": 2})
+    for _ in range(2):
+        with pytest.raises(OSError) as raised:
+            if op == "fsync":
+                write(fs.mountpoint / "a", b"data", sync=True)
+            else:
+                os.rename(fs.mountpoint / "a", fs.mountpoint / "b")
+        assert raised.value.errno == errno.EIO
+    os.rename(fs.mountpoint / "a", fs.mountpoint / "c")
+    assert os.listdir(fs.mountpoint) == ["c"]
+
+
+def test_torn_write_crashes_every_process_of_the_run(tmp_path):
+    """With a run id, the crash kills the processes carrying the run's marker."""
+    with Mount(tmp_path / "mnt", tmp_path / "state", tmp_path / "fs.jsonl",
+               run_id="testrun") as mount:
+        target = mount.mountpoint / "model.pt"
+        mount.request({"cmd": "arm", "mode": "torn", "keep": 0.5})
+        env = {**os.environ, "TORCHCHAOS_RUN_ID": "testrun"}
+        bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                     env=env)
+        writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import os, time
+            fd = os.open({str(target)!r}, os.O_CREAT | os.O_WRONLY)
+            try:
+                os.write(fd, b"z" * 1000)
+            except OSError:
+                pass
+            time.sleep(60)
+        """)], env=env)
+        assert writer.wait(timeout=20) == -signal.SIGKILL
+        assert bystander.wait(timeout=20) == -signal.SIGKILL
+        mount.settle()  # the crash is over: the "machine" is back up
+        assert target.read_bytes() == b"z" * 500
+
+
+def test_slow_mode_delays_operations(fs):
+    fs.request({"cmd": "arm", "mode": "slow", "delay": 0.2, "duration": 30})
+    start = time.monotonic()
+    write(fs.mountpoint / "a", b"data", sync=True)  # create, write, fsync: >= 3 delays
+    assert time.monotonic() - start >= 0.6
+
+
+# -- bit rot -------------------------------------------------------------------
+def test_bitrot_flips_bits_in_the_largest_committed_file_only(fs):
+    data = bytes(range(256)) * 8
+    write(fs.mountpoint / "big.pt", data, sync=True)
+    write(fs.mountpoint / "small.pt", b"s" * 10, sync=True)
+    sync_dir(fs.mountpoint)
+    write(fs.mountpoint / "unsynced.pt", b"u" * 100000, sync=False)  # larger, not committed
+    reply = fs.request({"cmd": "bitrot", "seed": 7, "bits": 3, "crash": False})
+    assert reply["file"] == "big.pt" and len(reply["bits"]) == 3
+    after = (fs.mountpoint / "big.pt").read_bytes()
+    flipped = sum(bin(a ^ b).count("1") for a, b in zip(data, after))
+    assert flipped == 3 and len(after) == len(data)
+    assert (fs.mountpoint / "small.pt").read_bytes() == b"s" * 10
+
+
+def test_bitrot_with_no_committed_file_says_so(fs):
+    write(fs.mountpoint / "a", b"x", sync=False)
+    reply = fs.request({"cmd": "bitrot", "crash": False})
+    assert not reply["ok"] and "no committed file" in reply["error"]
+
+
+# -- history and teardown ------------------------------------------------------
+def test_every_mutation_is_recorded(fs, tmp_path):
+    write(fs.mountpoint / "a.tmp", b"data", sync=True)
+    os.rename(fs.mountpoint / "a.tmp", fs.mountpoint / "a")
+    sync_dir(fs.mountpoint)
+    (fs.mountpoint / "a").unlink()
+    from chaos.history import read_stream
+
+    ops = [(e["op"], e["path"]) for e in read_stream(tmp_path / "fs.jsonl") if e["ev"] == "fs"]
+    assert ops == [("create", "a.tmp"), ("write", "a.tmp"), ("fsync", "a.tmp"),
+                   ("rename", "a.tmp"), ("fsyncdir", ""), ("unlink", "a")]
+
+
+def test_unmounts_when_the_with_block_raises(tmp_path):
+    with pytest.raises(RuntimeError), Mount(tmp_path / "m", tmp_path / "s", tmp_path / "h"):
+        assert mounts_under(tmp_path)
+        raise RuntimeError("boom")
+    assert mounts_under(tmp_path) == []
+
+
+def test_unmounts_even_when_a_process_still_holds_a_file_open(tmp_path):
+    mount = Mount(tmp_path / "m", tmp_path / "s", tmp_path / "h").start()
+    holder = open(mount.mountpoint / "open-file", "wb")  # noqa: SIM115
+    try:
+        mount.close()
+        assert mounts_under(tmp_path) == []
+    finally:
+        with contextlib.suppress(OSError):  # its filesystem is gone: ENOTCONN
+            holder.close()
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from faults.faultfs.mount import Mount
+base = Path(sys.argv[1])
+with Mount(base / "m", base / "s", base / "h"):
+    print("mounted", flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_no_mount_survives_its_owner_interrupted_or_killed(tmp_path, sig):
+    """Ctrl-C unwinds through close(); after a SIGKILL the daemon sees its parent die
+    and unmounts (and auto_unmount would, were the daemon killed too)."""
+    owner = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)],
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert owner.stdout is not None and owner.stdout.readline().strip() == "mounted"
+    owner.send_signal(sig)
+    owner.wait(timeout=20)
+    deadline = time.monotonic() + 10
+    while (mounts_under(tmp_path) or daemons(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert mounts_under(tmp_path) == []
+    assert daemons(tmp_path) == []
+
+
+def daemons(under: Path) -> list[str]:
+    return subprocess.run(["pgrep", "-f", f"faults.faultfs {under}"],
+                          capture_output=True, text=True).stdout.split()
