@@ -206,6 +206,15 @@ def _seconds_lost(rec: Recovery) -> float | None:
     return None if back is None else back - rec.failed_at
 
 
+def _checkpoints_destroyed(ev: Evidence, rec: Recovery) -> int:
+    """Checkpoints that bit rot corrupted before this recovery: falling back past
+    them is the right thing to do, so each adds one interval to the bound."""
+    earlier = [r.started for r in ev.recoveries if r.started < rec.started]
+    since = max(earlier, default=0.0)
+    return sum(1 for e in ev.chaos.of("fs_bitrot")
+               if e.get("file") and since <= e["t"] < rec.started)
+
+
 def bounded_lost_work(ev: Evidence) -> CheckResult:
     recoveries = ev.recoveries
     if not recoveries:
@@ -226,12 +235,14 @@ def bounded_lost_work(ev: Evidence) -> CheckResult:
     if bound is None:
         return CheckResult(None, f"lost steps {lost}, but the reference made no checkpoint;"
                                  " pass --max-lost-steps to set a bound", data)
-    worst = max(x for x in lost if x is not None)
-    if worst > bound:
-        rec = recoveries[lost.index(worst)]
-        return CheckResult(False, f"redid {worst} steps after the failure at step"
-                                  f" {rec.failed_step} (resumed from step {rec.restored_step});"
-                                  f" bound is {bound}", data)
+    bounds = [bound * (1 + _checkpoints_destroyed(ev, rec)) for rec in recoveries]
+    data["bound_steps"] = bounds if len(set(bounds)) > 1 else bound
+    for rec, steps, limit in zip(recoveries, lost, bounds):
+        if steps is not None and steps > limit:
+            why = " (one more interval per checkpoint bit rot destroyed)" if limit > bound else ""
+            return CheckResult(False, f"redid {steps} steps after the failure at step"
+                                      f" {rec.failed_step} (resumed from step"
+                                      f" {rec.restored_step}); bound is {limit}{why}", data)
     slow = [s for s in seconds if s is not None and ev.max_lost_seconds is not None
             and s > ev.max_lost_seconds]
     if slow:

@@ -13,7 +13,8 @@ Modes (`mode=`):
 - `slow`: every operation takes `delay=` seconds more, for `duration=` seconds.
 - `bitrot`: `bits=` (default 1) bits flip at seeded places in a committed
   checkpoint file (`file=` glob, relative to the directory; default the
-  largest), then the job crashes, so that resume reads it back.
+  newest of the big files, i.e. the latest checkpoint's data rather than its
+  small manifest), then the job crashes, so that resume reads it back.
 
 Where (`dir=`, default `ckpt`): the checkpoint directory, relative to the run
 directory; the harness mounts the fault filesystem there for the chaos run.

@@ -219,9 +219,11 @@ def test_slow_mode_delays_operations(fs):
 
 
 # -- bit rot -------------------------------------------------------------------
-def test_bitrot_flips_bits_in_the_largest_committed_file_only(fs):
+def test_bitrot_flips_bits_in_the_newest_big_committed_file_only(fs):
     data = bytes(range(256)) * 8
-    write(fs.mountpoint / "big.pt", data, sync=True)
+    write(fs.mountpoint / "older.pt", data, sync=True)
+    time.sleep(0.01)
+    write(fs.mountpoint / "big.pt", data[:-100], sync=True)
     write(fs.mountpoint / "small.pt", b"s" * 10, sync=True)
     sync_dir(fs.mountpoint)
     write(fs.mountpoint / "unsynced.pt", b"u" * 100000, sync=False)  # larger, not committed
@@ -229,7 +231,8 @@ def test_bitrot_flips_bits_in_the_largest_committed_file_only(fs):
     assert reply["file"] == "big.pt" and len(reply["bits"]) == 3
     after = (fs.mountpoint / "big.pt").read_bytes()
     flipped = sum(bin(a ^ b).count("1") for a, b in zip(data, after))
-    assert flipped == 3 and len(after) == len(data)
+    assert flipped == 3 and len(after) == len(data) - 100
+    assert (fs.mountpoint / "older.pt").read_bytes() == data
     assert (fs.mountpoint / "small.pt").read_bytes() == b"s" * 10
 
 

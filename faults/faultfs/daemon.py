@@ -121,7 +121,7 @@ class Daemon:
             if not files:
                 self.log.record("fs_bitrot", file=None, pattern=pattern)
                 return {"ok": False, "error": f"no committed file matches {pattern!r}"}
-            victim = max(files, key=lambda p: (p.stat().st_size, str(p)))
+            victim = _newest_big_file(files)
             flipped = _flip_bits(victim, rng, int(request.get("bits", 1)))
         rel = str(victim.relative_to(self.backing))
         self.log.record("fs_bitrot", file=rel, bits=flipped, fault=request.get("fault_id", ""))
@@ -160,6 +160,14 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def _newest_big_file(files: list[Path]) -> Path:
+    """The newest of the big files (at least half the size of the largest): the data
+    of the latest checkpoint rather than its small pointer or manifest."""
+    largest = max(p.stat().st_size for p in files)
+    big = [p for p in files if p.stat().st_size * 2 >= largest]
+    return max(big, key=lambda p: (p.stat().st_mtime_ns, str(p)))
 
 
 def _flip_bits(path: Path, rng: random.Random, bits: int) -> list[int]:
