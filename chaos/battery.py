@@ -71,7 +71,12 @@ def _in_save_kills(history: History, writer: int) -> list[Entry]:
 
 def run_battery(base: Scenario, out_dir: Path, cache_dir: Path,
                 progress: Progress) -> list[Entry]:
-    entries = plan(base, cache_dir, progress)
+    return run_entries(plan(base, cache_dir, progress), base, out_dir, cache_dir, progress)
+
+
+def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: Path,
+                progress: Progress) -> list[Entry]:
+    """One chaos run per entry (its fault on the base scenario), in out_dir/NN."""
     for number, entry in enumerate(entries, 1):
         progress(f"[{number}/{len(entries)}] {entry.name}: {entry.fault}")
         scenario = dataclasses.replace(base, faults=[parse_fault_spec(entry.fault)])

@@ -73,6 +73,26 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the training script (default: the bundled reference target)")
     battery.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
                          help="arguments for the script")
+    points = sub.add_parser(
+        "crashpoints", help="crash the job at every file event of one checkpoint save",
+        description="The fault-free reference records every file event of checkpoint save"
+        " --save on every rank; then one chaos run crashes the job at each event, in each"
+        " --mode: kill (process crash right after the event), lose_unsynced (power loss"
+        " right after it: unsynced data and names are dropped) and torn (the write is cut"
+        " short, then a crash). More points than --cap: a seeded sample. With no SCRIPT,"
+        " runs the bundled reference target.")
+    _add_job_options(points)
+    points.add_argument("--save", type=_positive_int, default=2, metavar="K",
+                        help="which checkpoint save to enumerate (default 2: the first one"
+                             " that has an earlier checkpoint to fall back to)")
+    points.add_argument("--mode", action="append", default=None, metavar="MODE",
+                        help="kill, lose_unsynced, torn (repeatable; default all three)")
+    points.add_argument("--cap", type=_positive_int, default=50, metavar="N",
+                        help="run at most N points, sampled with --seed (default 50)")
+    points.add_argument("script", metavar="SCRIPT", nargs="?", default=None,
+                        help="the training script (default: the bundled reference target)")
+    points.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                        help="arguments for the script")
     report = sub.add_parser("report", help="print the verdict table of a finished run")
     report.add_argument("out", type=Path, metavar="DIR", help="a --out directory of `run`")
     sub.add_parser("faults", help="list the fault kinds and their parameters")
@@ -172,6 +192,32 @@ def cmd_battery(ns: argparse.Namespace) -> int:
     return battery.exit_code(entries)
 
 
+def cmd_crashpoints(ns: argparse.Namespace) -> int:
+    from chaos import battery, crashpoints
+    from chaos.engine import prepare_out_dir
+
+    if ns.script is None:
+        script, args = str(battery.BUNDLED_TARGET), battery.BUNDLED_ARGS
+    else:
+        script, args = ns.script, ns.args
+    base = _scenario(ns, script, args, [])
+    out, cache = _dirs(ns)
+    progress = _progress(ns.quiet)
+    entries, total = crashpoints.plan(base, cache, progress, ns.save,
+                                      ns.mode or list(crashpoints.MODES), ns.cap)
+    prepare_out_dir(out)
+    progress(f"{len(entries)} of {total} crash point(s) in save {ns.save}")
+    started = time.monotonic()
+    battery.run_entries(entries, base, out, cache, progress)
+    minutes = (time.monotonic() - started) / 60
+    print(battery.table(entries))
+    failed = sum(1 for e in entries if e.report and e.report.verdict == "fail")
+    print(f"{len(entries)} of {total} points run, {failed} broke the protocol;"
+          f" {len(entries) / minutes:.1f} points per minute")
+    print(f"runs: {out}")
+    return battery.exit_code(entries)
+
+
 def cmd_report(ns: argparse.Namespace) -> int:
     from chaos.report import Report
 
@@ -210,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         if ns.command is None:
             build_parser().print_help()
             return 2
-        commands = {"run": cmd_run, "battery": cmd_battery, "report": cmd_report,
+        commands = {"run": cmd_run, "battery": cmd_battery, "crashpoints": cmd_crashpoints,
+                    "report": cmd_report,
                     "faults": cmd_faults}
         return commands[ns.command](ns)
     except ChaosError as exc:

@@ -1,0 +1,88 @@
+"""Crash-point enumeration: one chaos run per file event of one checkpoint save.
+
+The fault-free reference run is the dry run: its history holds every file
+event (open for writing, write, fsync, rename, remove, mkdir) of every save
+on every rank. Each point crashes the job at one of them, in one of these
+modes:
+
+- `kill`: the rank is SIGKILLed right after the event (the page cache
+  survives, as after a process crash);
+- `lose_unsynced`: a power loss right after the event (what was not fsynced
+  is gone; needs the fault filesystem);
+- `torn`: the event's write reaches the disk only in part, then the job
+  crashes (write events only; armed right after the event before it).
+
+With more points than `cap`, a seeded sample is run. Each point is judged
+like any scenario; the table says which event broke the protocol.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaos.battery import Entry
+from chaos.errors import UsageError
+from chaos.history import Event
+from chaos.reference import get_reference
+from chaos.runner import Progress
+from chaos.scenario import Scenario
+
+MODES = ("kill", "lose_unsynced", "torn")
+
+
+@dataclass(frozen=True)
+class CrashPoint:
+    rank: int
+    event: Event  # the reference's file event the crash lands on
+    mode: str
+
+    @property
+    def name(self) -> str:
+        return (f"{self.mode} rank {self.rank} at #{self.event['index']}"
+                f" {self.event['op']} {self.event['path']}")
+
+    def spec(self, save: int) -> str:
+        where = f"rank={self.rank},phase=checkpoint_save,save={save}"
+        index = self.event["index"]
+        if self.mode == "kill":
+            return f"kill:{where},event={index}"
+        if self.mode == "lose_unsynced":
+            return f"storage:mode=lose_unsynced,{where},event={index}"
+        return f"storage:mode=torn,{where},event={index - 1}"  # armed before this write
+
+
+def enumerate_points(events: list[Event], modes: list[str]) -> list[CrashPoint]:
+    """Every (event x mode x rank) that makes sense for these file events."""
+    points = []
+    for event in sorted(events, key=lambda e: (e["rank"], e["index"])):
+        for mode in modes:
+            if mode == "torn" and (event["op"] != "write" or event["index"] < 2):
+                continue
+            points.append(CrashPoint(event["rank"], event, mode))
+    return points
+
+
+def sample(points: list[CrashPoint], cap: int | None, seed: int) -> list[CrashPoint]:
+    if cap is None or len(points) <= cap:
+        return points
+    chosen = random.Random(seed).sample(range(len(points)), cap)
+    return [points[i] for i in sorted(chosen)]
+
+
+def plan(base: Scenario, cache_dir: Path, progress: Progress, save: int, modes: list[str],
+         cap: int | None) -> tuple[list[Entry], int]:
+    """The sampled points as battery entries, and how many points there were in all."""
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise UsageError(f"unknown crash mode {unknown[0]!r} (known: {', '.join(MODES)})")
+    history = get_reference(base, cache_dir, progress).history()
+    events = [e for e in history.of("file") if e.get("save") == save and e.get("launch") == 0]
+    if not events:
+        saves = max((e.get("save", 0) for e in history.of("file")), default=0)
+        raise UsageError(f"the reference run made {saves} checkpoint save(s) with file events;"
+                         f" --save {save} does not exist")
+    points = enumerate_points(events, modes)
+    chosen = sample(points, cap, base.seed)
+    return [Entry(p.name, p.spec(save)) for p in chosen], len(points)
