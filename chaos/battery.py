@@ -3,8 +3,9 @@
 The fault steps are derived from the fault-free reference run, so the same
 battery fits any training script: kills land mid-interval (between two
 checkpoints), the in-save kills hit the second save of the rank that writes
-checkpoints at its first write and its first rename, and the preemption
-lands where a save is not due anyway.
+checkpoints at its first write and its first rename, a power loss lands
+right after that rename, and the preemption lands where a save is not due
+anyway.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def plan(base: Scenario, cache_dir: Path, progress: Progress) -> list[Entry]:
                for rank in sorted({0, last_rank})]
     entries.append(Entry(f"kill node 0 at step {mid}", f"kill:node=0,step={mid}"))
     entries.extend(_in_save_kills(history, writer))
+    entries.extend(_power_losses(history, writer))
     entries.append(Entry(f"preempt rank 0 (SIGTERM) at step {mid}",
                          f"kill:rank=0,step={mid},signal=SIGTERM,grace=30"))
     return entries
@@ -67,6 +69,21 @@ def _in_save_kills(history: History, writer: int) -> list[Entry]:
                                  f"kill:rank={writer},phase=checkpoint_save,save=2,"
                                  f"event={index}"))
     return entries
+
+
+def _power_losses(history: History, writer: int) -> list[Entry]:
+    """A power loss right after the first rename of the writer's 2nd save: the new name
+    is published, and only fsyncs of the file and its folder make it (and the save
+    before) survive. Needs the fault filesystem; left out where FUSE is missing."""
+    from faults.faultfs.mount import unavailable_reason
+
+    events = [e for e in history.of("file") if e["rank"] == writer and e.get("save") == 2]
+    index = next((e["index"] for e in events if e["op"] == "rename"), None)
+    if index is None or unavailable_reason():
+        return []
+    return [Entry(f"power loss on rank {writer} after a rename in its 2nd save",
+                  f"storage:mode=lose_unsynced,rank={writer},phase=checkpoint_save,save=2,"
+                  f"event={index}")]
 
 
 def run_battery(base: Scenario, out_dir: Path, cache_dir: Path,

@@ -130,7 +130,9 @@ def test_the_battery_passes_the_reference_target_and_prints_one_table(tmp_path):
     result = cli("battery", "--quiet", "--out", str(tmp_path / "out"), "--cache-dir",
                  str(tmp_path / "cache"), cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = [line for line in result.stdout.splitlines() if line.startswith(("kill", "preempt"))]
-    assert len(rows) == 6 and all(row.endswith("PASS") for row in rows), result.stdout
+    rows = [line for line in result.stdout.splitlines()
+            if line.startswith(("kill", "preempt", "power loss"))]
+    assert len(rows) == 7 and all(row.endswith("PASS") for row in rows), result.stdout
+    assert "power loss on rank 0 after a rename in its 2nd save" in result.stdout
     assert "mid-write in its 2nd save" in result.stdout
     assert "right after a rename in its 2nd save" in result.stdout
