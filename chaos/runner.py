@@ -34,6 +34,7 @@ INJECT_DIR = Path(__file__).resolve().parent / "_inject"
 PACKAGE_ROOT = Path(chaos.__file__).resolve().parent.parent
 POLL_SECONDS = 0.1
 ERROR_LINE = re.compile(r"\b\w+(Error|Exception)\b: ")
+COLLATERAL = re.compile(r"Connection (reset|closed|refused)|Broken pipe|DistNetworkError")
 
 Progress = Callable[[str], None]
 
@@ -63,7 +64,10 @@ class JobOutcome:
         lines = [ln.strip() for ln in logs[-1].read_text(errors="replace").splitlines()
                  if ln.strip()]
         errors = [ln for ln in lines if ERROR_LINE.search(ln) and "ChildFailedError" not in ln]
-        return errors[0][:300] if errors else (lines or [""])[-1][:300]
+        # a peer's lost connection is the echo of a death, not its cause; with ranks
+        # printing at once it can come first
+        causes = [ln for ln in errors if not COLLATERAL.search(ln)] or errors
+        return causes[0][:300] if causes else (lines or [""])[-1][:300]
 
 
 def _free_port() -> int:
