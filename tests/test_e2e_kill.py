@@ -26,7 +26,11 @@ CORRECT = {
 @pytest.mark.parametrize("fault", CORRECT.values(), ids=CORRECT.keys())
 def test_reference_target_passes_every_check(chaos_run, fault):
     report = chaos_run(TARGET, faults=[fault], args=STEPS, expect="pass")
-    assert all(check["ok"] for check in report.checks.values()), report.table()
+    assert all(check["ok"] is not False for check in report.checks.values()), report.table()
+    # a kill tests recovery; durability under power loss is the storage faults' job
+    decided = {n for n, c in report.checks.items() if c["ok"] is not None}
+    assert decided >= {"completes", "atomic_recovery", "deterministic_resume",
+                       "bounded_lost_work", "no_orphans"}, report.table()
     assert report.restarts >= 1 and report.faults[0]["fired"]
     if "SIGTERM" in fault:
         assert report.lost_steps == [0], "a preempted run saves before it exits"
