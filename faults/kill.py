@@ -23,6 +23,7 @@ import psutil
 
 from chaos.registry import FaultKind, FireContext, register
 from chaos.schedule import ResolvedFault
+from faults.params import seconds
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGSEGV": signal.SIGSEGV,
            "SIGINT": signal.SIGINT, "exit": None}
@@ -35,13 +36,6 @@ def _signal(value: str) -> str:
     if name not in SIGNALS:
         raise ValueError(f"unknown signal {value!r} (known: {', '.join(SIGNALS)})")
     return name
-
-
-def _seconds(value: str) -> float:
-    number = float(value)
-    if not number >= 0:
-        raise ValueError(f"needs seconds >= 0, got {value!r}")
-    return number
 
 
 def _sigkill_later(pids: list[int], delay: float) -> None:
@@ -64,7 +58,7 @@ def _sigkill_all(pids: list[int]) -> None:
 class Kill(FaultKind):
     name = "kill"
     summary = "kill a rank or a node (SIGKILL, SIGTERM with grace, SIGSEGV, exit)"
-    params = {"signal": _signal, "grace": _seconds, "code": int}
+    params = {"signal": _signal, "grace": seconds, "code": int}
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         sig = str(fault.params.get("signal", "SIGKILL"))

@@ -41,39 +41,10 @@ from chaos.layout import CHAOS_DIR
 from chaos.registry import FaultKind, FireContext, JobContext, JobResource, register
 from chaos.schedule import ResolvedFault
 from faults.faultfs.armed import OPS
+from faults.params import choice, fraction, positive_int, seconds
 
 MODES = ("lose_unsynced", "torn", "enospc", "eio", "slow", "bitrot")
 SOCKETS_ENV = "TORCHCHAOS_FAULTFS"  # JSON: checkpoint dir -> daemon socket name
-
-
-def _choice(options: tuple[str, ...]):  # noqa: ANN202 (a parser factory)
-    def parse(value: str) -> str:
-        if value not in options:
-            raise ValueError(f"{value!r} is not one of {', '.join(options)}")
-        return value
-
-    return parse
-
-
-def _fraction(value: str) -> float:
-    number = float(value)
-    if not 0.0 <= number < 1.0:
-        raise ValueError(f"needs a fraction in [0, 1), got {value!r}")
-    return number
-
-
-def _seconds(value: str) -> float:
-    number = float(value)
-    if not number >= 0:
-        raise ValueError(f"needs seconds >= 0, got {value!r}")
-    return number
-
-
-def _positive(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError(f"needs an integer >= 1, got {value!r}")
-    return number
 
 
 def _relative_dir(value: str) -> str:
@@ -103,9 +74,9 @@ class Storage(FaultKind):
     name = "storage"
     summary = ("checkpoint storage faults: power loss dropping unsynced data, torn write,"
                " ENOSPC/EIO, slow I/O, bit rot (FUSE)")
-    params = {"mode": _choice(MODES), "op": _choice((*OPS, "any")), "count": _positive,
-              "keep": _fraction, "delay": _seconds, "duration": _seconds, "file": str,
-              "bits": _positive, "dir": _relative_dir, "via": _choice(("fuse", "agent"))}
+    params = {"mode": choice(MODES), "op": choice((*OPS, "any")), "count": positive_int,
+              "keep": fraction, "delay": seconds, "duration": seconds, "file": str,
+              "bits": positive_int, "dir": _relative_dir, "via": choice(("fuse", "agent"))}
 
     def validate(self, params: dict[str, object]) -> None:
         if "mode" not in params:

@@ -1,0 +1,39 @@
+"""Parsers for fault parameters (`key=value` text to a value), shared by the kinds.
+
+Each raises ValueError with the reason; the spec parser turns that into a
+one-line usage error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+def seconds(value: str) -> float:
+    number = float(value)
+    if not number >= 0:
+        raise ValueError(f"needs seconds >= 0, got {value!r}")
+    return number
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError(f"needs an integer >= 1, got {value!r}")
+    return number
+
+
+def fraction(value: str) -> float:
+    number = float(value)
+    if not 0.0 <= number < 1.0:
+        raise ValueError(f"needs a fraction in [0, 1), got {value!r}")
+    return number
+
+
+def choice(options: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        if value not in options:
+            raise ValueError(f"{value!r} is not one of {', '.join(options)}")
+        return value
+
+    return parse
