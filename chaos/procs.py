@@ -75,8 +75,9 @@ def signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
-def reap(run_id: str, roots: list[int], timeout: float = 10.0) -> list[int]:
-    """SIGKILL every process of the run; return the pids that had to be killed.
+def reap(run_id: str | None, roots: list[int], timeout: float = 10.0) -> list[int]:
+    """SIGKILL every process of the run (found by marker, unless `run_id` is None)
+    and every process in the trees of `roots`; return the pids that had to be killed.
 
     Stopped processes are sent SIGCONT too: a SIGKILLed process that is
     stopped dies anyway, but its parent may be waiting on it.
@@ -84,7 +85,8 @@ def reap(run_id: str, roots: list[int], timeout: float = 10.0) -> list[int]:
     killed: set[int] = set()
     deadline = time.monotonic() + timeout
     while True:
-        victims = sorted(set(tree(roots)) | set(marked_pids(run_id)))
+        marked = marked_pids(run_id) if run_id is not None else []
+        victims = sorted(set(tree(roots)) | set(marked))
         if not victims:
             return sorted(killed)
         killed.update(victims)

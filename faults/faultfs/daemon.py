@@ -29,12 +29,9 @@ import random
 import signal
 import socket
 import threading
-import time
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from chaos import procs
 from chaos.history import HistoryWriter
@@ -82,11 +79,13 @@ class Daemon:
         `lose_unsynced`, so does everything the disk had not made durable."""
         with self.busy:
             self.fs.down.set()
-            killed = self._kill(pids)
-            with self.fs.mutex:
-                dropped = self.tracker.power_loss().to_dict() if lose_unsynced else {}
-                self.armed.clear()  # a reboot forgets pending faults
-            self.fs.down.clear()
+            try:
+                killed = self._kill(pids)
+                with self.fs.mutex:
+                    dropped = self.tracker.power_loss().to_dict() if lose_unsynced else {}
+                    self.armed.clear()  # a reboot forgets pending faults
+            finally:
+                self.fs.down.clear()  # up again, also if a process would not die
         self.log.record("fs_crash", lose_unsynced=lose_unsynced, killed=killed,
                         fault=fault_id, **dropped)
         return {"ok": True, "killed": killed, **dropped}
@@ -96,20 +95,10 @@ class Daemon:
                          daemon=True).start()
 
     def _kill(self, pids: list[int] | None) -> list[int]:
-        """SIGKILL the given pids, or every process of the run, until none is left."""
-        killed: set[int] = set()
-        deadline = time.monotonic() + KILL_TIMEOUT
-        while time.monotonic() < deadline:
-            if pids is None:
-                victims = procs.marked_pids(self.run_id) if self.run_id else []
-            else:
-                victims = [p for p in pids if _alive(p)]
-            if not victims:
-                break
-            killed.update(victims)
-            procs.signal_all(victims, signal.SIGKILL)
-            time.sleep(0.02)
-        return sorted(killed)
+        """SIGKILL the given pids (and their children), or every process of the run."""
+        if pids is None:
+            return procs.reap(self.run_id, [], timeout=KILL_TIMEOUT) if self.run_id else []
+        return procs.reap(None, pids, timeout=KILL_TIMEOUT)
 
     def bitrot(self, request: dict[str, Any]) -> dict[str, Any]:
         pattern = str(request.get("file") or "*")
@@ -153,13 +142,6 @@ class Daemon:
                 stream.flush()
             except OSError:
                 pass  # the asker was killed by the crash it asked for
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _newest_big_file(files: list[Path]) -> Path:
