@@ -15,9 +15,13 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from chaos.errors import ChaosError, UsageError
+
+if TYPE_CHECKING:
+    from chaos.battery import Entry
+    from chaos.scenario import Scenario
 
 EPILOG = """\
 fault specs (KIND:key=value,...):
@@ -175,33 +179,43 @@ def cmd_run(ns: argparse.Namespace) -> int:
     return report.exit_code()
 
 
-def cmd_battery(ns: argparse.Namespace) -> int:
+def _battery_base(ns: argparse.Namespace) -> tuple[Scenario, Path, Path]:
+    """The scenario every run of a battery shares (no fault yet), and its folders;
+    with no SCRIPT, the bundled reference target."""
     from chaos import battery
-    from chaos.engine import prepare_out_dir
 
     if ns.script is None:
         script, args = str(battery.BUNDLED_TARGET), battery.BUNDLED_ARGS
     else:
         script, args = ns.script, ns.args
     base = _scenario(ns, script, args, [])
-    out, cache = _dirs(ns)
-    prepare_out_dir(out)
-    entries = battery.run_battery(base, out, cache, _progress(ns.quiet))
+    return (base, *_dirs(ns))
+
+
+def _print_battery(entries: list[Entry], out: Path, summary: str = "") -> int:
+    from chaos import battery
+
     print(battery.table(entries))
+    if summary:
+        print(summary)
     print(f"runs: {out}")
     return battery.exit_code(entries)
+
+
+def cmd_battery(ns: argparse.Namespace) -> int:
+    from chaos import battery
+    from chaos.engine import prepare_out_dir
+
+    base, out, cache = _battery_base(ns)
+    prepare_out_dir(out)
+    return _print_battery(battery.run_battery(base, out, cache, _progress(ns.quiet)), out)
 
 
 def cmd_crashpoints(ns: argparse.Namespace) -> int:
     from chaos import battery, crashpoints
     from chaos.engine import prepare_out_dir
 
-    if ns.script is None:
-        script, args = str(battery.BUNDLED_TARGET), battery.BUNDLED_ARGS
-    else:
-        script, args = ns.script, ns.args
-    base = _scenario(ns, script, args, [])
-    out, cache = _dirs(ns)
+    base, out, cache = _battery_base(ns)
     progress = _progress(ns.quiet)
     entries, total = crashpoints.plan(base, cache, progress, ns.save,
                                       ns.mode or list(crashpoints.MODES), ns.cap)
@@ -210,12 +224,9 @@ def cmd_crashpoints(ns: argparse.Namespace) -> int:
     started = time.monotonic()
     battery.run_entries(entries, base, out, cache, progress)
     minutes = (time.monotonic() - started) / 60
-    print(battery.table(entries))
     failed = sum(1 for e in entries if e.report and e.report.verdict == "fail")
-    print(f"{len(entries)} of {total} points run, {failed} broke the protocol;"
-          f" {len(entries) / minutes:.1f} points per minute")
-    print(f"runs: {out}")
-    return battery.exit_code(entries)
+    return _print_battery(entries, out, f"{len(entries)} of {total} points run, {failed} broke"
+                          f" the protocol; {len(entries) / minutes:.1f} points per minute")
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
