@@ -106,17 +106,26 @@ def test_overwrite_in_place_without_fsync_reverts_to_synced_data(fs):
     assert report["reverted_files"] == ["f"]
 
 
-def test_removed_files_and_folders_come_back_unless_the_removal_was_synced(fs):
+def durable_checkpoint_folder(fs) -> Path:
+    """step-5/shard-0, with the file and both folders synced."""
     old = fs.mountpoint / "step-5"
     old.mkdir()
     write(old / "shard-0", b"zero", sync=True)
     sync_dir(old)
     sync_dir(fs.mountpoint)
+    return old
+
+
+def remove_tree(folder: Path) -> None:
+    (folder / "shard-0").unlink()
+    folder.rmdir()
+
+
+def test_removals_made_durable_by_a_folder_fsync_stay_removed(fs):
+    old = durable_checkpoint_folder(fs)
     write(fs.mountpoint / "keep", b"k", sync=True)
     sync_dir(fs.mountpoint)
-    # rmtree of the old checkpoint, unsynced
-    (old / "shard-0").unlink()
-    old.rmdir()
+    remove_tree(old)  # shard-0's removal is never synced, step-5's is (below)
     (fs.mountpoint / "keep").unlink()
     sync_dir(fs.mountpoint)  # this removal of "keep" (and of step-5) is now durable...
     assert not old.exists()
@@ -125,13 +134,8 @@ def test_removed_files_and_folders_come_back_unless_the_removal_was_synced(fs):
 
 
 def test_unsynced_removal_of_a_folder_is_undone(fs):
-    old = fs.mountpoint / "step-5"
-    old.mkdir()
-    write(old / "shard-0", b"zero", sync=True)
-    sync_dir(old)
-    sync_dir(fs.mountpoint)
-    (old / "shard-0").unlink()
-    old.rmdir()
+    old = durable_checkpoint_folder(fs)
+    remove_tree(old)
     power_loss(fs)
     assert (old / "shard-0").read_bytes() == b"zero"
 

@@ -216,17 +216,17 @@ class FaultFS(mfusepy.Operations):
         return 0
 
     def unlink(self, path: str) -> int:
-        self._gate("unlink")
-        with self.mutex:
-            self.tracker.remove(self._real(path))
-        self._record("unlink", path)
-        return 0
+        return self._remove("unlink", path)
 
     def rmdir(self, path: str) -> int:
-        self._gate("rmdir")
+        return self._remove("rmdir", path)
+
+    def _remove(self, op: str, path: str) -> int:
+        """The tracker removes (or keeps, if a durable listing still names it)."""
+        self._gate(op)
         with self.mutex:
             self.tracker.remove(self._real(path))
-        self._record("rmdir", path)
+        self._record(op, path)
         return 0
 
     def rename(self, old: str, new: str) -> int:
