@@ -63,14 +63,12 @@ class DurabilityTracker:
         (self.shadow / "kept").mkdir()
         self.dirty.clear()
         self.kept.clear()
-        self.durable_dirs = {ino: listing for ino, (_path, listing) in self._scan().items()}
+        self.durable_dirs = self._scan()
 
-    def _scan(self) -> dict[int, tuple[Path, Listing]]:
-        """Every directory under root: inode -> (path, current listing)."""
-        found: dict[int, tuple[Path, Listing]] = {}
-        for folder, _dirs, _files in os.walk(self.root):
-            found[os.lstat(folder).st_ino] = (Path(folder), _listing(Path(folder)))
-        return found
+    def _scan(self) -> dict[int, Listing]:
+        """Every directory under root: inode -> its current listing."""
+        return {os.lstat(folder).st_ino: _listing(Path(folder))
+                for folder, _dirs, _files in os.walk(self.root)}
 
     def _durably_named(self, ino: int) -> bool:
         return any(ino in listing.values() for listing in self.durable_dirs.values())
@@ -164,8 +162,7 @@ class DurabilityTracker:
         staging = self.shadow / "staging"
         staging.mkdir()
         root_ino = os.lstat(self.root).st_ino
-        current = {ino: listing for ino, (_path, listing) in self._scan().items()}
-        self._build(staging, root_ino, where, current, Path("."), report)
+        self._build(staging, root_ino, where, self._scan(), Path("."), report)
         self._report_removed(root_ino, report)
         trash = self.shadow / "trash"
         trash.mkdir()
