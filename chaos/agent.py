@@ -9,7 +9,8 @@ harness's environment says so. Armed, it
   step starts from: parameters, optimizer state, learning rates, RNGs, the
   batch) and after the optimizer step (gradients, parameters, optimizer state);
 - watches checkpoint I/O under the run directory (`chaos.iowatch`) and groups
-  the file events between two steps into one checkpoint save;
+  the file events into checkpoint saves (`chaos.saves`: between two steps, or
+  one background writer's events plus their commit);
 - fires the faults scheduled for its rank or node at their triggers;
 - writes all of it to its rank's history stream.
 """
@@ -34,8 +35,10 @@ from chaos.history import HistoryWriter, read_stream
 from chaos.iowatch import IOWatch
 from chaos.layout import RunLayout
 from chaos.registry import FireContext, get_kind
+from chaos.saves import Save, SaveTracker
 from chaos.schedule import ResolvedFault
 
+STARTED_AT = "_torchchaos_started_at_step"  # set on every thread the target starts
 RESTORED = ("params_start", "optim_start", "lr")  # what a restore sets up (and rng.*)
 
 
@@ -91,9 +94,9 @@ class Agent:
         self.fp: dict[str, str] = {}
         self.batch: list[torch.Tensor] = []
         self.loss: torch.Tensor | None = None
-        self.saves = self.loads = 0
-        self.save_events = self.load_events = 0
-        self.in_save = self.in_load = False
+        self.save_tracker = SaveTracker()
+        self.loads = self.load_events = 0
+        self.in_load = False
         self.last_path: str | None = None  # the file of the latest file event
 
     def _mine(self, fault: ResolvedFault) -> bool:
@@ -121,6 +124,7 @@ class Agent:
         nn_module.register_module_forward_pre_hook(self._forward_pre)
         nn_module.register_module_forward_hook(self._forward_post)
         self._wrap_backward()
+        self._wrap_thread_start()
         IOWatch(str(self.layout.run_dir), str(self.layout.chaos_dir), self._file_event).install()
         self._wrap_excepthook()
         atexit.register(self._at_exit)
@@ -128,7 +132,7 @@ class Agent:
         self._arm_timers()
 
     def _at_exit(self) -> None:
-        self._close_io_groups()
+        self._end_save(self.save_tracker.finish())
         self.history.record("exit", step=self.global_step())
 
     def _wrap_backward(self) -> None:
@@ -141,6 +145,18 @@ class Agent:
             return real_backward(tensor, *args, **kwargs)
 
         torch.Tensor.backward = backward
+
+    def _wrap_thread_start(self) -> None:
+        """Stamp each thread with the step it was started in: a thread started to
+        write a checkpoint (async_save) writes that step's state."""
+        real_start = threading.Thread.start
+        agent = self
+
+        def start(thread: threading.Thread) -> None:
+            setattr(thread, STARTED_AT, agent.global_step())
+            real_start(thread)
+
+        threading.Thread.start = start  # type: ignore[method-assign]
 
     def _wrap_excepthook(self) -> None:
         real_hook = sys.excepthook
@@ -224,7 +240,7 @@ class Agent:
             self.depth = max(self.depth - 1, 0)
 
     def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if os.getpid() != self.pid:
+        if os.getpid() != self.pid or _initialising_optimizer_state():
             return
         self.track(opt)
         if not self.step_open:
@@ -233,7 +249,7 @@ class Agent:
         self.fp["grads"] = digest_tensors(grads)
 
     def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if os.getpid() != self.pid:
+        if os.getpid() != self.pid or _initialising_optimizer_state():
             return
         self.local_steps += 1
         self.fp["batch"] = digest_tensors(self.batch)
@@ -256,9 +272,14 @@ class Agent:
 
     # -- checkpoint I/O ------------------------------------------------------
     def _close_io_groups(self) -> None:
-        if self.in_save:
-            self.history.record("save_end", save=self.saves, events=self.save_events)
-        self.in_save = self.in_load = False
+        """A step begins: it ends the save that is over (see `chaos.saves`) and any load."""
+        self._end_save(self.save_tracker.step_begins())
+        self.in_load = False
+
+    def _end_save(self, save: Save | None) -> None:
+        if save is not None:
+            self.history.record("save_end", save=save.number, events=save.events,
+                                last_step=save.last_step)
 
     def _file_event(self, op: str, path: str) -> None:
         if os.getpid() != self.pid:
@@ -266,7 +287,7 @@ class Agent:
         rel = os.path.relpath(path, self.layout.run_dir)
         self.last_path = path
         if op == "read":
-            if self.in_save:  # reading back what a save just wrote is part of the save
+            if self.save_tracker.open is not None:  # reading back what a save wrote
                 return
             if not self.in_load:
                 self.in_load, self.loads, self.load_events = True, self.loads + 1, 0
@@ -277,12 +298,16 @@ class Agent:
         if self.local_steps == 0:  # set-up before training (mkdir ckpt/): not a save
             self.history.record("file", op=op, path=rel, save=0, index=0)
             return
-        if not self.in_save:
-            self.in_save, self.saves, self.save_events = True, self.saves + 1, 0
-            self.history.record("save_begin", save=self.saves, after_step=self.global_step())
-        self.save_events += 1
-        self.history.record("file", op=op, path=rel, save=self.saves, index=self.save_events)
-        self._check_phase("checkpoint_save", self.saves, self.save_events)
+        thread = threading.current_thread()
+        writer = None if thread is threading.main_thread() else thread
+        save, closed = self.save_tracker.event(writer, self.global_step(),
+                                               getattr(thread, STARTED_AT, None))
+        self._end_save(closed)
+        if save.events == 1:
+            self.history.record("save_begin", save=save.number, after_step=save.after_step,
+                                background=writer is not None)
+        self.history.record("file", op=op, path=rel, save=save.number, index=save.events)
+        self._check_phase("checkpoint_save", save.number, save.events)
 
     def _check_phase(self, phase: str, occurrence: int, index: int) -> None:
         for fault in self.faults:
@@ -309,6 +334,24 @@ class Agent:
         ctx = FireContext(self.rank, self.local_rank, self.node, self.history.record,
                           self.last_path)
         get_kind(fault.kind).fire(fault, ctx)
+
+
+def _initialising_optimizer_state() -> bool:
+    """Is this optimizer step DCP's set-up rather than training?
+
+    torch.distributed.checkpoint's get_state_dict fills an optimizer that has
+    no state yet (as on every resume) by stepping it once with zero gradients
+    and learning rate 0. That step is no training step: counting it would put
+    every later step one off the reference.
+    """
+    frame = sys._getframe(2)
+    for _ in range(12):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "_init_optim_state":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def boot() -> None:

@@ -9,7 +9,9 @@ took effect, so a kill fired by the listener leaves exactly that state behind.
 Consecutive writes to one open file count as one "write" event: the event is
 the first chunk, so a kill at it leaves a torn file. `torch.save` to a path
 writes from C++ and is seen as "open" followed by one whole "write".
-Files under the harness's own folder (`_chaos/`) are never reported.
+A mkdir of a folder that already exists is reported too (ranks race to make
+a shared folder). Files under the harness's own folder (`_chaos/`) are never
+reported.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import builtins
 import contextlib
 import io
 import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -77,7 +80,9 @@ class IOWatch:
         self.listener = listener
         self._fds: dict[int, Any] = {}  # fd -> path (os.open) or _WatchedFile
         self._os_written: set[int] = set()
-        self._busy = False
+        # Per thread: an async checkpoint writer's events must not be muted
+        # because the training thread happens to be inside torch.save.
+        self._local = threading.local()
 
     # -- helpers -----------------------------------------------------------
     def watched(self, path: Any, dir_fd: int | None = None) -> str | None:
@@ -93,18 +98,19 @@ class IOWatch:
         return None
 
     def emit(self, op: str, path: str) -> None:
-        if self._busy:  # an event handler doing its own I/O is not the target's I/O
+        if getattr(self._local, "busy", False):  # a handler's own I/O is not the target's
             return
         with self.muted():
             self.listener(op, path)
 
     @contextlib.contextmanager
     def muted(self) -> Iterator[None]:
-        busy, self._busy = self._busy, True
+        busy = getattr(self._local, "busy", False)
+        self._local.busy = True
         try:
             yield
         finally:
-            self._busy = busy
+            self._local.busy = busy
 
     def track_fd(self, fd: int, owner: Any) -> None:
         self._fds[fd] = owner
@@ -187,7 +193,15 @@ class IOWatch:
         def path_op(name: str, op: str) -> Callable[..., None]:
             def run(path: Any, *args: Any, dir_fd: int | None = None, **kwargs: Any) -> None:
                 full = self.watched(path, dir_fd)  # resolve before a remove makes it vanish
-                real[name](path, *args, dir_fd=dir_fd, **kwargs)
+                try:
+                    real[name](path, *args, dir_fd=dir_fd, **kwargs)
+                except FileExistsError:
+                    # Ranks that all make one shared folder race for it; counting the
+                    # loser's attempt too keeps every rank's event numbers the same
+                    # from run to run.
+                    if full is not None and op == "mkdir":
+                        self.emit(op, full)
+                    raise
                 if full is not None:
                     self.emit(op, full)
             return run
