@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaos.evidence import Evidence, Recovery
+from chaos.history import Event
 
 # The order in which a step consumes state: the first component that differs
 # at the divergent step is the one that was not restored. RNG states (one
@@ -167,6 +168,14 @@ def _diverging_component(mine: dict[str, str], ref: dict[str, str],
     return "unknown"
 
 
+CAUSES = ("weights", "optimizer", "lr_schedule", "rng", "data", "gradients")
+
+
+def _cause_rank(component: str) -> int:
+    """Components ordered from cause to consequence (unknown last)."""
+    return next((i for i, c in enumerate(CAUSES) if component.startswith(c)), len(CAUSES))
+
+
 def _noisy_generators(ev: Evidence) -> frozenset[str]:
     """RNG keys that differ from the reference even before any fault: never seeded."""
     return frozenset(k for e, ref in _before_faults(ev) for k, v in e["fp"].items()
@@ -180,6 +189,7 @@ def deterministic_resume(ev: Evidence) -> CheckResult:
     reference = ev.reference_steps()
     noisy = _noisy_generators(ev)
     compared = 0
+    divergent: list[tuple[Event, str]] = []
     for e in ev.chaos.steps():
         if not e.get("aligned", True):
             return CheckResult(False, f"rank {e['rank']} resumed from a state that matches no"
@@ -188,9 +198,15 @@ def deterministic_resume(ev: Evidence) -> CheckResult:
         if ref is None:
             continue
         compared += 1
-        if same_state(e["fp"], ref["fp"]):
-            continue
-        component = _diverging_component(e["fp"], ref["fp"], noisy)
+        if not same_state(e["fp"], ref["fp"]):
+            divergent.append((e, _diverging_component(e["fp"], ref["fp"], noisy)))
+    if divergent:
+        # Ranks that exchange gradients diverge at the same step; the rank whose own
+        # state was wrong (not just its gradients) says what was not restored.
+        first = divergent[0][0]
+        same_step = [d for d in divergent if d[0]["step"] == first["step"]
+                     and (d[0]["launch"], d[0]["attempt"]) == (first["launch"], first["attempt"])]
+        e, component = min(same_step, key=lambda d: _cause_rank(d[1]))
         return CheckResult(False, f"diverged from the reference at step {e['step']} on rank"
                                   f" {e['rank']}: {component} not restored",
                            {"divergent_step": e["step"], "rank": e["rank"],

@@ -62,14 +62,21 @@ class Evidence:
         return {(e["rank"], e["step"]): e for e in self.reference.steps()}
 
     def checkpoint_interval(self) -> int | None:
-        """The largest gap between checkpoint saves the reference run made (from step 0)."""
+        """The most steps a failure can cost in the reference run's checkpoint schedule.
+
+        Per rank: the largest distance from one save's state (`after_step`) to
+        the step during which the next save finished (`last_step`), counting
+        from step 0. For a synchronous save that is the checkpoint interval;
+        an asynchronous one adds the steps it took to write and commit.
+        """
+        ends = {(e["pid"], e["save"]): e.get("last_step") for e in self.reference.of("save_end")}
         gaps = []
         for rank in self.reference.ranks():
-            after = sorted({e["after_step"] for e in self.reference.of("save_begin")
-                            if e.get("rank") == rank and e.get("after_step")})
-            if after:
-                points = [0, *after]
-                gaps.append(max(b - a for a, b in zip(points, points[1:])))
+            saves = sorted((e["after_step"], ends.get((e["pid"], e["save"])) or e["after_step"])
+                           for e in self.reference.of("save_begin")
+                           if e.get("rank") == rank and e.get("after_step"))
+            starts = [0, *(after for after, _ in saves)]
+            gaps.extend(last - start for start, (_, last) in zip(starts, saves))
         return max(gaps) if gaps else None
 
     def processes(self) -> dict[int, list[Event]]:

@@ -125,6 +125,32 @@ def test_deterministic_resume_names_the_first_divergent_step_and_component(compo
     assert f"at step 11 on rank 0: {component} not restored" in result.detail
 
 
+def test_when_ranks_diverge_together_the_rank_whose_own_state_was_wrong_is_named():
+    # Rank 0 resumed with the wrong RNG; rank 1 only got its averaged gradients.
+    timeline = Timeline()
+    timeline.train(2, range(1, 13))
+    timeline.fault(1, 12)
+    for rank, changed in ((1, {"grads": "mixed"}), (0, {"rng.torch": "other", "batch": "b"})):
+        timeline.add("step", step=11, local=1, loss=1.0, fp=fp(11, params="p", **changed),
+                     **timeline.proc(rank, attempt=1))
+    result = checkers.deterministic_resume(evidence(timeline.history()))
+    assert result.ok is False and result.data["rank"] == 0, result.detail
+    assert result.data["component"] == "rng (torch)"
+
+
+def test_the_lost_work_bound_includes_the_latency_of_an_asynchronous_save():
+    # Saves after steps 5, 10, 15 each written in the background and committed a
+    # step later: a failure just before a commit costs interval + 1 steps.
+    timeline = Timeline()
+    timeline.train(1, range(1, 21), save_every=0)
+    for number, step in enumerate((5, 10, 15), start=1):
+        timeline.add("save_begin", save=number, after_step=step, **timeline.proc(0))
+        timeline.add("save_end", save=number, last_step=step + 1, **timeline.proc(0))
+    ev = evidence(killed_and_resumed(5, 11).history(), ref=timeline.history())
+    assert ev.checkpoint_interval() == 6
+    assert checkers.bounded_lost_work(ev).ok is True
+
+
 def test_an_unseeded_generator_is_neither_a_divergence_nor_a_culprit():
     # python's `random` is never seeded: it differs from the reference in every step
     noisy = {step: fp(step, **{"rng.python": f"noise{step}"}) for step in range(1, 21)}
