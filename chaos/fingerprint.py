@@ -37,8 +37,11 @@ def _weights_for(device: torch.device, n: int) -> torch.Tensor:
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's elements, contiguous and one-dimensional, in a real dtype."""
-    flat = t.detach()
+    """The tensor's elements, contiguous and one-dimensional, in a real dtype.
+
+    A DTensor (FSDP2, tensor parallel) contributes this rank's shard."""
+    to_local = getattr(t, "to_local", None)
+    flat = (to_local() if callable(to_local) else t).detach()
     if flat.is_conj() or flat.is_neg():
         flat = flat.resolve_conj().resolve_neg()
     flat = flat.reshape(-1) if flat.is_contiguous() else flat.contiguous().reshape(-1)

@@ -30,29 +30,33 @@ current step and an exit with status 143, so torchrun restarts the workers.
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import io
 import json
 import os
-import random
-import signal
 import sys
-import tempfile
 import time
-import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any, NoReturn
+from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-VOCAB, SEQ, BATCH, D_MODEL, HEADS, FF, LAYERS = 64, 16, 8, 32, 2, 64, 2
-WARMUP = 5
+# Sibling modules: a script's own folder comes first on sys.path.
+from durable import atomic_write, sha256_file, write_file
+from launch import Preemption, finish, init_distributed, run
+from tiny_lm import (
+    TinyLM,
+    add_common_args,
+    loss_of,
+    lr_lambda,
+    make_batch,
+    rng_state,
+    seed_globals,
+    set_rng_state,
+)
+
 BUGS = (
     "none",
     "write_in_place",
@@ -69,150 +73,11 @@ BUGS = (
 )
 
 
-class TinyLM(nn.Module):
-    """Decoder-only transformer: encoder layers under a causal mask."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(VOCAB, D_MODEL)
-        self.pos = nn.Embedding(SEQ, D_MODEL)
-        self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(D_MODEL, HEADS, FF, dropout=0.1, batch_first=True)
-            for _ in range(LAYERS)
-        )
-        self.head = nn.Linear(D_MODEL, VOCAB)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[1]
-        h = self.tok(x) + self.pos(torch.arange(n, device=x.device))
-        # Built per call rather than as a buffer so DDP has no buffers to broadcast.
-        mask = nn.Transformer.generate_square_subsequent_mask(n, device=x.device)
-        for layer in self.layers:
-            h = layer(h, src_mask=mask, is_causal=True)
-        return self.head(h)
-
-
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--ckpt-every", type=int, default=5)
-    p.add_argument("--ckpt-dir", default="ckpt")
-    p.add_argument("--keep", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=30.0, help="process group timeout (s)")
-    p.add_argument("--grace", type=int, default=20, help="seconds allowed after SIGTERM")
-    p.add_argument("--step-sleep", type=float, default=0.0)
+    add_common_args(p)
     p.add_argument("--bug", choices=BUGS, default="none")
     return p.parse_args()
-
-
-class Preemption:
-    """SIGTERM only sets a flag: saving inside a signal handler is unsafe."""
-
-    def __init__(self, grace: int) -> None:
-        self.requested = False
-        self.grace = grace
-        signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if not self.requested:
-            # If the checkpoint cannot finish in time, SIGALRM kills us anyway.
-            signal.alarm(self.grace)
-        self.requested = True
-
-    def agreed(self, device: torch.device) -> bool:
-        # Every rank must take the same branch or the next collective hangs.
-        flag = torch.tensor([float(self.requested)], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
-
-
-def seed_globals(seed: int, rank: int, bug: str) -> None:
-    base = time.time_ns() % 2**31 if bug == "nondeterministic" else seed
-    torch.manual_seed(base + rank)
-    np.random.seed(base + rank)
-    random.seed(base + rank)
-
-
-def make_batch(
-    seed: int, pos: int, rank: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch at data position `pos`: a seeded generator makes it replayable."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + pos * 1009 + rank)
-    start = torch.randint(0, VOCAB, (BATCH, 1), generator=g)
-    stride = torch.randint(1, 4, (BATCH, 1), generator=g)
-    seq = (start + stride * torch.arange(SEQ + 1)) % VOCAB
-    # The global numpy and python RNGs are used on purpose, so that resume is
-    # only exact if their states are checkpointed too.
-    noisy = torch.from_numpy(np.random.random((BATCH, SEQ)) < 0.1)
-    noise = torch.from_numpy(np.random.randint(0, VOCAB, (BATCH, SEQ))).long()
-    seq = torch.roll(seq, shifts=random.randint(0, 3), dims=1)
-    inputs = torch.where(noisy, noise, seq[:, :-1])
-    return inputs.to(device), seq[:, 1:].to(device)
-
-
-def lr_lambda(total: int) -> Callable[[int], float]:
-    def factor(i: int) -> float:
-        if i < WARMUP:
-            return (i + 1) / WARMUP
-        return max(0.0, (total - i) / max(1, total - WARMUP))
-
-    return factor
-
-
-def rng_state(device: torch.device) -> dict[str, Any]:
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
-        "python": random.getstate(),
-    }
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def fsync_dir(path: str, sync: bool) -> None:
-    # A rename is only durable once the directory entry itself is on disk.
-    if sync:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def write_file(f: IO[bytes], write: Callable[[IO[bytes]], None], sync: bool) -> None:
-    write(f)
-    f.flush()
-    if sync:
-        os.fsync(f.fileno())
-
-
-def atomic_write(directory: str, name: str, write: Callable[[IO[bytes]], None], sync: bool) -> str:
-    """Write to a temp file in the same dir, then rename it over `name`."""
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    with os.fdopen(fd, "wb") as f:
-        write_file(f, write, sync)
-    final = os.path.join(directory, name)
-    os.replace(tmp, final)
-    fsync_dir(directory, sync)
-    return final
 
 
 def read_manifest(directory: str) -> list[dict[str, Any]]:
@@ -333,9 +198,7 @@ def train_step(t: Trainer) -> None:
     t.step, t.data_pos = t.step + 1, t.data_pos + 1
     if t.args.bug == "crash" and dist.get_rank() == 0 and t.step == t.args.steps // 2:
         raise RuntimeError("planted crash")
-    inputs, targets = make_batch(t.args.seed, t.data_pos, dist.get_rank(), t.device)
-    logits = t.model(inputs)
-    loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+    loss = loss_of(t.model, make_batch(t.args.seed, t.data_pos, dist.get_rank(), t.device))
     t.optim.zero_grad(set_to_none=True)
     loss.backward()
     t.optim.step()
@@ -344,46 +207,15 @@ def train_step(t: Trainer) -> None:
 
 
 def setup(args: argparse.Namespace) -> Trainer:
-    # cuBLAS reads this when its first handle is created; it must be set before
-    # any CUDA work to make GEMMs deterministic.
-    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if cuda else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    timeout = datetime.timedelta(seconds=args.timeout)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
+    device = init_distributed(args.timeout)
     os.makedirs(args.ckpt_dir, exist_ok=True)
-    seed_globals(args.seed, dist.get_rank(), args.bug)
+    seed_globals(args.seed, dist.get_rank(), from_clock=args.bug == "nondeterministic")
     inner = TinyLM().to(device)
+    cuda = device.type == "cuda"
     model = DistributedDataParallel(inner, device_ids=[device.index] if cuda else None)
     optim = torch.optim.AdamW(model.parameters(), lr=3e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(args.steps))
     return Trainer(args, device, inner, model, optim, sched)
-
-
-def finish(code: int, message: str, grace: int) -> NoReturn:
-    """Print, tear down the process group and exit with `code`, skipping teardown.
-
-    Interpreter teardown (or just returning from main) frees the DDP reducer,
-    whose gloo process group then joins its worker threads while holding the
-    GIL; a worker still freeing the last collective's tensor needs the GIL, so
-    both wait forever. That hang was seen here, so never free them: os._exit.
-    """
-    # Last-resort watchdog: a stuck destroy must not turn into a hung job.
-    signal.alarm(grace)
-    if dist.get_rank() == 0:
-        print(message, flush=True)
-    dist.destroy_process_group()
-    exit_now(code)
-
-
-def exit_now(code: int) -> NoReturn:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def main() -> None:
@@ -410,9 +242,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:
-        traceback.print_exc()
-        # The traceback still holds main's frame, so this exit frees nothing.
-        exit_now(1)
+    run(main)

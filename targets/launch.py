@@ -1,0 +1,87 @@
+"""Process life of a reference target under torchrun: set-up, preemption, exit.
+
+Shared by both reference targets (imported as a sibling module).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from typing import NoReturn
+
+import torch
+import torch.distributed as dist
+
+
+def init_distributed(timeout_s: float, backend: str | None = None) -> torch.device:
+    """Deterministic kernels, one CPU thread, this rank's device, the process group."""
+    # cuBLAS reads this when its first handle is created; it must be set before
+    # any CUDA work to make GEMMs deterministic.
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend or ("nccl" if cuda else "gloo"), timeout=timeout)
+    return device
+
+
+class Preemption:
+    """SIGTERM only sets a flag: saving inside a signal handler is unsafe."""
+
+    def __init__(self, grace: int) -> None:
+        self.requested = False
+        self.grace = grace
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if not self.requested:
+            # If the checkpoint cannot finish in time, SIGALRM kills us anyway.
+            signal.alarm(self.grace)
+        self.requested = True
+
+    def agreed(self, device: torch.device) -> bool:
+        # Every rank must take the same branch or the next collective hangs.
+        flag = torch.tensor([float(self.requested)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+def finish(code: int, message: str, grace: int) -> NoReturn:
+    """Print, tear down the process group and exit with `code`, skipping teardown.
+
+    Interpreter teardown (or just returning from main) frees the DDP reducer,
+    whose gloo process group then joins its worker threads while holding the
+    GIL; a worker still freeing the last collective's tensor needs the GIL, so
+    both wait forever. That hang was seen here, so never free them: os._exit.
+    """
+    # Last-resort watchdog: a stuck destroy must not turn into a hung job.
+    signal.alarm(grace)
+    if dist.get_rank() == 0:
+        print(message, flush=True)
+    dist.destroy_process_group()
+    exit_now(code)
+
+
+def exit_now(code: int) -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run(main: Callable[[], None]) -> NoReturn:
+    """Run `main`; an exception prints its traceback and exits 1 (torchrun restarts)."""
+    try:
+        main()
+    except Exception:
+        traceback.print_exc()
+        # The traceback still holds main's frame, so this exit frees nothing.
+        exit_now(1)
+    exit_now(0)
