@@ -266,8 +266,10 @@ def bounded_lost_work(ev: Evidence) -> CheckResult:
                                   f" {ev.max_lost_seconds:g} s", data)
     secs = ", ".join("?" if s is None else f"{s:.1f}" for s in seconds)
     ettr_text = f", ETTR {ettr:.2f}" if ettr else ""
-    return CheckResult(True, f"lost steps {lost} <= {bound}, seconds lost [{secs}]{ettr_text}",
-                       data)
+    limit = max(bounds)
+    why = " (one more interval per checkpoint bit rot destroyed)" if limit > bound else ""
+    return CheckResult(True, f"lost steps {lost} <= {limit}{why}, seconds lost [{secs}]"
+                             f"{ettr_text}", data)
 
 
 def _completed_saves(ev: Evidence, before: float) -> list[int]:

@@ -1,6 +1,7 @@
 """The fault-free reference run, cached by what determines its outcome.
 
-The cache key covers the script's bytes, its arguments, the job's shape, the
+The cache key covers the bytes of the script and of the Python files beside
+it (modules it may import), its arguments, the job's shape, the
 extra environment and the torch / torchchaos versions. An entry is complete
 only once its `meta.json` exists, so an interrupted reference run is never
 reused. With two reference runs the entry also records whether the target is
@@ -36,11 +37,19 @@ class Reference:
         return History.of_run(self.run_dir)
 
 
+def _source_digest(script: Path) -> str:
+    """The script and the Python files beside it, which it may import as modules."""
+    h = hashlib.sha256(script.read_bytes())
+    for path in sorted(script.resolve().parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
 def cache_key(scenario: Scenario) -> str:
     import torch
 
     blob = {
-        "script": hashlib.sha256(Path(scenario.script).read_bytes()).hexdigest(),
+        "script": _source_digest(Path(scenario.script)),
         "args": scenario.args, "nproc": scenario.nproc, "nodes": scenario.nodes,
         "env": scenario.env, "torch": torch.__version__, "torchchaos": chaos.__version__,
     }

@@ -69,7 +69,8 @@ def test_help_explains_fault_specs_and_exit_codes(tmp_path):
 
 def test_a_target_that_crashes_without_faults_cannot_be_judged(tmp_path):
     result = cli("run", "--quiet", "--out", str(tmp_path / "out"), "--cache-dir",
-                 str(tmp_path / "cache"), "--fault", "kill:rank=1,step=5", "--",
+                 str(tmp_path / "cache"), "--fault", "kill:rank=1,step=5",
+                 "--max-restarts", "1", "--max-relaunches", "0", "--",
                  str(TARGET), "--steps", "10", "--bug", "crash", cwd=tmp_path)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

@@ -64,3 +64,20 @@ def test_capped_enumeration_finds_the_missing_fsync(tmp_path):
     reports = [json.loads(p.read_text()) for p in sorted(out.glob("*/report.json"))]
     assert len(reports) == 2
     assert any(r["checks"]["durable_checkpoints"]["ok"] is False for r in reports), done.stdout
+
+
+@pytest.mark.skipif(bool(unavailable_reason()), reason=unavailable_reason())
+def test_capped_enumeration_over_an_async_sharded_save_passes_the_correct_target(tmp_path):
+    """Save 2 of the DCP target: 15 file events on rank 0, 4 on rank 1, in three modes;
+    a seeded sample of 3 runs, and the correct protocol survives each."""
+    out = tmp_path / "points"
+    done = subprocess.run(
+        [sys.executable, "-m", "chaos.cli", "crashpoints", "--cap", "3", "--seed", "2",
+         "--out", str(out), "--cache-dir", str(tmp_path / "c"),
+         "--", str(REPO / "targets" / "dcp_lm.py"), "--steps", "20", "--ckpt-every", "5"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 of 42 points run" in done.stdout, done.stdout
+    rows = [line for line in done.stdout.splitlines() if " rank " in line and " at #" in line]
+    assert len(rows) == 3 and all(row.endswith("PASS") for row in rows), done.stdout
