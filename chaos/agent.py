@@ -84,6 +84,11 @@ class Agent:
         reference = environ.get(env.REFERENCE)
         self.reference = ReferenceTable.load(Path(reference), self.rank) if reference else None
         self.faults = [f for f in schedule.load(self.layout.schedule_file) if self._mine(f)]
+        # A process started after a failure (a restart, or a relaunch of the job).
+        self.recovering = (environ.get(env.LAUNCH, "0") != "0"
+                           or environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0")
+        self.stop_after = int(environ.get(env.STOP_AFTER) or 0)
+        self.stop_marker = self.layout.stopped_dir / f"rank-{self.rank}"
         # in creation order (a WeakSet's order changes between runs, and with it the digests)
         self._optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
         self.base_step: int | None = None  # global step restored before this process's first step
@@ -128,6 +133,7 @@ class Agent:
         IOWatch(str(self.layout.run_dir), str(self.layout.chaos_dir), self._file_event).install()
         self._wrap_excepthook()
         atexit.register(self._at_exit)
+        self.stop_marker.unlink(missing_ok=True)  # left by an attempt that failed after it
         self.history.record("boot", node=self.node, local_rank=self.local_rank)
         self._arm_timers()
 
@@ -261,6 +267,17 @@ class Agent:
                             local=self.local_steps, loss=loss, fp=self.fp)
         self.batch, self.loss, self.fp, self.step_open, self.depth = [], None, {}, False, 0
         self._check_step_triggers(self.global_step() or 0)
+        if self.stop_after and self.recovering and self.local_steps >= self.stop_after:
+            self._stop()
+
+    def _stop(self) -> None:
+        """Enough steps after the recovery were seen: wait here to be reaped.
+
+        Blocking rather than exiting keeps every collective whole: each rank stops
+        after the same step, and the runner ends the job once all of them have."""
+        self.history.record("stopped", step=self.global_step())
+        self.stop_marker.touch()
+        threading.Event().wait()
 
     def _check_step_triggers(self, step: int) -> None:
         for fault in self.faults:

@@ -56,6 +56,9 @@ def completes(ev: Evidence) -> CheckResult:
         return CheckResult(False, f"job failed at step {reached} of {target} after {launches}"
                                   f" launch(es), exit codes {ev.exit_codes[-1]}{tail}")
     aligned = all(e.get("aligned", True) for e in ev.chaos.steps())
+    if ev.stopped and ev.recoveries:
+        return CheckResult(True, f"recovered and stopped as asked at step {reached} of {target}"
+                                 f" ({launches} launch(es), {len(ev.recoveries)} recovery(ies))")
     if aligned and reached < target:
         return CheckResult(False, f"job exited 0 but stopped at step {reached} of {target}")
     if not aligned:
@@ -213,8 +216,8 @@ def deterministic_resume(ev: Evidence) -> CheckResult:
                             "component": component})
     if not ev.completed:
         return CheckResult(None, f"job did not complete; the {compared} steps it ran matched")
-    return CheckResult(True, f"all {compared} steps matched the reference bitwise,"
-                             " final parameters equal")
+    end = "up to the stop after the recovery" if ev.stopped else "final parameters equal"
+    return CheckResult(True, f"all {compared} steps matched the reference bitwise, {end}")
 
 
 def _seconds_lost(rec: Recovery) -> float | None:

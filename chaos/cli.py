@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="kill, lose_unsynced, torn (repeatable; default all three)")
     points.add_argument("--cap", type=_positive_int, default=50, metavar="N",
                         help="run at most N points, sampled with --seed (default 50)")
+    points.add_argument("--steps-after-resume", type=_positive_int, default=3, metavar="N",
+                        help="end each point N steps after its recovery: the restore and"
+                             " the first steps after it are what a crash point tests"
+                             " (default 3; 0 runs every point to the last step)"),
     points.add_argument("script", metavar="SCRIPT", nargs="?", default=None,
                         help="the training script (default: the bundled reference target)")
     points.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
@@ -220,6 +224,7 @@ def cmd_crashpoints(ns: argparse.Namespace) -> int:
     entries, total = crashpoints.plan(base, cache, progress, ns.save,
                                       ns.mode or list(crashpoints.MODES), ns.cap)
     prepare_out_dir(out)
+    base.stop_after = ns.steps_after_resume or None
     progress(f"{len(entries)} of {total} crash point(s) in save {ns.save}")
     started = time.monotonic()
     battery.run_entries(entries, base, out, cache, progress)

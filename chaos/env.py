@@ -5,4 +5,5 @@ RUN_ID = "TORCHCHAOS_RUN_ID"  # marks every process of a run, so none escapes re
 REFERENCE = "TORCHCHAOS_REFERENCE"  # run dir of the reference run (absent in the reference)
 LAUNCH = "TORCHCHAOS_LAUNCH"  # how many times the runner relaunched the whole job
 T0 = "TORCHCHAOS_T0"  # time.monotonic() when the job first started, for time= triggers
+STOP_AFTER = "TORCHCHAOS_STOP_AFTER"  # a recovered rank stops this many steps after its restore
 AGENT_PID = "TORCHCHAOS_AGENT_PID"  # set by an armed agent; children that inherit it stay inert

@@ -57,6 +57,7 @@ class Evidence:
     max_lost_steps: int | None = None
     max_lost_seconds: float | None = None
     log_tail: str = ""
+    stopped: bool = False  # ended on purpose some steps after a recovery (Scenario.stop_after)
 
     def reference_steps(self) -> dict[tuple[int, int], dict[str, Any]]:
         return {(e["rank"], e["step"]): e for e in self.reference.steps()}

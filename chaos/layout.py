@@ -37,6 +37,11 @@ class RunLayout:
         return self.chaos_dir / "tmp"
 
     @property
+    def stopped_dir(self) -> Path:
+        """One marker per rank that stopped as asked (Scenario.stop_after)."""
+        return self.chaos_dir / "stopped"
+
+    @property
     def schedule_file(self) -> Path:
         return self.chaos_dir / "schedule.json"
 
@@ -48,5 +53,6 @@ class RunLayout:
         return self.history_dir / "harness.jsonl"
 
     def create(self) -> None:
-        for folder in (self.history_dir, self.fired_dir, self.logs_dir, self.tmp_dir):
+        for folder in (self.history_dir, self.fired_dir, self.logs_dir, self.tmp_dir,
+                       self.stopped_dir):
             folder.mkdir(parents=True, exist_ok=True)

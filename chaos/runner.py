@@ -42,7 +42,8 @@ Progress = Callable[[str], None]
 @dataclass
 class JobOutcome:
     run_dir: Path
-    completed: bool = False  # the last launch exited 0 on every node
+    completed: bool = False  # the last launch exited 0 on every node (or stopped as asked)
+    stopped: bool = False  # every rank stopped as asked (Scenario.stop_after); then reaped
     deadline_hit: bool = False
     exit_codes: list[list[int | None]] = field(default_factory=list)  # per launch, per node
     wall_seconds: float = 0.0
@@ -116,6 +117,8 @@ def job_environment(scenario: Scenario, run_dir: Path, run_id: str, launch: int,
     environ["TMPDIR"] = str(RunLayout(run_dir).tmp_dir)
     if reference is not None:
         environ[env.REFERENCE] = str(reference)
+        if scenario.stop_after:
+            environ[env.STOP_AFTER] = str(scenario.stop_after)
     return environ
 
 
@@ -147,9 +150,12 @@ class Job:
                     resource.settle()
                 self._start(launch, t0)
                 log.record("launch", launch=launch, pids=[p.pid for p in self.nodes])
-                codes, timed_out = self._wait(deadline)
+                codes, timed_out, stopped = self._wait(deadline)
                 outcome.exit_codes.append(codes)
-                log.record("job_exit", launch=launch, codes=codes)
+                log.record("job_exit", launch=launch, codes=codes, stopped=stopped)
+                if stopped:
+                    outcome.completed = outcome.stopped = True
+                    break
                 if timed_out:
                     outcome.deadline_hit = True
                     log.record("deadline", seconds=self.scenario.timeout)
@@ -163,7 +169,7 @@ class Job:
                 self._reap(log)
         finally:
             killed = self._reap(log)
-            if outcome.completed:  # the job ended cleanly, yet these were still running
+            if outcome.completed and not outcome.stopped:  # ended, yet these still ran
                 outcome.reaped = killed
             outcome.leftovers = procs.marked_pids(self.run_id)
             for resource in reversed(self.resources):
@@ -195,15 +201,24 @@ class Job:
                     stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
                 ))
 
-    def _wait(self, deadline: float) -> tuple[list[int | None], bool]:
-        """Wait until every node exited, one failed, or the deadline passed."""
+    def _wait(self, deadline: float) -> tuple[list[int | None], bool, bool]:
+        """Wait until every node exited, one failed, every rank stopped as asked, or
+        the deadline passed. Returns (exit codes, deadline hit, stopped)."""
         while True:
             codes = [p.poll() for p in self.nodes]
             if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
-                return codes, False
+                return codes, False, False
+            if self._all_stopped():
+                return codes, False, True
             if time.monotonic() > deadline:
-                return codes, True
+                return codes, True, False
             time.sleep(POLL_SECONDS)
+
+    def _all_stopped(self) -> bool:
+        if not self.scenario.stop_after or self.reference is None:
+            return False
+        stopped = sum(1 for _ in self.layout.stopped_dir.iterdir())
+        return stopped >= self.scenario.world_size
 
     def _reap(self, log: HistoryWriter) -> list[int]:
         killed = procs.reap(self.run_id, [p.pid for p in self.nodes])

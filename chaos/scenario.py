@@ -28,6 +28,9 @@ class Scenario:
     max_restarts: int = 3  # torchrun's elastic restarts within one launch
     max_relaunches: int = 2  # times the whole job is requeued after it died
     reference_runs: int = 1  # 2 also proves the target deterministic without faults
+    # End the chaos run this many steps after a recovery instead of at the last step
+    # (crash points: what matters is the restore and the first steps after it).
+    stop_after: int | None = None
     env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -48,6 +51,8 @@ class Scenario:
             raise UsageError("--timeout must be > 0 seconds")
         if self.max_lost_steps is not None and self.max_lost_steps < 0:
             raise UsageError("--max-lost-steps must be >= 0")
+        if self.stop_after is not None and self.stop_after < 1:
+            raise UsageError("--steps-after-resume must be >= 1")
         if self.reference_runs not in (1, 2):
             raise UsageError("--reference-runs must be 1 or 2")
         for name in self.checks or []:

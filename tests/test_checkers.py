@@ -190,6 +190,18 @@ def test_deterministic_resume_fails_when_steps_cannot_be_aligned():
     assert checkers.deterministic_resume(evidence(timeline.history())).ok is False
 
 
+def test_a_run_stopped_on_purpose_after_its_recovery_completes():
+    timeline = Timeline()
+    timeline.train(2, range(1, 13))
+    timeline.fault(1, 12)
+    timeline.train(2, range(11, 14), attempt=1, restored=10)  # stopped 3 steps after
+    stopped = evidence(timeline.history(), stopped=True)
+    assert checkers.completes(stopped).ok is True
+    assert "stopped as asked at step 13 of 20" in checkers.completes(stopped).detail
+    assert checkers.deterministic_resume(stopped).ok is True
+    assert checkers.completes(evidence(timeline.history())).ok is False
+
+
 def test_bounded_lost_work_uses_the_reference_checkpoint_interval():
     ok = checkers.bounded_lost_work(evidence(killed_and_resumed(10, 14).history()))
     assert ok.ok is True and ok.data["bound_steps"] == 5 and ok.data["lost_steps"] == [4]

@@ -81,3 +81,6 @@ def test_capped_enumeration_over_an_async_sharded_save_passes_the_correct_target
     assert "3 of 42 points run" in done.stdout, done.stdout
     rows = [line for line in done.stdout.splitlines() if " rank " in line and " at #" in line]
     assert len(rows) == 3 and all(row.endswith("PASS") for row in rows), done.stdout
+    reports = [json.loads(p.read_text()) for p in sorted(out.glob("*/report.json"))]
+    # each point ends 3 steps after its recovery (--steps-after-resume, default 3)
+    assert all("stopped as asked" in r["checks"]["completes"]["detail"] for r in reports)
