@@ -258,10 +258,10 @@ def bounded_lost_work(ev: Evidence) -> CheckResult:
     data["bound_steps"] = bounds if len(set(bounds)) > 1 else bound
     for rec, steps, limit in zip(recoveries, lost, bounds):
         if steps is not None and steps > limit:
-            why = " (one more interval per checkpoint bit rot destroyed)" if limit > bound else ""
             return CheckResult(False, f"redid {steps} steps after the failure at step"
                                       f" {rec.failed_step} (resumed from step"
-                                      f" {rec.restored_step}); bound is {limit}{why}", data)
+                                      f" {rec.restored_step}); bound is"
+                                      f" {_bound_text(limit, bound)}", data)
     slow = [s for s in seconds if s is not None and ev.max_lost_seconds is not None
             and s > ev.max_lost_seconds]
     if slow:
@@ -269,10 +269,15 @@ def bounded_lost_work(ev: Evidence) -> CheckResult:
                                   f" {ev.max_lost_seconds:g} s", data)
     secs = ", ".join("?" if s is None else f"{s:.1f}" for s in seconds)
     ettr_text = f", ETTR {ettr:.2f}" if ettr else ""
-    limit = max(bounds)
-    why = " (one more interval per checkpoint bit rot destroyed)" if limit > bound else ""
-    return CheckResult(True, f"lost steps {lost} <= {limit}{why}, seconds lost [{secs}]"
-                             f"{ettr_text}", data)
+    return CheckResult(True, f"lost steps {lost} <= {_bound_text(max(bounds), bound)},"
+                             f" seconds lost [{secs}]{ettr_text}", data)
+
+
+def _bound_text(limit: int, bound: int) -> str:
+    """A lost-work bound, saying why when bit rot raised it above the interval."""
+    if limit > bound:
+        return f"{limit} (one more interval per checkpoint bit rot destroyed)"
+    return str(limit)
 
 
 def _completed_saves(ev: Evidence, before: float) -> list[int]:

@@ -44,6 +44,14 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def _add_optional_script(parser: argparse.ArgumentParser) -> None:
+    """SCRIPT [ARGS...], where no SCRIPT means the bundled reference target."""
+    parser.add_argument("script", metavar="SCRIPT", nargs="?", default=None,
+                        help="the training script (default: the bundled reference target)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                        help="arguments for the script")
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -73,10 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         " cached fault-free reference. With no SCRIPT, runs the bundled reference target"
         " (targets/ddp_lm.py --steps 20 --ckpt-every 5).")
     _add_job_options(battery)
-    battery.add_argument("script", metavar="SCRIPT", nargs="?", default=None,
-                         help="the training script (default: the bundled reference target)")
-    battery.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
-                         help="arguments for the script")
+    _add_optional_script(battery)
     points = sub.add_parser(
         "crashpoints", help="crash the job at every file event of one checkpoint save",
         description="The fault-free reference records every file event of checkpoint save"
@@ -96,11 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     points.add_argument("--steps-after-resume", type=_positive_int, default=3, metavar="N",
                         help="end each point N steps after its recovery: the restore and"
                              " the first steps after it are what a crash point tests"
-                             " (default 3; 0 runs every point to the last step)"),
-    points.add_argument("script", metavar="SCRIPT", nargs="?", default=None,
-                        help="the training script (default: the bundled reference target)")
-    points.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
-                        help="arguments for the script")
+                             " (default 3; 0 runs every point to the last step)")
+    _add_optional_script(points)
     report = sub.add_parser("report", help="print the verdict table of a finished run")
     report.add_argument("out", type=Path, metavar="DIR", help="a --out directory of `run`")
     sub.add_parser("faults", help="list the fault kinds and their parameters")

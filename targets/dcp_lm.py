@@ -39,7 +39,6 @@ SIGTERM: wait for the save in flight, save the current step, exit 143.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pickle
 import shutil
@@ -57,7 +56,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.fsdp import fully_shard
 
 # Sibling modules: a script's own folder comes first on sys.path.
-from durable import atomic_write, fsync_dir, sha256_file
+from durable import fsync_dir, publish_in_manifest, read_manifest, sha256_file
 from launch import Preemption, finish, init_distributed, run
 from tiny_lm import (
     TinyLM,
@@ -121,28 +120,12 @@ class Trainer:
 
 
 # -- manifest ----------------------------------------------------------------
-def read_manifest(directory: str) -> list[dict[str, Any]]:
-    path = os.path.join(directory, "manifest.json")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return json.load(f)["checkpoints"]
-
-
 def publish(args: argparse.Namespace, step: int, name: str, files: dict[str, str]) -> None:
     """Rank 0: list checkpoint `name` in the manifest, then drop what fell off it."""
-    d, sync = args.ckpt_dir, args.bug != "no_fsync"
-    old = read_manifest(d)
-    # Entries at or after `step` belong to a timeline we resumed away from.
-    kept = [e for e in old if e["step"] < step]
-    kept.append({"step": step, "dir": name, "files": files})
-    kept = kept[-args.keep:]
-    body = json.dumps({"checkpoints": kept}, indent=1).encode()
-    atomic_write(d, "manifest.json", lambda out: out.write(body), sync)
-    live = {e["dir"] for e in kept}
-    for e in old:
-        if e["dir"] not in live:
-            shutil.rmtree(os.path.join(d, e["dir"]), ignore_errors=True)
+    entry = {"step": step, "dir": name, "files": files}
+    sync = args.bug != "no_fsync"
+    for dropped in publish_in_manifest(args.ckpt_dir, entry, "dir", args.keep, sync):
+        shutil.rmtree(os.path.join(args.ckpt_dir, dropped), ignore_errors=True)
 
 
 def verified(directory: str, entry: dict[str, Any]) -> bool:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
-import json
 import os
 import sys
 import time
@@ -44,7 +43,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 # Sibling modules: a script's own folder comes first on sys.path.
-from durable import atomic_write, sha256_file, write_file
+from durable import atomic_write, publish_in_manifest, read_manifest, sha256_file, write_file
 from launch import Preemption, finish, init_distributed, run
 from tiny_lm import (
     TinyLM,
@@ -80,27 +79,13 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def read_manifest(directory: str) -> list[dict[str, Any]]:
-    with open(os.path.join(directory, "manifest.json")) as f:
-        return json.load(f)["checkpoints"]
-
-
 def update_manifest(
     directory: str, step: int, name: str, digest: str, keep: int, sync: bool
 ) -> None:
-    path = os.path.join(directory, "manifest.json")
-    old = read_manifest(directory) if os.path.exists(path) else []
-    # Entries at or after `step` belong to a timeline we resumed away from.
-    entries = [e for e in old if e["step"] < step]
-    entries.append({"step": step, "file": name, "sha256": digest})
-    kept = entries[-keep:]
-    body = json.dumps({"checkpoints": kept}, indent=1).encode()
-    atomic_write(directory, "manifest.json", lambda out: out.write(body), sync)
-    # Delete only after the manifest stops pointing at the files.
-    live = {e["file"] for e in kept}
-    for e in old + entries:
-        if e["file"] not in live and os.path.exists(os.path.join(directory, e["file"])):
-            os.remove(os.path.join(directory, e["file"]))
+    entry = {"step": step, "file": name, "sha256": digest}
+    for dropped in publish_in_manifest(directory, entry, "file", keep, sync):
+        if os.path.exists(os.path.join(directory, dropped)):
+            os.remove(os.path.join(directory, dropped))
 
 
 def write_checkpoint(state: dict[str, Any], args: argparse.Namespace) -> None:
