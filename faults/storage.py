@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chaos.errors import UsageError
-from chaos.layout import CHAOS_DIR
+from chaos.layout import CHAOS_DIR, RunLayout
 from chaos.registry import FaultKind, FireContext, JobContext, JobResource, register
 from chaos.schedule import ResolvedFault
 from faults.faultfs.armed import OPS
@@ -91,11 +91,12 @@ class Storage(FaultKind):
         dirs = dict.fromkeys(str(f.params.get("dir", "ckpt")) for f in faults
                              if f.params.get("via", "fuse") == "fuse")
         resource = FaultFSMounts()
+        layout = RunLayout(ctx.run_dir)
         try:
             for number, folder in enumerate(dirs):
                 slug = f"{number}-{re.sub(r'[^A-Za-z0-9_.-]', '_', folder)}"
-                state = ctx.run_dir / CHAOS_DIR / "faultfs" / slug
-                history = ctx.run_dir / CHAOS_DIR / "history" / f"faultfs-{slug}.jsonl"
+                state = layout.chaos_dir / "faultfs" / slug
+                history = layout.history_dir / f"faultfs-{slug}.jsonl"
                 mount = Mount(ctx.run_dir / folder, state, history, ctx.run_id)
                 resource.mounts.append(mount)
                 mount.start()
