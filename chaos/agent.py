@@ -11,7 +11,12 @@ harness's environment says so. Armed, it
 - watches checkpoint I/O under the run directory (`chaos.iowatch`) and groups
   the file events into checkpoint saves (`chaos.saves`: between two steps, or
   one background writer's events plus their commit);
-- fires the faults scheduled for its rank or node at their triggers;
+- fires the faults scheduled for its rank or node at their triggers, and
+  shows the faults that corrupt training state a view of it (`TrainingView`);
+- notices a rollback inside a running process (a load, then a step that
+  starts from an earlier reference step) and renumbers its steps to match;
+- keeps the weights after each step (small models, `chaos.weights`) and
+  passes the target's own detections (`chaos.api`) into the history;
 - writes all of it to its rank's history stream.
 """
 
@@ -24,12 +29,13 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from chaos import env, schedule
+from chaos import api, env, schedule, weights
 from chaos.fingerprint import digest_object, digest_rng, digest_tensors, tensors_in
 from chaos.history import HistoryWriter, read_stream
 from chaos.iowatch import IOWatch
@@ -103,6 +109,9 @@ class Agent:
         self.loads = self.load_events = 0
         self.in_load = False
         self.last_path: str | None = None  # the file of the latest file event
+        self._roots: list[weakref.ref[torch.nn.Module]] = []  # modules run at the top level
+        self._backward_changes: list[Callable[[torch.Tensor], Any]] = []
+        self.keep_weights: bool | None = None  # decided at the first step (model size)
 
     def _mine(self, fault: ResolvedFault) -> bool:
         if get_kind(fault.kind).side != "agent":
@@ -134,8 +143,12 @@ class Agent:
         self._wrap_excepthook()
         atexit.register(self._at_exit)
         self.stop_marker.unlink(missing_ok=True)  # left by an attempt that failed after it
+        api._record = self._detection
         self.history.record("boot", node=self.node, local_rank=self.local_rank)
         self._arm_timers()
+
+    def _detection(self, what: str, details: dict[str, Any]) -> None:
+        self.history.record("detection", what=what, step=self.global_step(), details=details)
 
     def _at_exit(self) -> None:
         self._end_save(self.save_tracker.finish())
@@ -148,6 +161,10 @@ class Agent:
         def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if tensor.numel() == 1:
                 agent.loss = tensor.detach()
+                if agent._backward_changes and os.getpid() == agent.pid:
+                    gradient = agent._backward_changes.pop(0)(tensor)
+                    if gradient is not None and not args and "gradient" not in kwargs:
+                        kwargs["gradient"] = gradient
             return real_backward(tensor, *args, **kwargs)
 
         torch.Tensor.backward = backward
@@ -209,6 +226,7 @@ class Agent:
         return digest_object([[g.get("lr") for g in opt.param_groups] for opt in self.optimizers])
 
     def _begin_step(self) -> None:
+        loaded = self.in_load
         self._close_io_groups()
         self.step_open = True
         self.fp = {
@@ -219,6 +237,19 @@ class Agent:
         }
         if self.local_steps == 0:
             self._restore_point()
+        elif loaded:
+            self._rollback_point()
+
+    def _rollback_point(self) -> None:
+        """A load between two steps of one process: did the target roll back?"""
+        if self.reference is None:
+            return
+        restored, match = self.reference.lookup(self.fp["params_start"], self.fp["optim_start"])
+        current = self.global_step()
+        if restored is None or restored == current:
+            return
+        self.history.record("rollback", restored=restored, from_step=current, match=match)
+        self.base_step = restored - self.local_steps  # later steps keep the reference's numbers
 
     def _restore_point(self) -> None:
         """First step of this process: which reference step did it start from?"""
@@ -231,11 +262,15 @@ class Agent:
         self.history.record("restore", restored=restored, match=match, loads=self.loads,
                             fp={k: v for k, v in self.fp.items()
                                 if k in RESTORED or k.startswith("rng.")})
+        if restored == 0:
+            self._check_step_triggers(0)  # faults that act during step 1
 
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
         if os.getpid() != self.pid:
             return
         if self.depth == 0:
+            if all(ref() is not module for ref in self._roots):
+                self._roots.append(weakref.ref(module))
             if not self.step_open:
                 self._begin_step()
             self.batch.extend(tensors_in(args))
@@ -266,6 +301,7 @@ class Agent:
         self.history.record("step", step=self.global_step(), aligned=self.aligned,
                             local=self.local_steps, loss=loss, fp=self.fp)
         self.batch, self.loss, self.fp, self.step_open, self.depth = [], None, {}, False, 0
+        self._keep_weights()
         self._check_step_triggers(self.global_step() or 0)
         if self.stop_after and self.recovering and self.local_steps >= self.stop_after:
             self._stop()
@@ -279,12 +315,21 @@ class Agent:
         self.stop_marker.touch()
         threading.Event().wait()
 
+    def _keep_weights(self) -> None:
+        params = self.params()
+        if self.keep_weights is None:
+            self.keep_weights = weights.small_enough(params)
+        if self.keep_weights:
+            weights.save(self.layout.weights_file(self.rank), self.global_step() or 0, params)
+
     def _check_step_triggers(self, step: int) -> None:
+        """Fire what is due after `step` (0: before the first step)."""
         for fault in self.faults:
             trig = fault.trigger
-            if trig.step is not None and trig.step == step:
+            if trig.step is not None and get_kind(fault.kind).fire_after_step(fault) == step:
                 self.fire(fault)
-            elif trig.p is not None and random.Random(f"{fault.seed}-{step}").random() < trig.p:
+            elif (trig.p is not None and step >= 1
+                  and random.Random(f"{fault.seed}-{step}").random() < trig.p):
                 self.fire(fault)
 
     # -- checkpoint I/O ------------------------------------------------------
@@ -349,8 +394,36 @@ class Agent:
                             target=f"{fault.target_type}:{fault.index}", step=self.global_step(),
                             params=fault.params)
         ctx = FireContext(self.rank, self.local_rank, self.node, self.history.record,
-                          self.last_path)
+                          self.last_path, str(self.layout.run_dir), TrainingState(self))
         get_kind(fault.kind).fire(fault, ctx)
+
+
+class TrainingState:
+    """The agent's view of a rank's training state (`chaos.registry.TrainingView`)."""
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+
+    def step(self) -> int:
+        return self._agent.global_step() or 0
+
+    def _names(self) -> dict[int, str]:
+        roots = [m for ref in self._agent._roots if (m := ref()) is not None]
+        return {id(p): name for root in roots for name, p in root.named_parameters()}
+
+    def named_parameters(self) -> list[tuple[str, Any]]:
+        names = self._names()
+        return [(names.get(id(p), f"param{i}"), p) for i, p in enumerate(self._agent.params())]
+
+    def optimizers(self) -> list[Any]:
+        return self._agent.optimizers
+
+    def named_modules(self) -> list[tuple[str, Any]]:
+        roots = [m for ref in self._agent._roots if (m := ref()) is not None]
+        return [(name, m) for root in roots for name, m in root.named_modules()]
+
+    def before_next_backward(self, change: Callable[[Any], Any]) -> None:
+        self._agent._backward_changes.append(change)
 
 
 def _initialising_optimizer_state() -> bool:

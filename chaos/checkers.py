@@ -11,28 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from chaos import sdc
+from chaos.components import cause_rank, diverging_component, same_state
 from chaos.evidence import Evidence, Recovery
 from chaos.history import Event
-
-# The order in which a step consumes state: the first component that differs
-# at the divergent step is the one that was not restored. RNG states (one
-# "rng.<generator>" key each) only name a culprit; a step diverges when the
-# training state does, since a generator the target never seeds nor uses
-# differs between any two runs without doing harm.
-STATE = (
-    ("params_start", "weights"),
-    ("optim_start", "optimizer"),
-    ("lr", "lr_schedule"),
-    ("batch", "data"),
-    ("grads", "gradients"),
-    ("optim", "optimizer"),
-    ("params", "weights"),
-)
-STATE_KEYS = tuple(key for key, _ in STATE)
-
-
-def same_state(a: dict[str, str], b: dict[str, str]) -> bool:
-    return all(a.get(key) == b.get(key) for key in STATE_KEYS)
 
 
 @dataclass
@@ -126,7 +108,7 @@ def nondeterminism(ev: Evidence) -> str | None:
     for e, ref in _before_faults(ev):
         if not same_state(ref, e["fp"]):
             return (f"step {e['step']} on rank {e['rank']} differs from the reference before"
-                    f" any fault fired ({_diverging_component(e['fp'], ref)})")
+                    f" any fault fired ({diverging_component(e['fp'], ref)})")
     return None
 
 
@@ -156,29 +138,6 @@ def atomic_recovery(ev: Evidence) -> CheckResult:
                              f" checkpoint (steps {steps})", {"restored_steps": steps})
 
 
-def _diverging_component(mine: dict[str, str], ref: dict[str, str],
-                         noisy: frozenset[str] = frozenset()) -> str:
-    def differs(key: str) -> bool:
-        return key in mine and key in ref and mine[key] != ref[key]
-
-    rngs = [k[4:] for k in sorted(mine) if k.startswith("rng.") and k not in noisy
-            and differs(k)]
-    for key, name in STATE:
-        if key == "batch" and rngs:  # generators are drawn from after lr, before the batch
-            return f"rng ({', '.join(rngs)})"
-        if differs(key):
-            return name
-    return "unknown"
-
-
-CAUSES = ("weights", "optimizer", "lr_schedule", "rng", "data", "gradients")
-
-
-def _cause_rank(component: str) -> int:
-    """Components ordered from cause to consequence (unknown last)."""
-    return next((i for i, c in enumerate(CAUSES) if component.startswith(c)), len(CAUSES))
-
-
 def _noisy_generators(ev: Evidence) -> frozenset[str]:
     """RNG keys that differ from the reference even before any fault: never seeded."""
     return frozenset(k for e, ref in _before_faults(ev) for k, v in e["fp"].items()
@@ -189,6 +148,9 @@ def deterministic_resume(ev: Evidence) -> CheckResult:
     reason = nondeterminism(ev)
     if reason:
         return _undecidable(reason)
+    if _in_memory_flip(ev):
+        return CheckResult(None, "a bit flip changed the training state on purpose, so steps"
+                                 " after it are not resume errors; sdc_detected judges it")
     reference = ev.reference_steps()
     noisy = _noisy_generators(ev)
     compared = 0
@@ -202,14 +164,14 @@ def deterministic_resume(ev: Evidence) -> CheckResult:
             continue
         compared += 1
         if not same_state(e["fp"], ref["fp"]):
-            divergent.append((e, _diverging_component(e["fp"], ref["fp"], noisy)))
+            divergent.append((e, diverging_component(e["fp"], ref["fp"], noisy)))
     if divergent:
         # Ranks that exchange gradients diverge at the same step; the rank whose own
         # state was wrong (not just its gradients) says what was not restored.
         first = divergent[0][0]
         same_step = [d for d in divergent if d[0]["step"] == first["step"]
                      and (d[0]["launch"], d[0]["attempt"]) == (first["launch"], first["attempt"])]
-        e, component = min(same_step, key=lambda d: _cause_rank(d[1]))
+        e, component = min(same_step, key=lambda d: cause_rank(d[1]))
         return CheckResult(False, f"diverged from the reference at step {e['step']} on rank"
                                   f" {e['rank']}: {component} not restored",
                            {"divergent_step": e["step"], "rank": e["rank"],
@@ -313,6 +275,62 @@ def durable_checkpoints(ev: Evidence) -> CheckResult:
                              " before one survived it")
 
 
+def _in_memory_flip(ev: Evidence) -> bool:
+    return any(e.get("tensor") != "checkpoint" for e in ev.chaos.of("bitflip"))
+
+
+def sdc_detected(ev: Evidence) -> CheckResult:
+    """After a bit flip: the target noticed within the bound and ended bitwise equal to
+    the reference; otherwise the blast radius (see `chaos.sdc`)."""
+    found = sdc.analyse(ev)
+    if found is None:
+        return CheckResult(None, "no bit flip fired, nothing to detect")
+    data = found.to_dict()
+    what = found.injection.describe()
+    bound = ev.max_detect_steps if ev.max_detect_steps is not None else (
+        ev.checkpoint_interval() or 10)
+    data["bound_steps"] = bound
+    if found.category == "hang":
+        return CheckResult(False, f"the run hung after the corruption ({what})", data)
+    if found.category == "masked":
+        return CheckResult(True, f"masked: {what} changed nothing the run computed (every later"
+                                 " step equals the reference)", data)
+    detection = found.detection
+    if detection is None:
+        return CheckResult(False, f"undetected silent data corruption: {what}; "
+                                  f"{_where_it_spread(found)}; blast radius: "
+                                  f"{found.blast_radius()}", data)
+    late = found.steps_corrupted > bound
+    noticed = (f"noticed {found.steps_corrupted} step(s) later ({detection.detail})")
+    if found.ended_equal is None:
+        return CheckResult(False, f"{what}: {noticed}, but the job did not recover"
+                                  f" ({found.blast_radius()})", data)
+    if not found.ended_equal:
+        return CheckResult(False, f"{what}: {noticed}, but the run did not end bitwise equal"
+                                  f" to the reference (a rollback to corrupted state?);"
+                                  f" {_where_it_spread(found)}", data)
+    if late:
+        return CheckResult(False, f"{what}: {noticed}, more than the bound of {bound} steps",
+                           data)
+    return CheckResult(True, f"{what}: {noticed} and ended bitwise equal to the reference",
+                       data)
+
+
+def _where_it_spread(found: sdc.SdcAnalysis) -> str:
+    parts = []
+    rep, div = found.replica_divergence, found.reference_divergence
+    if rep:
+        ranks = ", ".join(map(str, rep.ranks)) or "?"
+        parts.append(f"replicas disagree from step {rep.step} (rank(s) {ranks} differ)")
+    elif found.replicas:
+        parts.append("the replicas stayed equal to each other")
+    if div:
+        ranks = ", ".join(map(str, div.ranks))
+        parts.append(f"the reference comparison diverges at step {div.step} on rank(s)"
+                     f" {ranks} ({div.component})")
+    return "; ".join(parts) or "no step differed from the reference"
+
+
 def no_orphans(ev: Evidence) -> CheckResult:
     if ev.leftovers:
         return CheckResult(False, f"processes of the run survived it: {ev.leftovers}")
@@ -330,6 +348,7 @@ CHECKERS: dict[str, Callable[[Evidence], CheckResult]] = {
     "deterministic_resume": deterministic_resume,
     "bounded_lost_work": bounded_lost_work,
     "durable_checkpoints": durable_checkpoints,
+    "sdc_detected": sdc_detected,
     "no_orphans": no_orphans,
 }
 

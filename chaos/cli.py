@@ -32,6 +32,10 @@ fault specs (KIND:key=value,...):
                                          after the 3rd file event of rank 0's 1st save
                                          (save=K picks the K-th save)
   kill:rank=one,time=12.5                a seeded random rank, 12.5 s after the start
+  bitflip:rank=1,step=20,tensor=param,bit=exp_high
+                                         flip a high exponent bit of a seeded weight on
+                                         rank 1 after step 20 (tensor=grad|optim|
+                                         activation|loss|checkpoint; value=nan|inf)
   targets: rank=N | node=N | rank=one; triggers: step= | phase= | time= | p=
 
 exit status: 0 all checks held, 1 a check failed, 2 could not judge.
@@ -120,6 +124,9 @@ def _add_job_options(run: argparse.ArgumentParser) -> None:
                           " seen in the reference run)")
     run.add_argument("--max-lost-seconds", type=float, default=None, metavar="S",
                      help="seconds a failure may cost (default: no bound)")
+    run.add_argument("--max-detect-steps", type=_positive_int, default=None, metavar="N",
+                     help="steps a bit flip may go unnoticed for sdc_detected (default:"
+                          " the checkpoint interval, else 10)")
     run.add_argument("--seed", type=_positive_int, default=0,
                      help="seed for symbolic fault targets and p= triggers")
     run.add_argument("--timeout", type=float, default=300.0, metavar="SEC",
@@ -161,7 +168,8 @@ def _scenario(ns: argparse.Namespace, script: str, args: list[str], faults: list
     args = args[1:] if args[:1] == ["--"] else args
     return Scenario.build(
         script, faults=faults, args=args, nproc=ns.nproc, nodes=ns.nodes, checks=ns.check,
-        max_lost_steps=ns.max_lost_steps, max_lost_seconds=ns.max_lost_seconds, seed=ns.seed,
+        max_lost_steps=ns.max_lost_steps, max_lost_seconds=ns.max_lost_seconds,
+        max_detect_steps=ns.max_detect_steps, seed=ns.seed,
         timeout=ns.timeout, max_restarts=ns.max_restarts, max_relaunches=ns.max_relaunches,
         reference_runs=ns.reference_runs,
     )

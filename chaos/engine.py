@@ -26,8 +26,12 @@ def prepare_out_dir(out_dir: Path) -> None:
 
 def _fault_summary(faults: list[ResolvedFault], history: History) -> list[dict]:
     fired = {e["id"]: e for e in history.faults()}
-    return [{**f.to_dict(), "fired": f.id in fired,
-             "fired_step": fired[f.id]["step"] if f.id in fired else None} for f in faults]
+    # A fault that arms a hook (a bit flip during a step) has fired once the hook has.
+    effects = {e["id"]: e for e in history.of("bitflip")}
+    fired.update({key: {**fired.get(key, {}), **e} for key, e in effects.items()})
+    armed_only = {f.id for f in faults if f.kind == "bitflip" and f.id not in effects}
+    return [{**f.to_dict(), "fired": f.id in fired and f.id not in armed_only,
+             "fired_step": fired[f.id].get("step") if f.id in fired else None} for f in faults]
 
 
 def _never_fired(summary: list[dict]) -> str:
@@ -66,7 +70,8 @@ def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
         reaped=outcome.reaped, stopped=outcome.stopped,
         reference_deterministic=reference.deterministic, reference_detail=reference.detail,
         max_lost_steps=scenario.max_lost_steps, max_lost_seconds=scenario.max_lost_seconds,
-        log_tail=outcome.log_tail(),
+        log_tail=outcome.log_tail(), max_detect_steps=scenario.max_detect_steps,
+        chaos_dir=chaos_dir, reference_dir=reference.run_dir,
     )
     checks = run_checks(evidence, scenario.checks)
     summary = _fault_summary(faults, chaos_history)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from chaos.history import Event, History
@@ -58,6 +59,9 @@ class Evidence:
     max_lost_seconds: float | None = None
     log_tail: str = ""
     stopped: bool = False  # ended on purpose some steps after a recovery (Scenario.stop_after)
+    max_detect_steps: int | None = None  # sdc_detected's bound; None: the checkpoint interval
+    chaos_dir: Path | None = None  # run directories, for the weights kept there
+    reference_dir: Path | None = None
 
     def reference_steps(self) -> dict[tuple[int, int], dict[str, Any]]:
         return {(e["rank"], e["step"]): e for e in self.reference.steps()}

@@ -45,6 +45,14 @@ class RunLayout:
     def schedule_file(self) -> Path:
         return self.chaos_dir / "schedule.json"
 
+    @property
+    def weights_dir(self) -> Path:
+        """Each rank's weights after its latest step (`chaos.weights`)."""
+        return self.chaos_dir / "weights"
+
+    def weights_file(self, rank: int) -> Path:
+        return self.weights_dir / f"rank-{rank}.pt"
+
     def rank_history(self, rank: int) -> Path:
         return self.history_dir / f"rank-{rank}.jsonl"
 
@@ -54,5 +62,5 @@ class RunLayout:
 
     def create(self) -> None:
         for folder in (self.history_dir, self.fired_dir, self.logs_dir, self.tmp_dir,
-                       self.stopped_dir):
+                       self.stopped_dir, self.weights_dir):
             folder.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import chaos
-from chaos.checkers import same_state
+from chaos.components import same_state
 from chaos.errors import CannotJudge
 from chaos.history import History
 from chaos.layout import RunLayout

@@ -13,12 +13,31 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from chaos.errors import UsageError
 
 if TYPE_CHECKING:
     from chaos.schedule import ResolvedFault
+
+
+class TrainingView(Protocol):
+    """The training state of a rank, as the agent sees it (for faults that corrupt it)."""
+
+    def step(self) -> int:
+        """Optimizer steps completed (global numbering)."""
+
+    def named_parameters(self) -> list[tuple[str, Any]]:
+        """Every parameter an optimizer holds, named after the module it belongs to."""
+
+    def optimizers(self) -> list[Any]: ...
+
+    def named_modules(self) -> list[tuple[str, Any]]:
+        """Every module under the modules the target ran forward on."""
+
+    def before_next_backward(self, change: Callable[[Any], Any]) -> None:
+        """Call `change(loss)` once, at the next `loss.backward()`; what it returns
+        (if not None) is passed to backward as the gradient of the loss."""
 
 
 @dataclass
@@ -30,6 +49,8 @@ class FireContext:
     node: int
     record: Callable[..., None]  # write an event to this rank's history
     path: str | None = None  # the file of the event that triggered a phase fault
+    run_dir: str = ""
+    training: TrainingView | None = None
 
 
 @dataclass
@@ -78,6 +99,11 @@ class FaultKind:
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         """Inject the fault from inside the rank (agent kinds)."""
         raise NotImplementedError
+
+    def fire_after_step(self, fault: ResolvedFault) -> int | None:
+        """For `step=N`: after which completed step to fire. A fault that acts during
+        step N (it hooks the next forward or backward) fires after step N - 1."""
+        return fault.trigger.step
 
     def heal(self, fault: ResolvedFault) -> None:
         """Undo the fault (harness kinds). Must be safe to call twice."""

@@ -23,6 +23,7 @@ class Scenario:
     checks: list[str] | None = None  # None: every check that applies
     max_lost_steps: int | None = None  # None: the checkpoint interval seen in the reference
     max_lost_seconds: float | None = None
+    max_detect_steps: int | None = None  # sdc_detected: None means the checkpoint interval
     seed: int = 0
     timeout: float = 300.0  # seconds, for each run (reference and chaos)
     max_restarts: int = 3  # torchrun's elastic restarts within one launch
@@ -51,6 +52,8 @@ class Scenario:
             raise UsageError("--timeout must be > 0 seconds")
         if self.max_lost_steps is not None and self.max_lost_steps < 0:
             raise UsageError("--max-lost-steps must be >= 0")
+        if self.max_detect_steps is not None and self.max_detect_steps < 0:
+            raise UsageError("--max-detect-steps must be >= 0")
         if self.stop_after is not None and self.stop_after < 1:
             raise UsageError("--steps-after-resume must be >= 1")
         if self.reference_runs not in (1, 2):

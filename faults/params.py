@@ -7,6 +7,9 @@ one-line usage error.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+
+from chaos.layout import CHAOS_DIR
 
 
 def seconds(value: str) -> float:
@@ -37,3 +40,11 @@ def choice(options: tuple[str, ...]) -> Callable[[str], str]:
         return value
 
     return parse
+
+
+def run_relative_dir(value: str) -> str:
+    """A folder inside the run directory (never the harness's own `_chaos/`)."""
+    path = Path(value)
+    if path.is_absolute() or ".." in path.parts or path.parts[:1] == (CHAOS_DIR,):
+        raise ValueError(f"needs a folder inside the run directory, got {value!r}")
+    return str(path)

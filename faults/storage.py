@@ -34,24 +34,16 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from chaos.errors import UsageError
-from chaos.layout import CHAOS_DIR, RunLayout
+from chaos.layout import RunLayout
 from chaos.registry import FaultKind, FireContext, JobContext, JobResource, register
 from chaos.schedule import ResolvedFault
 from faults.faultfs.armed import OPS
-from faults.params import choice, fraction, positive_int, seconds
+from faults.params import choice, fraction, positive_int, run_relative_dir, seconds
 
 MODES = ("lose_unsynced", "torn", "enospc", "eio", "slow", "bitrot")
 SOCKETS_ENV = "TORCHCHAOS_FAULTFS"  # JSON: checkpoint dir -> daemon socket name
-
-
-def _relative_dir(value: str) -> str:
-    path = Path(value)
-    if path.is_absolute() or ".." in path.parts or path.parts[:1] == (CHAOS_DIR,):
-        raise ValueError(f"needs a folder inside the run directory, got {value!r}")
-    return str(path)
 
 
 @dataclass
@@ -76,7 +68,7 @@ class Storage(FaultKind):
                " ENOSPC/EIO, slow I/O, bit rot (FUSE)")
     params = {"mode": choice(MODES), "op": choice((*OPS, "any")), "count": positive_int,
               "keep": fraction, "delay": seconds, "duration": seconds, "file": str,
-              "bits": positive_int, "dir": _relative_dir, "via": choice(("fuse", "agent"))}
+              "bits": positive_int, "dir": run_relative_dir, "via": choice(("fuse", "agent"))}
 
     def validate(self, params: dict[str, object]) -> None:
         if "mode" not in params:

@@ -96,7 +96,8 @@ def test_run_writes_the_report_and_report_reprints_it(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["verdict"] == "pass"
     assert set(report["checks"]) == {"completes", "atomic_recovery", "deterministic_resume",
-                                     "bounded_lost_work", "durable_checkpoints", "no_orphans"}
+                                     "bounded_lost_work", "durable_checkpoints", "sdc_detected",
+                                     "no_orphans"}
     assert report["faults"][0]["spec"] == "kill:rank=1,step=7" and report["restarts"] == 1
     assert report["lost_steps"] == [2]
     again = cli("report", str(out), cwd=tmp_path)
