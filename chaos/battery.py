@@ -32,6 +32,7 @@ class Entry:
     name: str
     fault: str
     report: Report | None = None
+    seed: int | None = None  # for the fault's seeded picks; None: the base scenario's
 
 
 def plan(base: Scenario, cache_dir: Path, progress: Progress) -> list[Entry]:
@@ -97,6 +98,8 @@ def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: 
     for number, entry in enumerate(entries, 1):
         progress(f"[{number}/{len(entries)}] {entry.name}: {entry.fault}")
         scenario = dataclasses.replace(base, faults=[parse_fault_spec(entry.fault)])
+        if entry.seed is not None:
+            scenario.seed = entry.seed
         try:
             entry.report = run_scenario(scenario, out_dir / f"{number:02d}", cache_dir, progress)
         except CannotJudge as exc:

@@ -107,6 +107,23 @@ def build_parser() -> argparse.ArgumentParser:
                              " the first steps after it are what a crash point tests"
                              " (default 3; 0 runs every point to the last step)")
     _add_optional_script(points)
+    campaign = sub.add_parser(
+        "campaign", help="N seeded bit flips, one run each, and the outcome table",
+        description="Each run flips one bit (a seeded element of a seeded tensor kind, bit"
+        " class, rank and step) and is classified as masked, detected, silent divergence,"
+        " crash or hang; the table counts them by bit class and tensor kind, and"
+        " campaign.json keeps every run's details. With no SCRIPT, runs the bundled"
+        " reference target without its defences (--no-sdc-defences); pass the target and"
+        " its flags to measure a defended one. Exit 0 once every run was judged.")
+    _add_job_options(campaign)
+    campaign.add_argument("--runs", type=_positive_int, default=20, metavar="N",
+                          help="how many flips (default 20)")
+    campaign.add_argument("--tensor", action="append", default=None, metavar="KIND",
+                          help="param, grad, optim, activation (repeatable; default all)")
+    campaign.add_argument("--bit", action="append", default=None, metavar="CLASS",
+                          help="sign, exp_high, exp_low, mant_high, mant_low (repeatable;"
+                               " default all)")
+    _add_optional_script(campaign)
     report = sub.add_parser("report", help="print the verdict table of a finished run")
     report.add_argument("out", type=Path, metavar="DIR", help="a --out directory of `run`")
     sub.add_parser("faults", help="list the fault kinds and their parameters")
@@ -244,6 +261,25 @@ def cmd_crashpoints(ns: argparse.Namespace) -> int:
                           f" the protocol; {len(entries) / minutes:.1f} points per minute")
 
 
+def cmd_campaign(ns: argparse.Namespace) -> int:
+    from chaos import battery, campaign
+    from chaos.engine import prepare_out_dir
+    from faults.bits import BIT_CLASSES
+
+    if ns.script is None:
+        ns.script, ns.args = str(battery.BUNDLED_TARGET), [*battery.BUNDLED_ARGS,
+                                                           "--no-sdc-defences"]
+    base, out, cache = _battery_base(ns)
+    progress = _progress(ns.quiet)
+    entries = campaign.plan(base, cache, progress, ns.runs, ns.seed,
+                            ns.tensor or list(campaign.TENSORS), ns.bit or list(BIT_CLASSES))
+    prepare_out_dir(out)
+    battery.run_entries(entries, base, out, cache, progress)
+    print(campaign.table(entries))
+    print(f"runs: {out} (details: {campaign.write(entries, out)})")
+    return 2 if any(campaign.outcome(e) == campaign.NOT_JUDGED for e in entries) else 0
+
+
 def cmd_report(ns: argparse.Namespace) -> int:
     from chaos.report import Report
 
@@ -283,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             build_parser().print_help()
             return 2
         commands = {"run": cmd_run, "battery": cmd_battery, "crashpoints": cmd_crashpoints,
-                    "report": cmd_report,
+                    "campaign": cmd_campaign, "report": cmd_report,
                     "faults": cmd_faults}
         return commands[ns.command](ns)
     except ChaosError as exc:

@@ -234,7 +234,8 @@ def first_detection(ev: Evidence, inj: Injection) -> Detection | None:
     for rec in ev.recoveries:
         if rec.started > inj.t:
             restored = rec.restored_step
-            found.append(Detection("restart", rec.failed_at, 0,
+            # When the new attempt began: the failure itself leaves no event of its own.
+            found.append(Detection("restart", rec.started, 0,
                                    f"the job failed and restarted from step {restored}"))
     if not found:
         return None

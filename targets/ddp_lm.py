@@ -9,6 +9,14 @@ RNG states (torch, CUDA, numpy, python) of every rank, are written atomically
 sha256 in ``manifest.json``. SIGTERM asks for a checkpoint at the end of the
 current step and an exit with status 143, so torchrun restarts the workers.
 
+Silent data corruption defences (``targets/sdc_guard.py``), on by default:
+a cross-replica weight hash every ``--replica-check-every`` steps and before
+every save (so no checkpoint holds unchecked state), a non-finite loss guard
+and a loss-spike guard. When one fires, every rank reports the detection to
+the harness and rolls back to the newest verified checkpoint (at most
+``--max-rollbacks`` times, then it crashes). ``--no-sdc-defences`` turns them
+all off: the undefended target the harness must flag.
+
 ``--bug NAME`` plants exactly one recovery bug, for the harness to find:
 
 - ``write_in_place``: torch.save straight into ``ckpt/latest.pt``, no temp file,
@@ -45,6 +53,7 @@ from torch.nn.parallel import DistributedDataParallel
 # Sibling modules: a script's own folder comes first on sys.path.
 from durable import atomic_write, publish_in_manifest, read_manifest, sha256_file, write_file
 from launch import Preemption, finish, init_distributed, run
+from sdc_guard import SdcGuard
 from tiny_lm import (
     TinyLM,
     add_common_args,
@@ -72,11 +81,31 @@ BUGS = (
 )
 
 
+try:
+    from chaos.api import report_detection
+except ImportError:  # runs without torchchaos installed too
+
+    def report_detection(what: str, **details: Any) -> None:
+        pass
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(p)
     p.add_argument("--bug", choices=BUGS, default="none")
-    return p.parse_args()
+    p.add_argument("--replica-check-every", type=int, default=5, metavar="K",
+                   help="compare the replicas' weight hashes every K steps (0: only before"
+                        " saves)")
+    p.add_argument("--no-nonfinite-guard", dest="nonfinite_guard", action="store_false")
+    p.add_argument("--loss-spike", type=float, default=3.0, metavar="F",
+                   help="roll back when the loss exceeds F x the recent median (0: off)")
+    p.add_argument("--max-rollbacks", type=int, default=3)
+    p.add_argument("--no-sdc-defences", action="store_true",
+                   help="no replica check, no guards, no rollback")
+    args = p.parse_args()
+    if args.no_sdc_defences:
+        args.replica_check_every, args.nonfinite_guard, args.loss_spike = 0, False, 0.0
+    return args
 
 
 def update_manifest(
@@ -160,12 +189,13 @@ def choose_checkpoint(args: argparse.Namespace) -> str | None:
     return None
 
 
-def resume(t: Trainer) -> None:
+def resume(t: Trainer) -> bool:
+    """Load the newest verified checkpoint on every rank; False if there is none."""
     choice = [choose_checkpoint(t.args) if dist.get_rank() == 0 else None]
     # One decision for all ranks, so they cannot resume from different steps.
     dist.broadcast_object_list(choice, src=0)
     if choice[0] is None:
-        return
+        return False
     state = torch.load(choice[0], map_location="cpu", weights_only=False)
     skip = {"skip_optim": "optim", "skip_sched": "sched"}.get(t.args.bug)
     for key, part in t.parts().items():
@@ -177,6 +207,20 @@ def resume(t: Trainer) -> None:
     t.data_pos = state["data_pos"] + (1 if t.args.bug == "off_by_one" else 0)
     if dist.get_rank() == 0:
         print(f"resumed from {choice[0]} at step {t.step}", flush=True)
+    return True
+
+
+def roll_back(t: Trainer, guard: SdcGuard, reason: str, rollbacks: int) -> None:
+    """Every rank: report the corruption and return to the last verified checkpoint."""
+    report_detection("sdc", reason=reason, step=t.step)
+    if dist.get_rank() == 0:
+        print(f"step {t.step}: {reason}; rolling back", flush=True)
+    if rollbacks > t.args.max_rollbacks:
+        raise RuntimeError(f"corruption persists after {t.args.max_rollbacks} rollbacks")
+    if not resume(t):
+        # Nothing verified to return to: crash, and the restart begins afresh.
+        raise RuntimeError(f"{reason} before the first checkpoint")
+    guard.forget()
 
 
 def train_step(t: Trainer) -> None:
@@ -208,13 +252,22 @@ def main() -> None:
     t = setup(args)
     preempt = Preemption(args.grace)
     resume(t)
+    guard = SdcGuard(args.replica_check_every, args.nonfinite_guard, args.loss_spike, t.device)
     every = args.ckpt_every * (2 if args.bug == "sparse_ckpt" else 1)
-    saved = t.step
+    saved, rollbacks = t.step, 0
     while t.step < args.steps:
         train_step(t)
         if dist.get_rank() == 0 and t.step % 10 == 0:
             print(f"step {t.step} loss {t.loss:.4f}", flush=True)
         time.sleep(args.step_sleep)
+        if guard.enabled:
+            params = list(t.inner.parameters())
+            reason = guard.check(t.step, t.loss, params, replicas=t.step % every == 0)
+            if reason:
+                rollbacks += 1
+                roll_back(t, guard, reason, rollbacks)
+                saved = t.step
+                continue
         if t.step % every == 0:
             save(t)
             saved = t.step
