@@ -52,7 +52,10 @@ class SdcGuard:
         """What looks corrupted on any rank after `step`, or None. Collective."""
         reason = self._local(loss)
         if replicas or (self.replica_every and step % self.replica_every == 0):
-            reason = reason or self._replicas_differ(params)
+            # Every rank must take part whatever it found locally: skipping the
+            # all-gather on one rank would leave the others waiting in it.
+            differ = self._replicas_differ(params)
+            reason = reason or differ
         flag = torch.tensor([1.0 if reason else 0.0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item() and not reason:

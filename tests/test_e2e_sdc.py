@@ -1,0 +1,80 @@
+"""End to end: bit flips in real DDP training on 2 gloo ranks.
+
+The undefended reference target (`--no-sdc-defences`) lets every corruption
+through, and the harness must say where and when the replicas or the
+reference diverged; the defended one (cross-replica hash, non-finite guard,
+rollback) must notice what it can see and end bitwise equal to the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TARGET
+
+from chaos.history import History
+
+STEPS = ["--steps", "12", "--ckpt-every", "5"]
+UNDEFENDED = [*STEPS, "--no-sdc-defences"]
+
+
+def test_undefended_param_flip_is_undetected_with_the_step_and_rank(chaos_run):
+    report = chaos_run(TARGET, faults=["bitflip:rank=1,step=7,tensor=param,bit=exp_high"],
+                       args=UNDEFENDED, expect="fail")
+    check = report.checks["sdc_detected"]
+    assert check["ok"] is False and check["outcome"] == "silent divergence", report.table()
+    assert check["detail"].startswith("undetected silent data corruption: param ")
+    # Flipped after step 7: the replicas hold different weights from the start of step 8.
+    assert (check["replica_divergent_step"], check["replica_divergent_ranks"]) == (8, [1])
+    assert check["reference_divergent_step"] == 8 and check["max_weight_deviation"] > 0
+    assert report.checks["completes"]["ok"] is True
+    # The run directory shows it too: the flip, and step 8's differing weights.
+    history = History.of_run(Path(report.run_dir))
+    flip = history.of("bitflip")[0]
+    assert flip["rank"] == 1 and flip["step"] == 7 and flip["bit_class"] == "exp_high"
+    starts = {e["rank"]: e["fp"]["params_start"] for e in history.steps() if e["step"] == 8}
+    assert starts[0] != starts[1]
+
+
+def test_gradient_flip_before_the_allreduce_is_caught_by_the_reference(chaos_run):
+    report = chaos_run(TARGET, faults=["bitflip:rank=0,step=6,tensor=grad,bit=mant_high"],
+                       args=UNDEFENDED, expect="fail")
+    check = report.checks["sdc_detected"]
+    assert check["ok"] is False and "the replicas stayed equal to each other" in check["detail"]
+    assert check["replica_divergent_step"] is None  # the all-reduce spread it to both
+    assert check["reference_divergent_step"] == 6
+    assert check["reference_divergent_ranks"] == [0, 1]
+
+
+@pytest.mark.parametrize("fault", [
+    "bitflip:rank=1,step=7,tensor=param,bit=exp_high",
+    "bitflip:rank=0,step=6,tensor=optim,name=*exp_avg_sq,bit=sign",
+    "bitflip:rank=1,step=8,tensor=loss,value=nan",
+])
+def test_defended_target_detects_what_it_can_see_and_ends_bitwise_equal(chaos_run, fault):
+    report = chaos_run(TARGET, faults=[fault], args=STEPS, expect="pass")
+    check = report.checks["sdc_detected"]
+    assert check["ok"] is True and check["outcome"] == "detected", report.table()
+    assert check["detected_by"] == "report" and check["ended_equal"] is True
+    assert check["steps_corrupted"] <= check["bound_steps"]
+    history = History.of_run(Path(report.run_dir))
+    assert history.of("rollback"), "the agent did not see the rollback"
+
+
+def test_a_small_campaign_completes_and_its_table_adds_up(tmp_path):
+    out = tmp_path / "campaign"
+    result = subprocess.run(
+        [sys.executable, "-m", "chaos.cli", "campaign", "--quiet", "--runs", "3", "--seed", "4",
+         "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--", str(TARGET),
+         *UNDEFENDED], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads((out / "campaign.json").read_text())
+    assert len(data["runs"]) == 3 and sum(data["all"].values()) == 3
+    assert data["all"]["not judged"] == 0
+    for grouping in ("by_bit_class", "by_tensor"):
+        assert sum(sum(row.values()) for row in data[grouping].values()) == 3
+    assert "all runs" in result.stdout and "silent divergence" in result.stdout
