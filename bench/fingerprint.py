@@ -20,9 +20,11 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "targets"))  # the targets import their siblings by name
 
 from chaos.fingerprint import digest_object, digest_rng, digest_tensors  # noqa: E402
-from targets.ddp_lm import TinyLM  # noqa: E402
+
+from tiny_lm import TinyLM  # noqa: E402
 
 
 def timed(fn, repeats: int = 50) -> float:

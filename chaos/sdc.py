@@ -226,7 +226,9 @@ def first_detection(ev: Evidence, inj: Injection) -> Detection | None:
         if e["t"] <= inj.t:
             continue
         if e["ev"] == "detection":
-            detail = f"the target reported {e.get('what')!r} on rank {e['rank']}"
+            reason = (e.get("details") or {}).get("reason")
+            detail = (f"the target reported {e.get('what')!r} on rank {e['rank']}"
+                      + (f": {reason}" if reason else ""))
             found.append(Detection("report", e["t"], 0, detail))
         else:
             found.append(Detection("rollback", e["t"], 0,
