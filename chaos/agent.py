@@ -54,6 +54,7 @@ class ReferenceTable:
     def __init__(self, steps: list[dict[str, Any]]) -> None:
         self.exact: dict[tuple[str, str], int] = {}
         self.by_params: dict[str, int] = {}
+        self.final_step = max((event["step"] for event in steps), default=0)
         for event in steps:
             fp, restored = event["fp"], event["step"] - 1
             self.exact.setdefault((fp["params_start"], fp["optim_start"]), restored)
@@ -89,7 +90,15 @@ class Agent:
         )
         reference = environ.get(env.REFERENCE)
         self.reference = ReferenceTable.load(Path(reference), self.rank) if reference else None
-        self.faults = [f for f in schedule.load(self.layout.schedule_file) if self._mine(f)]
+        every_fault = schedule.load(self.layout.schedule_file)
+        self.faults = [f for f in every_fault if self._mine(f)]
+        # The weights after the last step, for a bit flip's blast radius: the reference
+        # keeps them after every step (its last is not known in advance), a chaos run
+        # with a bit flip at the reference's last step only, any other run never.
+        flips = any(f.kind == "bitflip" for f in every_fault)
+        self.weights_at: int | None = None  # None: every step
+        if self.reference is not None:
+            self.weights_at = self.reference.final_step if flips else -1
         # A process started after a failure (a restart, or a relaunch of the job).
         self.recovering = (environ.get(env.LAUNCH, "0") != "0"
                            or environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0")
@@ -316,6 +325,8 @@ class Agent:
         threading.Event().wait()
 
     def _keep_weights(self) -> None:
+        if self.weights_at is not None and self.global_step() != self.weights_at:
+            return
         params = self.params()
         if self.keep_weights is None:
             self.keep_weights = weights.small_enough(params)

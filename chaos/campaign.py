@@ -83,8 +83,9 @@ def table(entries: list[Entry]) -> str:
                          + f"{sum(row.values()):>7}")
         lines.append("")
     lines.append("runs:")
+    width = max((len(e.name) for e in entries), default=0)
     for number, entry in enumerate(entries, 1):
-        lines.append(f"  {number:02d} {entry.name:<34} {outcome(entry)}")
+        lines.append(f"  {number:02d} {entry.name:<{width}}  {outcome(entry)}")
     return "\n".join(lines)
 
 

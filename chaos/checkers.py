@@ -188,12 +188,15 @@ def _seconds_lost(rec: Recovery) -> float | None:
 
 
 def _checkpoints_destroyed(ev: Evidence, rec: Recovery) -> int:
-    """Checkpoints that bit rot corrupted before this recovery: falling back past
-    them is the right thing to do, so each adds one interval to the bound."""
+    """Checkpoints that bit rot (or a checkpoint bit flip) corrupted before this
+    recovery: falling back past them is the right thing to do, so each adds one
+    interval to the bound."""
     earlier = [r.started for r in ev.recoveries if r.started < rec.started]
     since = max(earlier, default=0.0)
-    return sum(1 for e in ev.chaos.of("fs_bitrot")
-               if e.get("file") and since <= e["t"] < rec.started)
+    rotten = [e for e in ev.chaos.of("fs_bitrot") if e.get("file")]
+    rotten += [e for e in ev.chaos.of("bitflip") if e.get("tensor") == "checkpoint"
+               and e.get("file")]
+    return sum(1 for e in rotten if since <= e["t"] < rec.started)
 
 
 def bounded_lost_work(ev: Evidence) -> CheckResult:

@@ -165,6 +165,23 @@ def _hit_optim(fault: ResolvedFault, ctx: FireContext, view: TrainingView,
     _record(ctx, fault, view.step(), "after", corrupt(tensor, name))
 
 
+def _changed_copy(t: Any, name: str, step: int, fault: ResolvedFault, ctx: FireContext,
+                  corrupt: Corrupter) -> Any:
+    """A corrupted copy of a tensor that autograd is passing along (a hook's return).
+
+    Inside a hook, a failure of the harness must not look like the target
+    crashing: it is recorded and the tensor passes unchanged."""
+    import torch
+
+    try:
+        changed = t.clone(memory_format=torch.contiguous_format)  # outputs can be strided
+        _record(ctx, fault, step, "during", corrupt(changed, name))
+        return changed
+    except Exception as exc:  # noqa: BLE001 - reported in the history instead
+        ctx.record("bitflip_error", id=fault.id, name=name, error=f"{type(exc).__name__}: {exc}")
+        return None
+
+
 def _arm_grad(fault: ResolvedFault, ctx: FireContext, view: TrainingView,
               corrupt: Corrupter) -> None:
     """A hook on the parameter sees the gradient before it is accumulated into .grad,
@@ -177,9 +194,7 @@ def _arm_grad(fault: ResolvedFault, ctx: FireContext, view: TrainingView,
 
     def hook(grad: Any) -> Any:
         handle.remove()
-        changed = grad.clone()
-        _record(ctx, fault, step, "during", corrupt(changed, f"{name}.grad"))
-        return changed
+        return _changed_copy(grad, f"{name}.grad", step, fault, ctx, corrupt)
 
     handle = param.register_hook(hook)
 
@@ -207,9 +222,7 @@ def _arm_activation(fault: ResolvedFault, ctx: FireContext, view: TrainingView,
         if calls <= wanted:
             return None
         handle.remove()
-        changed = output.clone()
-        _record(ctx, fault, view.step() + 1, "during", corrupt(changed, leaves[id(module)]))
-        return changed
+        return _changed_copy(output, leaves[id(module)], view.step() + 1, fault, ctx, corrupt)
 
     handle = nn_module.register_module_forward_hook(hook)
 

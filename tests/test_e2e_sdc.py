@@ -40,9 +40,12 @@ def test_undefended_param_flip_is_undetected_with_the_step_and_rank(chaos_run):
     assert starts[0] != starts[1]
 
 
-def test_gradient_flip_before_the_allreduce_is_caught_by_the_reference(chaos_run):
-    report = chaos_run(TARGET, faults=["bitflip:rank=0,step=6,tensor=grad,bit=mant_high"],
-                       args=UNDEFENDED, expect="fail")
+@pytest.mark.parametrize("fault", [
+    "bitflip:rank=0,step=6,tensor=grad,bit=mant_high",
+    "bitflip:rank=0,step=6,tensor=activation,name=*layers.1.norm2,bit=mant_high",
+])
+def test_flips_the_allreduce_spreads_are_caught_by_the_reference(chaos_run, fault):
+    report = chaos_run(TARGET, faults=[fault], args=UNDEFENDED, expect="fail")
     check = report.checks["sdc_detected"]
     assert check["ok"] is False and "the replicas stayed equal to each other" in check["detail"]
     assert check["replica_divergent_step"] is None  # the all-reduce spread it to both
@@ -78,3 +81,15 @@ def test_a_small_campaign_completes_and_its_table_adds_up(tmp_path):
     for grouping in ("by_bit_class", "by_tensor"):
         assert sum(sum(row.values()) for row in data[grouping].values()) == 3
     assert "all runs" in result.stdout and "silent divergence" in result.stdout
+
+
+def test_a_flipped_checkpoint_bit_is_refused_on_resume_and_the_run_ends_equal(chaos_run):
+    """The flip lands in the step-10 checkpoint and the node crashes; the target's sha256
+    check refuses it and resumes from step 5, which the lost-work bound allows for."""
+    report = chaos_run(TARGET, faults=["bitflip:rank=0,step=11,tensor=checkpoint"],
+                       args=STEPS, expect="pass")
+    check = report.checks["sdc_detected"]
+    assert check["ok"] is True and check["ended_equal"] is True, report.table()
+    assert report.restarts >= 1 and report.lost_steps == [6], report.table()
+    flip = History.of_run(Path(report.run_dir)).of("bitflip")[0]
+    assert flip["file"] == "ckpt/step-000010.pt"

@@ -21,6 +21,9 @@ def test_contract_examples_parse():
     assert save.trigger == Trigger(phase="checkpoint_save", event=3, save=2)
     assert parse_fault_spec("kill:rank=one,time=2.5").trigger.time == 2.5
     assert parse_fault_spec("kill:rank=0,p=0.1,signal=term").params["signal"] == "SIGTERM"
+    flip = parse_fault_spec("bitflip:rank=0,step=20,tensor=param,bit=30")
+    assert flip.params == {"tensor": "param", "bit": 30}
+    assert parse_fault_spec("bitflip:rank=1,step=3,bit=mant_low").params["bit"] == "mant_low"
 
 
 @pytest.mark.parametrize("text,reason", [
@@ -39,6 +42,14 @@ def test_contract_examples_parse():
     ("kill:rank=0,phase=checkpoint_sav", "unknown phase"),
     ("kill:rank=0,p=1.5", "p= must be >= 0 and <= 1"),
     (":rank=0", "malformed fault spec"),
+    ("bitflip:rank=0,step=2,tensor=weights", "'weights' is not one of param"),
+    ("bitflip:rank=0,step=2,bit=exponent", "neither a bit index nor one of sign"),
+    ("bitflip:rank=0,step=2,bit=3,value=nan", "bit= or value=, not both"),
+    ("bitflip:rank=0,step=2,value=zero", "'zero' is not one of nan"),
+    ("bitflip:rank=0,step=2,tensor=checkpoint,name=w", "flips a bit of a file"),
+    ("bitflip:rank=0,step=2,dir=ckpt", "tensor=checkpoint only"),
+    ("bitflip:rank=0,step=2,tensor=checkpoint,dir=../x", "inside the run directory"),
+    ("bitflip:rank=0,step=2,element=-1", "needs an index >= 0"),
 ])
 def test_bad_specs_give_one_line_reasons(text, reason):
     with pytest.raises(UsageError) as info:
