@@ -10,6 +10,7 @@ from chaos.errors import UsageError
 from chaos.evidence import Evidence
 from chaos.history import History
 from chaos.reference import get_reference
+from chaos.registry import get_kind
 from chaos.report import Report
 from chaos.runner import Job, Progress, torchrun_command
 from chaos.scenario import Scenario
@@ -26,12 +27,15 @@ def prepare_out_dir(out_dir: Path) -> None:
 
 def _fault_summary(faults: list[ResolvedFault], history: History) -> list[dict]:
     fired = {e["id"]: e for e in history.faults()}
-    # A fault that arms a hook (a bit flip during a step) has fired once the hook has.
-    effects = {e["id"]: e for e in history.of("bitflip")}
-    fired.update({key: {**fired.get(key, {}), **e} for key, e in effects.items()})
-    armed_only = {f.id for f in faults if f.kind == "bitflip" and f.id not in effects}
-    return [{**f.to_dict(), "fired": f.id in fired and f.id not in armed_only,
-             "fired_step": fired[f.id].get("step") if f.id in fired else None} for f in faults]
+    summary = []
+    for f in faults:
+        event = fired.get(f.id)
+        effect = get_kind(f.kind).effect_event
+        if effect is not None:  # it armed a hook: fired once the hook acted
+            event = next((e for e in history.of(effect) if e.get("id") == f.id), None)
+        summary.append({**f.to_dict(), "fired": event is not None,
+                        "fired_step": event.get("step") if event else None})
+    return summary
 
 
 def _never_fired(summary: list[dict]) -> str:

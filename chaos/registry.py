@@ -92,6 +92,9 @@ class FaultKind:
     # parameter name -> parser (str -> value); parsers raise ValueError on bad input
     params: ClassVar[dict[str, Callable[[str], object]]] = {}
     side: ClassVar[str] = "agent"  # "agent": fires in a rank; "harness": fired by the runner
+    # A kind whose firing only arms a hook names the event it records once the hook
+    # acted: the fault counts as fired when that event (with the fault's id) is there.
+    effect_event: ClassVar[str | None] = None
 
     def validate(self, params: dict[str, object]) -> None:
         """Check the combination of parameters; raise UsageError if it makes no sense."""

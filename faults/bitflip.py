@@ -32,7 +32,7 @@ from typing import Any
 from chaos.errors import UsageError
 from chaos.registry import FaultKind, FireContext, TrainingView, register
 from chaos.schedule import ResolvedFault
-from faults.params import choice, run_relative_dir
+from faults.params import choice, non_negative_int, run_relative_dir
 
 TENSORS = ("param", "grad", "optim", "activation", "loss", "checkpoint")
 DURING_STEP = ("grad", "activation", "loss")  # these act inside step N, the others after it
@@ -48,19 +48,13 @@ def _bit(value: str) -> int | str:
     return value
 
 
-def _element(value: str) -> int:
-    number = int(value)
-    if number < 0:
-        raise ValueError(f"needs an index >= 0, got {value!r}")
-    return number
-
-
 class BitFlip(FaultKind):
     name = "bitflip"
     summary = ("silent data corruption: flip a bit (or write NaN/inf) in a parameter,"
                " gradient, optimizer state, activation, the loss or a checkpoint file")
+    effect_event = "bitflip"
     params = {"tensor": choice(TENSORS), "bit": _bit, "value": choice(("nan", "inf", "-inf")),
-              "name": str, "element": _element, "dir": run_relative_dir, "file": str}
+              "name": str, "element": non_negative_int, "dir": run_relative_dir, "file": str}
 
     def validate(self, params: dict[str, object]) -> None:
         if "bit" in params and "value" in params:
@@ -244,6 +238,7 @@ def _arm_loss(fault: ResolvedFault, ctx: FireContext, view: TrainingView,
 
 def _flip_checkpoint_file(fault: ResolvedFault, ctx: FireContext, rng: random.Random) -> None:
     """Flip one bit of the newest checkpoint file, make it durable, and crash the node."""
+    from faults.filebits import flip_file_bits, newest_big_file, seeded_bit_offsets
     from faults.kill import Kill
 
     folder = Path(ctx.run_dir) / str(fault.params.get("dir", "ckpt"))
@@ -253,21 +248,19 @@ def _flip_checkpoint_file(fault: ResolvedFault, ctx: FireContext, rng: random.Ra
     if not files:
         ctx.record("bitflip", id=fault.id, tensor="checkpoint", error=f"no file in {folder}")
         return
-    big = max(p.stat().st_size for p in files)
-    # The newest of the big files: the latest checkpoint's data, not its small manifest.
-    path = max((p for p in files if p.stat().st_size * 4 >= big), key=lambda p: p.stat().st_mtime)
-    offset = rng.randrange(path.stat().st_size)
+    path = newest_big_file(files)
+    [offset] = seeded_bit_offsets(path.stat().st_size, rng, 1)
     bit = fault.params.get("bit")
-    bit = int(bit) % 8 if isinstance(bit, int) else rng.randrange(8)
-    fd = os.open(path, os.O_RDWR)
+    if isinstance(bit, int):  # an exact bit within the seeded byte
+        offset = offset // 8 * 8 + bit % 8
+    flip_file_bits(path, [offset])
+    fd = os.open(path, os.O_RDONLY)
     try:
-        old = os.pread(fd, 1, offset)[0]
-        os.pwrite(fd, bytes([old ^ (1 << bit)]), offset)
         os.fsync(fd)
     finally:
         os.close(fd)
     ctx.record("bitflip", id=fault.id, tensor="checkpoint", file=str(path.relative_to(ctx.run_dir)),
-               offset=offset, bit=bit, bit_class="byte", step=None, when="after")
+               offset=offset // 8, bit=offset % 8, bit_class="byte", step=None, when="after")
     Kill().kill_node("SIGKILL", 0.0, 0)
 
 

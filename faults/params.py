@@ -26,6 +26,13 @@ def positive_int(value: str) -> int:
     return number
 
 
+def non_negative_int(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError(f"needs an integer >= 0, got {value!r}")
+    return number
+
+
 def fraction(value: str) -> float:
     number = float(value)
     if not 0.0 <= number < 1.0:

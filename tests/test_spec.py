@@ -49,7 +49,7 @@ def test_contract_examples_parse():
     ("bitflip:rank=0,step=2,tensor=checkpoint,name=w", "flips a bit of a file"),
     ("bitflip:rank=0,step=2,dir=ckpt", "tensor=checkpoint only"),
     ("bitflip:rank=0,step=2,tensor=checkpoint,dir=../x", "inside the run directory"),
-    ("bitflip:rank=0,step=2,element=-1", "needs an index >= 0"),
+    ("bitflip:rank=0,step=2,element=-1", "needs an integer >= 0"),
 ])
 def test_bad_specs_give_one_line_reasons(text, reason):
     with pytest.raises(UsageError) as info:

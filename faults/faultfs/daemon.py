@@ -38,6 +38,7 @@ from chaos.history import HistoryWriter
 from faults.faultfs.armed import Armed, ArmedFaults
 from faults.faultfs.durability import DurabilityTracker
 from faults.faultfs.fs import FaultFS
+from faults.filebits import flip_file_bits, newest_big_file, seeded_bit_offsets
 
 KILL_TIMEOUT = 15.0
 PR_SET_PDEATHSIG = 1
@@ -110,8 +111,9 @@ class Daemon:
             if not files:
                 self.log.record("fs_bitrot", file=None, pattern=pattern)
                 return {"ok": False, "error": f"no committed file matches {pattern!r}"}
-            victim = _newest_big_file(files)
-            flipped = _flip_bits(victim, rng, int(request.get("bits", 1)))
+            victim = newest_big_file(files)
+            flipped = seeded_bit_offsets(victim.stat().st_size, rng, int(request.get("bits", 1)))
+            flip_file_bits(victim, flipped)
         rel = str(victim.relative_to(self.backing))
         self.log.record("fs_bitrot", file=rel, bits=flipped, fault=request.get("fault_id", ""))
         if request.get("crash", True):
@@ -142,27 +144,6 @@ class Daemon:
                 stream.flush()
             except OSError:
                 pass  # the asker was killed by the crash it asked for
-
-
-def _newest_big_file(files: list[Path]) -> Path:
-    """The newest of the big files (at least half the size of the largest): the data
-    of the latest checkpoint rather than its small pointer or manifest."""
-    largest = max(p.stat().st_size for p in files)
-    big = [p for p in files if p.stat().st_size * 2 >= largest]
-    return max(big, key=lambda p: (p.stat().st_mtime_ns, str(p)))
-
-
-def _flip_bits(path: Path, rng: random.Random, bits: int) -> list[int]:
-    """Flip `bits` distinct bits at seeded positions; return their bit offsets."""
-    size = path.stat().st_size
-    offsets = sorted(rng.sample(range(size * 8), min(bits, size * 8)))
-    with open(path, "r+b") as file:
-        for bit in offsets:
-            file.seek(bit // 8)
-            byte = file.read(1)[0]
-            file.seek(bit // 8)
-            file.write(bytes([byte ^ (1 << (bit % 8))]))
-    return offsets
 
 
 def _exit_with_parent() -> None:
