@@ -11,47 +11,15 @@
 
 from __future__ import annotations
 
-import statistics
-import sys
-import time
-from pathlib import Path
-
 import torch
+from reference_step import ReferenceTraining, timed
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "targets"))  # the targets import their siblings by name
-
-from chaos.fingerprint import digest_object, digest_rng, digest_tensors  # noqa: E402
-
-from tiny_lm import TinyLM  # noqa: E402
-
-
-def timed(fn, repeats: int = 50) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+from chaos.fingerprint import digest_object, digest_rng, digest_tensors
 
 
 def per_step() -> None:
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = TinyLM()
-    optim = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    tokens = torch.randint(0, 64, (8, 17))
-
-    def step() -> None:
-        logits = model(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), tokens[:, 1:].reshape(-1))
-        optim.zero_grad()
-        loss.backward()
-        optim.step()
-
-    params = [p for g in optim.param_groups for p in g["params"]]
+    training = ReferenceTraining.create()
+    params, optim = training.params, training.optim
 
     def fingerprints() -> None:
         for _ in range(2):  # start of step and after the optimizer step
@@ -59,9 +27,9 @@ def per_step() -> None:
             digest_object(optim.state_dict()["state"])
         digest_tensors([p.grad for p in params])
         digest_rng()
-        digest_tensors([tokens])
+        digest_tensors([training.tokens])
 
-    step_s, fp_s = timed(step), timed(fingerprints)
+    step_s, fp_s = timed(training.step), timed(fingerprints)
     count = sum(p.numel() for p in params)
     print(f"reference model: {count} parameters; training step {step_s * 1e3:.2f} ms,"
           f" fingerprints {fp_s * 1e3:.2f} ms per step ({fp_s / step_s:.1%} of a step)")

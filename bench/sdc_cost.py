@@ -12,54 +12,24 @@ Side by side, in one process, for TinyLM + AdamW (one CPU thread):
 
 from __future__ import annotations
 
-import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-import torch
+from reference_step import ReferenceTraining, timed
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "targets"))  # the targets import their siblings by name
+from chaos import weights
 
-from chaos import weights  # noqa: E402
-
-from sdc_guard import weights_hash  # noqa: E402
-from tiny_lm import TinyLM  # noqa: E402
-
-
-def timed(fn, repeats: int = 100) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+from sdc_guard import weights_hash
 
 
 def main() -> None:
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = TinyLM()
-    optim = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    tokens = torch.randint(0, 64, (8, 17))
-    params = list(model.parameters())
-
-    def step() -> None:
-        logits = model(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), tokens[:, 1:].reshape(-1))
-        optim.zero_grad()
-        loss.backward()
-        optim.step()
-
+    training = ReferenceTraining.create()
+    params = training.params
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "rank-0.pt"
-        train = timed(step)
-        snapshot = timed(lambda: weights.save(path, 1, params))
-        hashing = timed(lambda: weights_hash(params))
+        train = timed(training.step, 100)
+        snapshot = timed(lambda: weights.save(path, 1, params), 100)
+        hashing = timed(lambda: weights_hash(params), 100)
     count = sum(p.numel() for p in params)
     print(f"reference model: {count} parameters; training step {train * 1e3:.2f} ms")
     print(f"weights snapshot {snapshot * 1e3:.2f} ms per step ({snapshot / train:.1%} of a step)")
