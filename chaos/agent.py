@@ -23,6 +23,7 @@ harness's environment says so. Armed, it
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import random
 import sys
@@ -35,8 +36,9 @@ from typing import Any
 
 import torch
 
-from chaos import api, env, schedule, weights
+from chaos import api, env, schedule, stacks, weights
 from chaos.fingerprint import digest_object, digest_rng, digest_tensors, tensors_in
+from chaos.heartbeat import Heartbeat
 from chaos.history import HistoryWriter, read_stream
 from chaos.iowatch import IOWatch
 from chaos.layout import RunLayout
@@ -83,11 +85,11 @@ class Agent:
         self.node = int(environ.get("GROUP_RANK", "0"))
         self.layout = RunLayout(Path(environ[env.RUN_DIR]))
         self.t0 = float(environ.get(env.T0, time.monotonic()))
-        self.history = HistoryWriter(
-            self.layout.rank_history(self.rank), rank=self.rank, pid=self.pid,
-            launch=int(environ.get(env.LAUNCH, "0")),
-            attempt=int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-        )
+        launch = int(environ.get(env.LAUNCH, "0"))
+        attempt = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.history = HistoryWriter(self.layout.rank_history(self.rank), rank=self.rank,
+                                     pid=self.pid, launch=launch, attempt=attempt)
+        self.heartbeat = Heartbeat(self.layout.beat_file(self.rank), self.rank, launch, attempt)
         reference = environ.get(env.REFERENCE)
         self.reference = ReferenceTable.load(Path(reference), self.rank) if reference else None
         every_fault = schedule.load(self.layout.schedule_file)
@@ -120,6 +122,7 @@ class Agent:
         self.last_path: str | None = None  # the file of the latest file event
         self._roots: list[weakref.ref[torch.nn.Module]] = []  # modules run at the top level
         self._backward_changes: list[Callable[[torch.Tensor], Any]] = []
+        self._step_actions: list[Callable[[int], bool]] = []
         self.keep_weights: bool | None = None  # decided at the first step (model size)
 
     def _mine(self, fault: ResolvedFault) -> bool:
@@ -154,7 +157,18 @@ class Agent:
         self.stop_marker.unlink(missing_ok=True)  # left by an attempt that failed after it
         api._record = self._detection
         self.history.record("boot", node=self.node, local_rank=self.local_rank)
+        self._dump_stacks_on_request()
+        self.heartbeat.start()
         self._arm_timers()
+
+    def _dump_stacks_on_request(self) -> None:
+        """The fallback for `chaos.stacks` where py-spy cannot attach: on STACK_SIGNAL,
+        faulthandler writes every thread's stack (from C, even while the main thread
+        is blocked in a collective)."""
+        path = self.layout.stacks_dir / f"rank-{self.rank}.pid-{self.pid}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._stack_file = open(path, "a")  # noqa: SIM115 - kept open for the handler
+        faulthandler.register(stacks.STACK_SIGNAL, file=self._stack_file, all_threads=True)
 
     def _detection(self, what: str, details: dict[str, Any]) -> None:
         self.history.record("detection", what=what, step=self.global_step(), details=details)
@@ -238,6 +252,7 @@ class Agent:
         loaded = self.in_load
         self._close_io_groups()
         self.step_open = True
+        self.heartbeat.progress("forward", self.global_step())
         self.fp = {
             "params_start": digest_tensors(self.params()),
             "optim_start": self._optim_fp(),
@@ -310,7 +325,9 @@ class Agent:
         self.history.record("step", step=self.global_step(), aligned=self.aligned,
                             local=self.local_steps, loss=loss, fp=self.fp)
         self.batch, self.loss, self.fp, self.step_open, self.depth = [], None, {}, False, 0
+        self.heartbeat.progress("step", self.global_step())
         self._keep_weights()
+        self._step_actions = [act for act in self._step_actions if act(self.global_step() or 0)]
         self._check_step_triggers(self.global_step() or 0)
         if self.stop_after and self.recovering and self.local_steps >= self.stop_after:
             self._stop()
@@ -321,6 +338,7 @@ class Agent:
         Blocking rather than exiting keeps every collective whole: each rank stops
         after the same step, and the runner ends the job once all of them have."""
         self.history.record("stopped", step=self.global_step())
+        self.heartbeat.stopped()
         self.stop_marker.touch()
         threading.Event().wait()
 
@@ -359,6 +377,7 @@ class Agent:
             return
         rel = os.path.relpath(path, self.layout.run_dir)
         self.last_path = path
+        self.heartbeat.progress("load" if op == "read" else "checkpoint I/O", self.global_step())
         if op == "read":
             if self.save_tracker.open is not None:  # reading back what a save wrote
                 return
@@ -435,6 +454,9 @@ class TrainingState:
 
     def before_next_backward(self, change: Callable[[Any], Any]) -> None:
         self._agent._backward_changes.append(change)
+
+    def after_every_step(self, action: Callable[[int], bool]) -> None:
+        self._agent._step_actions.append(action)
 
 
 def _initialising_optimizer_state() -> bool:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos import sdc
+from chaos import hangs, sdc
 from chaos.components import cause_rank, diverging_component, same_state
 from chaos.evidence import Evidence, Recovery
 from chaos.history import Event
@@ -31,6 +31,9 @@ def completes(ev: Evidence) -> CheckResult:
     target = ev.reference.final_step()
     reached = ev.chaos.final_step()
     launches = len(ev.exit_codes)
+    if ev.hang is not None:
+        return CheckResult(False, f"job hung at step {reached} of {target}: no progress for"
+                                  f" {ev.hang['seconds']:g} s; the harness tore it down")
     if ev.deadline_hit:
         return CheckResult(False, f"deadline of the run passed at step {reached} of {target}")
     if not ev.completed:
@@ -334,6 +337,40 @@ def _where_it_spread(found: sdc.SdcAnalysis) -> str:
     return "; ".join(parts) or "no step differed from the reference"
 
 
+def hang_detected(ev: Evidence) -> CheckResult:
+    """A hung rank must make the job fail or restart on its own within the bound
+    (its collective timeout or watchdog fired), and the job then complete; the
+    harness stepping in is a failure, whatever caused the hang."""
+    straggler = hangs.straggling(ev.chaos, ev.reference, ev.wall_seconds,
+                                 ev.reference_wall_seconds) or {}
+    if ev.hang is not None:
+        return CheckResult(False, f"hung for {ev.hang['seconds']:g} s, no watchdog or collective"
+                                  f" timeout fired (bound {ev.hang_timeout:g} s):"
+                                  f" {hangs.describe_hang(ev.hang)}; stacks in"
+                                  f" {ev.hang['ranks'][0]['stacks'].rsplit('/', 1)[0]}/",
+                           {"hang": ev.hang, **straggler})
+    found = hangs.reaction(ev.chaos)
+    if found is None and not straggler:
+        return _undecidable(f"no hang was injected, and no rank went {ev.hang_timeout:g} s"
+                            " without progress")
+    if found is None:
+        return CheckResult(True, _straggler_text(straggler), straggler)
+    data = {"reaction_seconds": found.seconds, **straggler}
+    reacted = f"{found.how} {found.seconds:.1f} s after the hang began (bound {ev.hang_timeout:g}"
+    if not ev.completed:
+        return CheckResult(False, f"{reacted} s), but the job did not complete", data)
+    return CheckResult(True, f"{reacted} s); the job then completed", data)
+
+
+def _straggler_text(data: dict[str, Any]) -> str:
+    ranks = ", ".join(map(str, data["straggler_ranks"]))
+    times = ", ".join(f"rank {r} {s:.3f} s" for r, s in data["step_seconds"].items())
+    reference = ", ".join(f"{s:.3f}" for s in data["reference_step_seconds"].values())
+    return (f"no hang; straggler rank {ranks} (+{data['delay']:g} s per step): mean step"
+            f" {times} (reference {reference} s); the job ran {data['slowdown']}x as long as"
+            " the reference")
+
+
 def no_orphans(ev: Evidence) -> CheckResult:
     if ev.leftovers:
         return CheckResult(False, f"processes of the run survived it: {ev.leftovers}")
@@ -352,6 +389,7 @@ CHECKERS: dict[str, Callable[[Evidence], CheckResult]] = {
     "bounded_lost_work": bounded_lost_work,
     "durable_checkpoints": durable_checkpoints,
     "sdc_detected": sdc_detected,
+    "hang_detected": hang_detected,
     "no_orphans": no_orphans,
 }
 

@@ -56,6 +56,16 @@ def _add_optional_script(parser: argparse.ArgumentParser) -> None:
                         help="arguments for the script")
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -144,6 +154,11 @@ def _add_job_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--max-detect-steps", type=_positive_int, default=None, metavar="N",
                      help="steps a bit flip may go unnoticed for sdc_detected (default:"
                           " the checkpoint interval, else 10)")
+    run.add_argument("--hang-timeout", type=_positive_seconds, default=None, metavar="SEC",
+                     help="the job is hung once no rank made progress for SEC seconds: the"
+                          " harness then takes every rank's stacks and tears it down; the"
+                          " target's own timeout or watchdog must fire before (default 10,"
+                          " or 3x the longest the fault-free run went without progress)")
     run.add_argument("--seed", type=_positive_int, default=0,
                      help="seed for symbolic fault targets and p= triggers")
     run.add_argument("--timeout", type=float, default=300.0, metavar="SEC",
@@ -186,7 +201,7 @@ def _scenario(ns: argparse.Namespace, script: str, args: list[str], faults: list
     return Scenario.build(
         script, faults=faults, args=args, nproc=ns.nproc, nodes=ns.nodes, checks=ns.check,
         max_lost_steps=ns.max_lost_steps, max_lost_seconds=ns.max_lost_seconds,
-        max_detect_steps=ns.max_detect_steps, seed=ns.seed,
+        max_detect_steps=ns.max_detect_steps, hang_timeout=ns.hang_timeout, seed=ns.seed,
         timeout=ns.timeout, max_restarts=ns.max_restarts, max_relaunches=ns.max_relaunches,
         reference_runs=ns.reference_runs,
     )

@@ -8,6 +8,7 @@ from chaos import schedule
 from chaos.checkers import CheckResult, run_checks
 from chaos.errors import UsageError
 from chaos.evidence import Evidence
+from chaos.hangwatch import default_timeout
 from chaos.history import History
 from chaos.reference import get_reference
 from chaos.registry import get_kind
@@ -27,6 +28,8 @@ def prepare_out_dir(out_dir: Path) -> None:
 
 def _fault_summary(faults: list[ResolvedFault], history: History) -> list[dict]:
     fired = {e["id"]: e for e in history.faults()}
+    errors = {e["id"]: e["error"] for e in history.events
+              if e["ev"].endswith("_error") and "id" in e}
     summary = []
     for f in faults:
         event = fired.get(f.id)
@@ -34,16 +37,21 @@ def _fault_summary(faults: list[ResolvedFault], history: History) -> list[dict]:
         if effect is not None:  # it armed a hook: fired once the hook acted
             event = next((e for e in history.of(effect) if e.get("id") == f.id), None)
         summary.append({**f.to_dict(), "fired": event is not None,
-                        "fired_step": event.get("step") if event else None})
+                        "fired_step": event.get("step") if event else None,
+                        **({"error": errors[f.id]} if f.id in errors else {})})
     return summary
 
 
 def _never_fired(summary: list[dict]) -> str:
-    missing = [f["spec"] for f in summary if not f["fired"] and f["trigger"]["p"] is None]
+    missing = [f for f in summary if not f["fired"] and f["trigger"]["p"] is None]
     if not missing:
         return ""
-    return (f"fault(s) never fired: {', '.join(missing)} (the trigger was never reached;"
-            " the target's checkpoint I/O or step count may differ from what the spec assumes)")
+    why = [f"{f['spec']}: {f['error']}" for f in missing if "error" in f]
+    if why:
+        return f"fault(s) could not act: {'; '.join(why)}"
+    return (f"fault(s) never fired: {', '.join(f['spec'] for f in missing)} (the trigger was"
+            " never reached; the target's checkpoint I/O, step count or collectives may differ"
+            " from what the spec assumes)")
 
 
 def _undecided_by_nondeterminism(checks: dict[str, CheckResult]) -> str:
@@ -63,11 +71,13 @@ def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
     say(f"chaos run with {len(faults)} fault(s): {', '.join(f.spec for f in faults) or 'none'}")
     chaos_dir = out_dir / "chaos"
     chaos_dir.mkdir()
-    outcome = Job(scenario, chaos_dir, faults, reference.run_dir, say).run()
+    reference_history = reference.history()
+    hang_timeout = scenario.hang_timeout or default_timeout(reference_history)
+    outcome = Job(scenario, chaos_dir, faults, reference.run_dir, say, hang_timeout).run()
     say(f"chaos run done in {outcome.wall_seconds:.1f} s ({outcome.launches} launch(es))")
     chaos_history = History.of_run(chaos_dir)
     evidence = Evidence(
-        chaos=chaos_history, reference=reference.history(), completed=outcome.completed,
+        chaos=chaos_history, reference=reference_history, completed=outcome.completed,
         deadline_hit=outcome.deadline_hit, exit_codes=outcome.exit_codes,
         wall_seconds=outcome.wall_seconds, reference_wall_seconds=reference.wall_seconds,
         leftovers=outcome.leftovers, leftover_mounts=outcome.leftover_mounts,
@@ -75,7 +85,8 @@ def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
         reference_deterministic=reference.deterministic, reference_detail=reference.detail,
         max_lost_steps=scenario.max_lost_steps, max_lost_seconds=scenario.max_lost_seconds,
         log_tail=outcome.log_tail(), max_detect_steps=scenario.max_detect_steps,
-        chaos_dir=chaos_dir, reference_dir=reference.run_dir,
+        chaos_dir=chaos_dir, reference_dir=reference.run_dir, hang=outcome.hang,
+        hang_timeout=hang_timeout,
     )
     checks = run_checks(evidence, scenario.checks)
     summary = _fault_summary(faults, chaos_history)

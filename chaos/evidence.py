@@ -62,6 +62,8 @@ class Evidence:
     max_detect_steps: int | None = None  # sdc_detected's bound; None: the checkpoint interval
     chaos_dir: Path | None = None  # run directories, for the weights kept there
     reference_dir: Path | None = None
+    hang: dict[str, Any] | None = None  # the harness's hang finding, if it tore the job down
+    hang_timeout: float = 0.0  # the bound it used (seconds without progress)
 
     def reference_steps(self) -> dict[tuple[int, int], dict[str, Any]]:
         return {(e["rank"], e["step"]): e for e in self.reference.steps()}

@@ -50,6 +50,19 @@ class RunLayout:
         """Each rank's weights after its latest step (`chaos.weights`)."""
         return self.chaos_dir / "weights"
 
+    @property
+    def beats_dir(self) -> Path:
+        """Each rank's heartbeat (`chaos.heartbeat`)."""
+        return self.chaos_dir / "beats"
+
+    def beat_file(self, rank: int) -> Path:
+        return self.beats_dir / f"rank-{rank}.json"
+
+    @property
+    def stacks_dir(self) -> Path:
+        """Stacks of a hung job's ranks (`chaos.stacks`)."""
+        return self.chaos_dir / "stacks"
+
     def weights_file(self, rank: int) -> Path:
         return self.weights_dir / f"rank-{rank}.pt"
 
@@ -62,5 +75,5 @@ class RunLayout:
 
     def create(self) -> None:
         for folder in (self.history_dir, self.fired_dir, self.logs_dir, self.tmp_dir,
-                       self.stopped_dir, self.weights_dir):
+                       self.stopped_dir, self.weights_dir, self.beats_dir, self.stacks_dir):
             folder.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,10 @@ class TrainingView(Protocol):
         """Call `change(loss)` once, at the next `loss.backward()`; what it returns
         (if not None) is passed to backward as the gradient of the loss."""
 
+    def after_every_step(self, action: Callable[[int], bool]) -> None:
+        """Call `action(step)` after every optimizer step of this rank from now on,
+        until it returns False."""
+
 
 @dataclass
 class FireContext:
@@ -92,6 +96,7 @@ class FaultKind:
     # parameter name -> parser (str -> value); parsers raise ValueError on bad input
     params: ClassVar[dict[str, Callable[[str], object]]] = {}
     side: ClassVar[str] = "agent"  # "agent": fires in a rank; "harness": fired by the runner
+    targets: ClassVar[tuple[str, ...]] = ("rank", "node")  # what `rank=` / `node=` it accepts
     # A kind whose firing only arms a hook names the event it records once the hook
     # acted: the fault counts as fired when that event (with the fault's id) is there.
     effect_event: ClassVar[str | None] = None

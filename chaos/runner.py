@@ -20,10 +20,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import chaos
-from chaos import env, procs, schedule
-from chaos.history import HistoryWriter
+from chaos import env, procs, schedule, stacks
+from chaos.hangwatch import STATE_ORDER, Hang, HangWatch
+from chaos.history import History, HistoryWriter
 from chaos.layout import RunLayout
 from chaos.mounts import mounts_under
 from chaos.registry import JobContext, JobResource, get_kind
@@ -45,6 +47,7 @@ class JobOutcome:
     completed: bool = False  # the last launch exited 0 on every node (or stopped as asked)
     stopped: bool = False  # every rank stopped as asked (Scenario.stop_after); then reaped
     deadline_hit: bool = False
+    hang: dict[str, Any] | None = None  # the hang detector's finding (then torn down)
     exit_codes: list[list[int | None]] = field(default_factory=list)  # per launch, per node
     wall_seconds: float = 0.0
     reaped: list[int] = field(default_factory=list)  # killed by the harness after the job ended
@@ -126,9 +129,11 @@ class Job:
     """One run of the scenario's job in `run_dir` (which the caller created)."""
 
     def __init__(self, scenario: Scenario, run_dir: Path, faults: list[ResolvedFault],
-                 reference: Path | None = None, progress: Progress | None = None) -> None:
+                 reference: Path | None = None, progress: Progress | None = None,
+                 hang_timeout: float = 60.0) -> None:
         self.scenario = scenario
         self.layout = RunLayout(run_dir)
+        self.hangs = HangWatch(self.layout.beats_dir, hang_timeout)
         self.faults = faults
         self.reference = reference
         self.progress = progress or (lambda _msg: None)
@@ -150,16 +155,21 @@ class Job:
                     resource.settle()
                 self._start(launch, t0)
                 log.record("launch", launch=launch, pids=[p.pid for p in self.nodes])
-                codes, timed_out, stopped = self._wait(deadline)
+                codes, ended = self._wait(deadline, log)
+                if isinstance(ended, Hang):
+                    outcome.hang = self._capture_hang(ended, log)
+                    codes = [p.poll() for p in self.nodes]
                 outcome.exit_codes.append(codes)
-                log.record("job_exit", launch=launch, codes=codes, stopped=stopped)
-                if stopped:
+                log.record("job_exit", launch=launch, codes=codes, stopped=ended == "stopped")
+                if ended == "stopped":
                     outcome.completed = outcome.stopped = True
                     break
-                if timed_out:
+                if ended == "deadline":
                     outcome.deadline_hit = True
                     log.record("deadline", seconds=self.scenario.timeout)
                     break
+                if outcome.hang is not None:
+                    break  # torn down below: a hung job is not requeued
                 if all(code == 0 for code in codes):
                     outcome.completed = True
                     break
@@ -201,18 +211,50 @@ class Job:
                     stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
                 ))
 
-    def _wait(self, deadline: float) -> tuple[list[int | None], bool, bool]:
-        """Wait until every node exited, one failed, every rank stopped as asked, or
-        the deadline passed. Returns (exit codes, deadline hit, stopped)."""
+    def _wait(self, deadline: float,
+              log: HistoryWriter) -> tuple[list[int | None], str | Hang]:
+        """Wait until every node exited, one failed, every rank stopped as asked, the job
+        hung or the deadline passed. Returns the exit codes and "exited", "stopped",
+        "deadline" or the hang."""
         while True:
             codes = [p.poll() for p in self.nodes]
             if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
-                return codes, False, False
+                return codes, "exited"
             if self._all_stopped():
-                return codes, False, True
+                return codes, "stopped"
             if time.monotonic() > deadline:
-                return codes, True, False
+                return codes, "deadline"
+            for beat in self.hangs.exits():  # the job reacting: a rank is gone
+                log.record("rank_exit", rank=beat.rank, pid=beat.pid, step=beat.step,
+                           launch=beat.launch, attempt=beat.attempt)
+            hang = self.hangs.check()
+            if hang is not None:
+                return codes, hang
             time.sleep(POLL_SECONDS)
+
+    def _capture_hang(self, hang: Hang, log: HistoryWriter) -> dict[str, Any]:
+        """Take every hung rank's stacks into the run, record the hang, say where."""
+        ranks = []
+        # a beat is up to half a second old; the history has each rank's true last step
+        last_step = {e["pid"]: e["step"] for e in History.of_run(self.layout.run_dir).steps()}
+        for rank in hang.ranks:
+            rank.step = last_step.get(rank.pid, rank.step)
+            fallback = self.layout.stacks_dir / f"rank-{rank.rank}.pid-{rank.pid}.txt"
+            text, how = stacks.capture(rank.pid, fallback)
+            dump = self.layout.stacks_dir / f"rank-{rank.rank}.txt"
+            dump.write_text(text)
+            if rank.state == "waiting" and text and not stacks.waits_in_framework(text):
+                rank.state = "stuck"  # not in a collective: the likely cause, not a victim
+            ranks.append({**rank.to_dict(), "where": stacks.summarize(text), "stack_tool": how,
+                          "stacks": str(dump.relative_to(self.layout.run_dir))})
+        ranks.sort(key=lambda r: STATE_ORDER.index(r["state"]))  # stable: idle longest first
+        event = log.record("hang", seconds=round(hang.seconds, 1), timeout=self.hangs.timeout,
+                           ranks=ranks, after_exit=hang.after_exit)
+        culprit = ranks[0]
+        self.progress(f"hang: no progress for {hang.seconds:.0f} s; rank {culprit['rank']}"
+                      f" {culprit['state']} after step {culprit['step']} in {culprit['where']};"
+                      " tearing the job down")
+        return event
 
     def _all_stopped(self) -> bool:
         if not self.scenario.stop_after or self.reference is None:

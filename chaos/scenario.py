@@ -24,6 +24,9 @@ class Scenario:
     max_lost_steps: int | None = None  # None: the checkpoint interval seen in the reference
     max_lost_seconds: float | None = None
     max_detect_steps: int | None = None  # sdc_detected: None means the checkpoint interval
+    # hang_detected: the job is hung after this many seconds without progress on any rank
+    # (None: 10 s, or 3x the longest the reference went without progress)
+    hang_timeout: float | None = None
     seed: int = 0
     timeout: float = 300.0  # seconds, for each run (reference and chaos)
     max_restarts: int = 3  # torchrun's elastic restarts within one launch
@@ -50,6 +53,8 @@ class Scenario:
             raise UsageError("--nproc and --nodes must be >= 1")
         if self.timeout <= 0:
             raise UsageError("--timeout must be > 0 seconds")
+        if self.hang_timeout is not None and self.hang_timeout <= 0:
+            raise UsageError("--hang-timeout must be > 0 seconds")
         if self.max_lost_steps is not None and self.max_lost_steps < 0:
             raise UsageError("--max-lost-steps must be >= 0")
         if self.max_detect_steps is not None and self.max_detect_steps < 0:

@@ -135,6 +135,9 @@ def parse_fault_spec(text: str) -> FaultSpec:
     kind = get_kind(kind_name)
     pairs = _split_pairs(text, body) if sep and body.strip() else {}
     target_type, target = _parse_target(text, pairs)
+    if target_type not in kind.targets:
+        raise UsageError(f"fault {kind_name!r} hits a {' or '.join(kind.targets)}, not a"
+                         f" {target_type} ({text!r})")
     trigger = _parse_trigger(text, pairs)
     params: dict[str, object] = {}
     for key, value in pairs.items():

@@ -57,7 +57,7 @@ from torch.distributed.fsdp import fully_shard
 
 # Sibling modules: a script's own folder comes first on sys.path.
 from durable import fsync_dir, publish_in_manifest, read_manifest, sha256_file
-from launch import Preemption, finish, init_distributed, run
+from launch import Preemption, collective_timeout, finish, init_distributed, run, step_watchdog
 from tiny_lm import (
     TinyLM,
     add_common_args,
@@ -198,7 +198,7 @@ def resume(t: Trainer) -> None:
 def setup(args: argparse.Namespace) -> Trainer:
     # async_save needs a CPU backend next to NCCL.
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-    device = init_distributed(args.timeout, backend)
+    device = init_distributed(collective_timeout(args), backend)
     ckpt_group = dist.new_group(backend="gloo")
     os.makedirs(args.ckpt_dir, exist_ok=True)
     seed_globals(args.seed, dist.get_rank())
@@ -225,9 +225,12 @@ def main() -> None:
     args = parse_args()
     t = setup(args)
     preempt = Preemption(args.grace)
+    watchdog = step_watchdog(args)
+    watchdog.step_begins()  # the resume counts as the first step's
     resume(t)
     while t.step < args.steps:
         train_step(t)
+        watchdog.step_begins()
         if dist.get_rank() == 0 and t.step % 10 == 0:
             print(f"step {t.step} loss {t.loss:.4f}", flush=True)
         time.sleep(args.step_sleep)

@@ -52,7 +52,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 # Sibling modules: a script's own folder comes first on sys.path.
 from durable import atomic_write, publish_in_manifest, read_manifest, sha256_file, write_file
-from launch import Preemption, finish, init_distributed, run
+from launch import Preemption, collective_timeout, finish, init_distributed, run, step_watchdog
 from sdc_guard import SdcGuard
 from tiny_lm import (
     TinyLM,
@@ -236,7 +236,7 @@ def train_step(t: Trainer) -> None:
 
 
 def setup(args: argparse.Namespace) -> Trainer:
-    device = init_distributed(args.timeout)
+    device = init_distributed(collective_timeout(args))
     os.makedirs(args.ckpt_dir, exist_ok=True)
     seed_globals(args.seed, dist.get_rank(), from_clock=args.bug == "nondeterministic")
     inner = TinyLM().to(device)
@@ -251,12 +251,15 @@ def main() -> None:
     args = parse_args()
     t = setup(args)
     preempt = Preemption(args.grace)
+    watchdog = step_watchdog(args)
+    watchdog.step_begins()  # the resume counts as the first step's
     resume(t)
     guard = SdcGuard(args.replica_check_every, args.nonfinite_guard, args.loss_spike, t.device)
     every = args.ckpt_every * (2 if args.bug == "sparse_ckpt" else 1)
     saved, rollbacks = t.step, 0
     while t.step < args.steps:
         train_step(t)
+        watchdog.step_begins()
         if dist.get_rank() == 0 and t.step % 10 == 0:
             print(f"step {t.step} loss {t.loss:.4f}", flush=True)
         time.sleep(args.step_sleep)

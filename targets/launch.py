@@ -5,7 +5,9 @@ Shared by both reference targets (imported as a sibling module).
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import faulthandler
 import os
 import signal
 import sys
@@ -17,8 +19,13 @@ import torch
 import torch.distributed as dist
 
 
-def init_distributed(timeout_s: float, backend: str | None = None) -> torch.device:
-    """Deterministic kernels, one CPU thread, this rank's device, the process group."""
+def init_distributed(timeout_s: float | None, backend: str | None = None) -> torch.device:
+    """Deterministic kernels, one CPU thread, this rank's device, the process group.
+
+    `timeout_s` bounds every collective (None: torch's defaults, 30 min for gloo and
+    10 min for NCCL). On GPUs it also arms NCCL's watchdog: a timed-out collective
+    aborts the communicator and ends the process instead of leaving it waiting, and a
+    watchdog thread that itself stops beating kills the process."""
     # cuBLAS reads this when its first handle is created; it must be set before
     # any CUDA work to make GEMMs deterministic.
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
@@ -28,9 +35,42 @@ def init_distributed(timeout_s: float, backend: str | None = None) -> torch.devi
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    timeout = datetime.timedelta(seconds=timeout_s)
-    dist.init_process_group(backend or ("nccl" if cuda else "gloo"), timeout=timeout)
+    backend = backend or ("nccl" if cuda else "gloo")
+    if timeout_s is None:
+        dist.init_process_group(backend)
+        return device
+    if cuda:  # read when the NCCL process group is made
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        os.environ.setdefault("TORCH_NCCL_ENABLE_MONITORING", "1")
+        os.environ.setdefault("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", str(int(2 * timeout_s) + 1))
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     return device
+
+
+class StepWatchdog:
+    """Exit (status 1, after dumping every thread's stack) when a step overruns.
+
+    faulthandler's timer runs on its own C thread, so it fires even while the main
+    thread is stuck in native code holding the GIL, where a Python thread could not."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def step_begins(self) -> None:
+        if self.seconds > 0:
+            faulthandler.dump_traceback_later(self.seconds, exit=True)
+
+    @staticmethod
+    def cancel() -> None:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def collective_timeout(args: argparse.Namespace) -> float | None:
+    return None if args.default_timeouts else args.timeout
+
+
+def step_watchdog(args: argparse.Namespace) -> StepWatchdog:
+    return StepWatchdog(0.0 if args.default_timeouts else args.watchdog)
 
 
 class Preemption:
@@ -63,6 +103,7 @@ def finish(code: int, message: str, grace: int) -> NoReturn:
     both wait forever. That hang was seen here, so never free them: os._exit.
     """
     # Last-resort watchdog: a stuck destroy must not turn into a hung job.
+    StepWatchdog.cancel()
     signal.alarm(grace)
     if dist.get_rank() == 0:
         print(message, flush=True)

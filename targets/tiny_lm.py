@@ -52,7 +52,16 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt-dir", default="ckpt")
     p.add_argument("--keep", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=30.0, help="process group timeout (s)")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="SEC",
+                   help="collective timeout: a peer that stops answering fails the step after"
+                        " SEC seconds (the gloo timeout; NCCL's watchdog on GPUs; default 5)")
+    p.add_argument("--watchdog", type=float, default=8.0, metavar="SEC",
+                   help="a step (its save included) still running after SEC seconds dumps"
+                        " every thread's stack and exits 1, so torchrun restarts (0: off;"
+                        " default 8)")
+    p.add_argument("--default-timeouts", action="store_true",
+                   help="keep torch's default collective timeouts (30 min gloo, 10 min NCCL)"
+                        " and no watchdog: a hang then lasts until someone notices")
     p.add_argument("--grace", type=int, default=20, help="seconds allowed after SIGTERM")
     p.add_argument("--step-sleep", type=float, default=0.0)
 

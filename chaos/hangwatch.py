@@ -1,0 +1,118 @@
+"""The harness's own hang detector: no rank made progress for T seconds.
+
+A synchronous job stalls as a whole: one stuck rank leaves every other rank
+waiting inside a collective. So the job is hung when no live rank of the
+current attempt has made progress (`chaos.heartbeat`) for `timeout` seconds.
+Ranks that stopped on purpose (`Scenario.stop_after`) do not count.
+
+Once a rank of the attempt has exited, the job has reacted (its watchdog or
+collective timeout fired, or a rank crashed) and torchrun is tearing the
+attempt down: it SIGTERMs the other workers and SIGKILLs them only after its
+shutdown grace (30 s). That wait is recovery time, not a hang, so the bound
+grows by the grace; an attempt still alive after both has hung in teardown.
+
+The detector only reads the beat files; the runner decides what to do.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos.heartbeat import BEAT_SECONDS, Beat, current_attempt, pid_stopped, read_beats
+from chaos.history import History
+
+TORCHRUN_SHUTDOWN_SECONDS = 30.0  # torchrun's grace between SIGTERM and SIGKILL of a worker
+FROZEN_AFTER = 4 * BEAT_SECONDS  # no beat for this long: the rank runs no Python at all
+# How likely each state is the cause of a hang, most likely first. "stuck" (beats, but is
+# not inside a collective) is told apart from "waiting" once its stack is known.
+STATE_ORDER = ("stopped", "frozen", "stuck", "waiting")
+
+
+@dataclass
+class RankState:
+    rank: int
+    pid: int
+    step: int | None
+    doing: str  # the rank's last progress
+    idle_seconds: float  # since that progress
+    state: str  # "stopped" (SIGSTOP), "frozen" (no heartbeat), "waiting" (beats, no progress)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "pid": self.pid, "step": self.step, "doing": self.doing,
+                "idle_seconds": round(self.idle_seconds, 1), "state": self.state}
+
+
+@dataclass
+class Hang:
+    seconds: float  # since the job's last progress (or since a rank exited)
+    ranks: list[RankState]  # the live ranks, the likely culprit first
+    after_exit: list[int] = field(default_factory=list)  # ranks that had exited: teardown hung
+
+    @property
+    def culprit(self) -> RankState:
+        return self.ranks[0]
+
+
+class HangWatch:
+    def __init__(self, beats_dir: Path, timeout: float) -> None:
+        self.beats_dir = beats_dir
+        self.timeout = timeout
+        self.seen_exits: set[int] = set()
+
+    def exits(self) -> list[Beat]:
+        """Ranks of the current attempt that exited since the last call (each once)."""
+        gone = [b for b in current_attempt(read_beats(self.beats_dir))
+                if b.pid not in self.seen_exits and not b.alive()]
+        self.seen_exits.update(b.pid for b in gone)
+        return gone
+
+    def check(self, now: float | None = None) -> Hang | None:
+        now = time.monotonic() if now is None else now
+        beats = current_attempt(read_beats(self.beats_dir))
+        live = [b for b in beats if b.alive()]
+        gone = [b for b in beats if b not in live]
+        working = [b for b in live if not b.stopped]
+        if not working:
+            return None
+        since = max(b.progress_t for b in working)
+        limit = self.timeout
+        if gone:
+            since = max(since, max(b.beat_t for b in gone))
+            limit += TORCHRUN_SHUTDOWN_SECONDS
+        if now - since < limit:
+            return None
+        ranks = sorted((_state(b, now) for b in working), key=_culprit_order)
+        return Hang(now - since, ranks, sorted(b.rank for b in gone))
+
+
+def _state(beat: Beat, now: float) -> RankState:
+    if pid_stopped(beat.pid):
+        state = "stopped"
+    elif now - beat.beat_t > FROZEN_AFTER:
+        state = "frozen"
+    else:
+        state = "waiting"
+    return RankState(beat.rank, beat.pid, beat.step, beat.doing, now - beat.progress_t, state)
+
+
+def _culprit_order(rank: RankState) -> tuple[int, float, int]:
+    """Stopped, then frozen ranks first; then the one idle longest (it stalled first)."""
+    return (STATE_ORDER.index(rank.state), -rank.idle_seconds, rank.rank)
+
+
+MIN_TIMEOUT = 10.0  # seconds: the default bound, for jobs whose steps take well under it
+REFERENCE_TIMEOUT = 60.0  # the reference run's bound when none is given (steps unknown yet)
+PROGRESS_EVENTS = ("boot", "restore", "step", "file", "load", "save_begin", "save_end")
+
+
+def default_timeout(reference: History) -> float:
+    """The chaos run's bound: 10 s, or 3x the longest the fault-free run ever went
+    without progress on a rank (start-up included), whichever is longer."""
+    by_pid: dict[int, list[float]] = {}
+    for event in reference.of(*PROGRESS_EVENTS):
+        by_pid.setdefault(event["pid"], []).append(event["t"])
+    gaps = [b - a for times in by_pid.values() for a, b in zip(times, times[1:])]
+    return max(MIN_TIMEOUT, 3 * max(gaps, default=0.0))

@@ -1,0 +1,203 @@
+"""The hang detector's parts on real processes and files, without a training job:
+heartbeats, the no-progress rule, stack capture with py-spy and faulthandler,
+the one-line summary, and the hang_detected check over hand-written histories."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from histories import Timeline, evidence
+
+from chaos import checkers, hangs, stacks
+from chaos.hangwatch import TORCHRUN_SHUTDOWN_SECONDS, HangWatch, default_timeout
+from chaos.heartbeat import Beat, Heartbeat, peers_gone, read_beats
+
+SLEEPER = """
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGRTMIN + 6, file=open(sys.argv[1], "a"), all_threads=True)
+def wait_for_peers():
+    while True:
+        time.sleep(0.05)
+print("ready", flush=True)
+wait_for_peers()
+"""
+
+
+@pytest.fixture
+def sleeper(tmp_path):
+    """A real Python process sleeping in `wait_for_peers`, with faulthandler armed."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "fh.txt")],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def write_beat(beats: Path, rank: int, pid: int, progress_ago: float, beat_ago: float = 0.0,
+               attempt: int = 0, stopped: bool = False) -> None:
+    now = time.monotonic()
+    beat = Beat(rank, pid, 0, attempt, 7, "step", now - progress_ago, now - beat_ago, stopped)
+    (beats / f"rank-{rank}.json").write_text(json.dumps(asdict(beat)))
+
+
+def test_heartbeat_thread_keeps_beating_and_records_progress(tmp_path):
+    beat = Heartbeat(tmp_path / "rank-0.json", 0, 0, 0)
+    beat.start()
+    beat.progress("step", 3)
+    time.sleep(1.2)
+    [read] = read_beats(tmp_path)
+    assert read.pid == os.getpid() and read.step == 3 and read.doing == "step"
+    assert time.monotonic() - read.beat_t < 1.0, "the thread rewrites the beat twice a second"
+    assert read.beat_t > read.progress_t
+
+
+def test_a_job_without_progress_for_the_timeout_is_hung_the_stalled_rank_first(tmp_path):
+    write_beat(tmp_path, 0, os.getpid(), progress_ago=5.0)
+    write_beat(tmp_path, 1, os.getpid(), progress_ago=2.0)
+    assert HangWatch(tmp_path, timeout=3.0).check() is None, "rank 1 progressed 2 s ago"
+    hang = HangWatch(tmp_path, timeout=1.5).check()
+    assert hang is not None and hang.seconds >= 1.5
+    assert [r.rank for r in hang.ranks] == [0, 1], "the rank idle longest is named first"
+    assert {r.state for r in hang.ranks} == {"waiting"}
+
+
+def test_a_rank_that_exited_means_the_job_reacted_and_teardown_gets_torchruns_grace(tmp_path):
+    write_beat(tmp_path, 0, dead_pid(), progress_ago=20.0, beat_ago=20.0)
+    write_beat(tmp_path, 1, os.getpid(), progress_ago=20.0)
+    watch = HangWatch(tmp_path, timeout=5.0)
+    assert watch.check() is None, "torchrun is still tearing the attempt down"
+    late = watch.check(now=time.monotonic() + TORCHRUN_SHUTDOWN_SECONDS)
+    assert late is not None and late.after_exit == [0]
+    assert [b.rank for b in watch.exits()] == [0] and watch.exits() == [], "reported once"
+    assert peers_gone(tmp_path, os.getpid()) == [0]
+
+
+def test_ranks_stopped_on_purpose_and_older_attempts_do_not_count(tmp_path):
+    write_beat(tmp_path, 0, os.getpid(), progress_ago=50.0, stopped=True)
+    write_beat(tmp_path, 1, dead_pid(), progress_ago=50.0)
+    assert HangWatch(tmp_path, timeout=1.0).check() is None
+    write_beat(tmp_path, 1, os.getpid(), progress_ago=0.0, attempt=1)  # a restart began
+    assert HangWatch(tmp_path, timeout=1.0).check() is None
+
+
+def test_a_sigstopped_rank_is_named_as_stopped(tmp_path, sleeper):
+    write_beat(tmp_path, 0, os.getpid(), progress_ago=3.0)
+    write_beat(tmp_path, 1, sleeper.pid, progress_ago=4.0)
+    os.kill(sleeper.pid, signal.SIGSTOP)
+    hang = HangWatch(tmp_path, timeout=1.0).check()
+    assert hang is not None and hang.culprit.rank == 1 and hang.culprit.state == "stopped"
+
+
+@pytest.mark.parametrize("stopped", [False, True], ids=["running", "stopped"])
+def test_py_spy_takes_the_stack_of_a_running_or_stopped_process(tmp_path, sleeper, stopped):
+    if stopped:
+        os.kill(sleeper.pid, signal.SIGSTOP)
+    text, how = stacks.capture(sleeper.pid, tmp_path / "unused.txt")
+    assert how == "py-spy", text
+    frames = stacks.main_thread(text)
+    assert [f.func for f in frames[:2]] == ["wait_for_peers", "<module>"]
+    assert stacks.summarize(text).startswith("wait_for_peers (sleeper.py:")
+
+
+def test_faulthandler_is_the_fallback_and_continues_a_stopped_process(tmp_path, sleeper):
+    os.kill(sleeper.pid, signal.SIGSTOP)
+    text = stacks._faulthandler(sleeper.pid, tmp_path / "fh.txt")
+    assert "wait_for_peers" in text
+    assert stacks.summarize(text).startswith("wait_for_peers (sleeper.py:")
+
+
+def test_the_summary_names_the_collective_and_the_targets_own_call():
+    dump = """Thread 7 (idle): "MainThread"
+    all_reduce (/venv/site-packages/torch/distributed/distributed_c10d.py:3252)
+    wrapper (/venv/site-packages/torch/distributed/c10d_logger.py:83)
+    check (/home/me/train.py:60)
+    main (/home/me/train.py:268)
+    <module> (/home/me/train.py:286)
+Thread 9 (idle): "pt_autograd_0"
+    run (/usr/lib/python3.11/threading.py:982)
+"""
+    assert stacks.summarize(dump) == ("all_reduce (distributed_c10d.py:3252)"
+                                      " <- check (train.py:60)")
+    assert stacks.summarize("") == "no stack could be taken"
+
+
+def test_the_default_bound_grows_with_the_slowest_progress_gap_of_the_reference():
+    fast = Timeline()
+    fast.train(2, range(1, 6))  # one second between events
+    assert default_timeout(fast.history()) == 10.0
+    slow = Timeline()
+    slow.add("boot", **slow.proc(0))
+    slow.t += 7.0
+    slow.add("step", step=1, **slow.proc(0))
+    assert default_timeout(slow.history()) == pytest.approx(24.0)
+
+
+def hang_finding() -> dict:
+    ranks = [{"rank": 1, "pid": 11, "step": 8, "doing": "step", "idle_seconds": 10.2,
+              "state": "stopped", "where": "train_step (train.py:40)",
+              "stacks": "_chaos/stacks/rank-1.txt"},
+             {"rank": 0, "pid": 10, "step": 8, "doing": "forward", "idle_seconds": 10.0,
+              "state": "waiting", "where": "all_reduce (distributed_c10d.py:3252)",
+              "stacks": "_chaos/stacks/rank-0.txt"}]
+    return {"seconds": 10.2, "ranks": ranks, "after_exit": []}
+
+
+def test_hang_detected_fails_with_where_each_rank_was_when_the_harness_stepped_in():
+    timeline = Timeline()
+    timeline.train(2, range(1, 9))
+    result = checkers.hang_detected(evidence(timeline.history(), completed=False,
+                                             hang=hang_finding(), hang_timeout=10.0))
+    assert result.ok is False
+    assert result.detail.startswith("hung for 10.2 s, no watchdog or collective timeout fired")
+    assert "rank 1 stopped after step 8 in train_step (train.py:40)" in result.detail
+    assert "rank 0 waiting after step 8 in all_reduce" in result.detail
+
+
+def test_hang_detected_passes_when_a_peer_exits_within_the_bound_and_the_job_completes():
+    timeline = Timeline()
+    timeline.train(2, range(1, 9))
+    timeline.add("hang_begin", id="f0-hang", mode="stop", **timeline.proc(1))
+    timeline.t += 4.0
+    timeline.add("rank_exit", rank=0, pid=1000)
+    result = checkers.hang_detected(evidence(timeline.history(), hang_timeout=10.0))
+    assert result.ok is True and result.data["reaction_seconds"] == pytest.approx(5.0)
+    assert "rank 0 exited 5.0 s after the hang began" in result.detail
+    not_done = checkers.hang_detected(evidence(timeline.history(), completed=False,
+                                               hang_timeout=10.0))
+    assert not_done.ok is False and "did not complete" in not_done.detail
+
+
+def test_hang_detected_is_undecided_without_a_hang_and_reports_stragglers():
+    timeline = Timeline()
+    timeline.train(2, range(1, 9))
+    assert checkers.hang_detected(evidence(timeline.history(), hang_timeout=10.0)).ok is None
+    timeline.add("straggler", id="f0-straggler", delay=0.5, steps=None, **timeline.proc(1))
+    result = checkers.hang_detected(evidence(timeline.history(), hang_timeout=10.0))
+    assert result.ok is True and "straggler rank 1 (+0.5 s per step)" in result.detail
+    assert result.data["slowdown"] == 2.0  # 20 s against the reference's 10 s
+    assert set(result.data["step_seconds"]) == {"0", "1"}
+
+
+def test_reaction_names_a_stall_that_ended_by_itself():
+    timeline = Timeline()
+    timeline.add("hang_begin", id="f0-hang", mode="collective", **timeline.proc(1))
+    timeline.add("hang_end", id="f0-hang", how="released", **timeline.proc(1))
+    found = hangs.reaction(timeline.history())
+    assert found is not None and found.how == "the stall ended by itself"
