@@ -86,9 +86,11 @@ class Hang(FaultKind):
 def _stop(fault: ResolvedFault, ctx: FireContext, held_for: float | None) -> None:
     """SIGSTOP this process; a small healer process continues it (see stop_healer)."""
     beats = RunLayout(Path(ctx.run_dir)).beats_dir
+    # Its own session: torchrun signals each worker's whole process group when it tears
+    # an attempt down, and the healer must outlive that to continue this process.
     subprocess.Popen(
         [sys.executable, str(HEALER), str(os.getpid()), str(beats), str(held_for or 0)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
     )
     ctx.record("hang_begin", id=fault.id, mode="stop", step=_step(ctx))
     start = time.monotonic()

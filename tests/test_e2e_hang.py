@@ -1,0 +1,116 @@
+"""End to end on 2 gloo ranks: real stopped processes, held and mismatched collectives.
+
+With its collective timeout and step watchdog, the reference target reacts to
+each hang within the bound, restarts and passes. With torch's default
+timeouts (30 minutes) nothing in the job reacts: the harness must declare the
+hang within its own bound, show where both ranks were, tear the job down and
+leave nothing running, in seconds. Targets that ignore SIGTERM, hang at
+import or fork helpers that escape are still ended and reaped.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TARGET, chaos_processes
+
+from chaos.engine import run_scenario
+from chaos.errors import CannotJudge
+from chaos.scenario import Scenario
+
+STEPS = ["--steps", "12", "--ckpt-every", "4"]
+BOUND = 6.0  # the harness's hang bound in the runs without timeouts
+
+HANGS = {
+    "SIGSTOP": ("hang:rank=1,step=6", "rank 1 stopped after step 6"),
+    "held before DDP all-reduce": ("hang:rank=1,step=6,mode=collective",
+                                   "rank 1 stuck after step 6 in train_step"),
+    "held in dist.all_reduce": ("hang:rank=0,step=6,mode=collective,op=all_reduce",
+                                "rank 0 stuck after step 6 in SdcGuard.check"),
+    "collective order mismatch": ("hang:rank=1,step=6,mode=mismatch",
+                                  "barrier (distributed_c10d.py"),
+}
+
+
+@pytest.mark.parametrize("fault", [f for f, _ in HANGS.values()], ids=HANGS.keys())
+def test_the_reference_targets_timeouts_end_each_hang_and_it_recovers(chaos_run, fault):
+    report = chaos_run(TARGET, faults=[fault], args=STEPS, expect="pass")
+    check = report.checks["hang_detected"]
+    assert check["ok"] is True and check["reaction_seconds"] < 10.0, report.table()
+    assert report.restarts >= 1 and report.checks["deterministic_resume"]["ok"] is True
+
+
+@pytest.mark.parametrize("fault, where", HANGS.values(), ids=HANGS.keys())
+def test_without_timeouts_the_harness_reports_the_hang_with_both_stacks(chaos_run, fault,
+                                                                         where):
+    start = time.monotonic()
+    report = chaos_run(TARGET, faults=[fault], args=[*STEPS, "--default-timeouts"],
+                       hang_timeout=BOUND, expect="fail")
+    took = time.monotonic() - start
+    check = report.checks["hang_detected"]
+    assert check["ok"] is False and check["detail"].startswith("hung for"), report.table()
+    assert where in check["detail"], check["detail"]
+    hung = check["hang"]
+    assert BOUND <= hung["seconds"] < BOUND + 2
+    assert sorted(r["rank"] for r in hung["ranks"]) == [0, 1]
+    for rank in hung["ranks"]:
+        dump = Path(report.run_dir) / rank["stacks"]
+        assert "MainThread" in dump.read_text() and rank["stack_tool"] == "py-spy"
+    assert report.checks["no_orphans"]["ok"] is True
+    assert chaos_processes(Path(report.run_dir)) == []
+    assert took < 60, f"a hang must not hold the test up: it took {took:.0f} s"
+
+
+def test_a_straggler_slows_the_job_without_hanging_it(chaos_run):
+    report = chaos_run(TARGET, faults=["straggler:rank=1,step=3,delay=0.3,steps=6"],
+                       args=STEPS, expect="pass")
+    check = report.checks["hang_detected"]
+    assert check["ok"] is True and check["straggler_ranks"] == [1], report.table()
+    assert check["slowdown"] > 1.0
+    assert min(check["step_seconds"].values()) > 0.1, "every rank waits for the straggler"
+
+
+SCRIPTS = REPO / "tests" / "scripts"
+
+
+@pytest.mark.parametrize("script, where", [
+    ("import_hang.py", "wait_for_a_lock_nobody_releases (stuck_module.py"),
+    ("forks.py", "ignore_sigterm_and_sleep (forks.py"),
+    ("hangs.py", "<module> (hangs.py"),
+], ids=["hangs at import", "forks helpers", "ignores SIGTERM"])
+def test_targets_that_resist_teardown_are_ended_and_reaped(tmp_path, script, where):
+    scenario = Scenario.build(str(SCRIPTS / script), hang_timeout=3.0, timeout=60.0)
+    start = time.monotonic()
+    with pytest.raises(CannotJudge, match="hangs without faults") as raised:
+        run_scenario(scenario, tmp_path / "out", tmp_path / "cache")
+    assert where in str(raised.value)
+    assert time.monotonic() - start < 30
+    assert chaos_processes(tmp_path) == [], "every process of the run, escaped ones too"
+
+
+def two_gpus() -> bool:
+    import torch
+
+    return torch.cuda.device_count() >= 2
+
+
+NEEDS_TWO_GPUS = pytest.mark.skipif(not two_gpus(), reason="2 NCCL ranks need 2 GPUs")
+
+
+@pytest.mark.gpu
+@NEEDS_TWO_GPUS
+def test_a_spinning_kernel_stalls_nccl_until_its_watchdog_fires(chaos_run):
+    report = chaos_run(TARGET, faults=["hang:rank=1,step=6,mode=spin"], args=STEPS,
+                       expect="pass")
+    assert report.checks["hang_detected"]["ok"] is True
+
+
+@pytest.mark.gpu
+@NEEDS_TWO_GPUS
+def test_a_spinning_kernel_without_timeouts_is_reported_by_the_harness(chaos_run):
+    report = chaos_run(TARGET, faults=["hang:rank=1,step=6,mode=spin"],
+                       args=[*STEPS, "--default-timeouts"], hang_timeout=BOUND,
+                       expect="fail")
+    assert report.checks["hang_detected"]["ok"] is False
