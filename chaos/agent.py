@@ -17,6 +17,8 @@ harness's environment says so. Armed, it
   starts from an earlier reference step) and renumbers its steps to match;
 - keeps the weights after each step (small models, `chaos.weights`) and
   passes the target's own detections (`chaos.api`) into the history;
+- keeps a heartbeat with the rank's last progress (`chaos.heartbeat`) and
+  dumps every thread's stack on request (`chaos.stacks.STACK_SIGNAL`);
 - writes all of it to its rank's history stream.
 """
 

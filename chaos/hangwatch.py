@@ -62,18 +62,18 @@ class HangWatch:
         self.timeout = timeout
         self.seen_exits: set[int] = set()
 
-    def exits(self) -> list[Beat]:
-        """Ranks of the current attempt that exited since the last call (each once)."""
-        gone = [b for b in current_attempt(read_beats(self.beats_dir))
-                if b.pid not in self.seen_exits and not b.alive()]
-        self.seen_exits.update(b.pid for b in gone)
-        return gone
-
-    def check(self, now: float | None = None) -> Hang | None:
+    def poll(self, now: float | None = None) -> tuple[list[Beat], Hang | None]:
+        """Ranks of the current attempt that exited since the last poll (each once),
+        and the hang, if the job is hung."""
         now = time.monotonic() if now is None else now
         beats = current_attempt(read_beats(self.beats_dir))
         live = [b for b in beats if b.alive()]
         gone = [b for b in beats if b not in live]
+        exits = [b for b in gone if b.pid not in self.seen_exits]
+        self.seen_exits.update(b.pid for b in exits)
+        return exits, self._hang(live, gone, now)
+
+    def _hang(self, live: list[Beat], gone: list[Beat], now: float) -> Hang | None:
         working = [b for b in live if not b.stopped]
         if not working:
             return None

@@ -224,10 +224,10 @@ class Job:
                 return codes, "stopped"
             if time.monotonic() > deadline:
                 return codes, "deadline"
-            for beat in self.hangs.exits():  # the job reacting: a rank is gone
+            exits, hang = self.hangs.poll()
+            for beat in exits:  # the job reacting: a rank is gone
                 log.record("rank_exit", rank=beat.rank, pid=beat.pid, step=beat.step,
                            launch=beat.launch, attempt=beat.attempt)
-            hang = self.hangs.check()
             if hang is not None:
                 return codes, hang
             time.sleep(POLL_SECONDS)

@@ -302,7 +302,7 @@ def analyse(ev: Evidence) -> SdcAnalysis | None:
     crashed = not ev.completed or any(r.started > inj.t for r in ev.recoveries)
     start = _last_step_before(ev, inj.rank, inj.t)
     end = detection.after_step if detection else ev.chaos.final_step()
-    if ev.deadline_hit:
+    if ev.deadline_hit or ev.hang is not None:
         category = "hang"
     elif not ev.completed or (detection and detection.how == "restart"):
         category = "crash"

@@ -75,13 +75,19 @@ def _py_spy(pid: int) -> str:
     if binary is None:
         return ""
     command = [binary, "dump", "--full-filenames", "--pid", str(pid)]
-    if pid_stopped(pid):
-        command.append("--nonblocking")  # already still; py-spy cannot suspend it again
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=PY_SPY_SECONDS)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout if done.returncode == 0 and "Thread" in done.stdout else ""
+    # A stopped process is still already, and py-spy cannot suspend it again: read it
+    # without suspending. A running one is suspended for a consistent stack; if that
+    # fails (it was being stopped just then), read it without.
+    attempts = [["--nonblocking"]] if pid_stopped(pid) else [[], ["--nonblocking"]]
+    for extra in attempts:
+        try:
+            done = subprocess.run(command + extra, capture_output=True, text=True,
+                                  timeout=PY_SPY_SECONDS)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        if done.returncode == 0 and "Thread" in done.stdout:
+            return done.stdout
+    return ""
 
 
 def _faulthandler(pid: int, path: Path) -> str:

@@ -24,7 +24,8 @@ def test_clean_recovery_passes_every_check():
         "completes": True, "atomic_recovery": True, "deterministic_resume": True,
         "bounded_lost_work": True, "no_orphans": True,
         "durable_checkpoints": None,  # no power loss: durability was not tested
-        "sdc_detected": None}  # no bit flip
+        "sdc_detected": None,  # no bit flip
+        "hang_detected": None}  # no hang
     assert results["bounded_lost_work"].data["lost_steps"] == [2]
     assert results["bounded_lost_work"].data["ettr"] == pytest.approx(0.5)
 

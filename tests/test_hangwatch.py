@@ -18,15 +18,15 @@ from histories import Timeline, evidence
 
 from chaos import checkers, hangs, stacks
 from chaos.hangwatch import TORCHRUN_SHUTDOWN_SECONDS, HangWatch, default_timeout
-from chaos.heartbeat import Beat, Heartbeat, peers_gone, read_beats
+from chaos.heartbeat import Beat, Heartbeat, peers_gone, pid_stopped, read_beats
 
 SLEEPER = """
 import faulthandler, signal, sys, time
 faulthandler.register(signal.SIGRTMIN + 6, file=open(sys.argv[1], "a"), all_threads=True)
 def wait_for_peers():
+    print("ready", flush=True)
     while True:
         time.sleep(0.05)
-print("ready", flush=True)
 wait_for_peers()
 """
 
@@ -42,6 +42,14 @@ def sleeper(tmp_path):
     yield proc
     proc.kill()
     proc.wait()
+
+
+def stop(pid: int) -> None:
+    """SIGSTOP, and wait until the kernel shows the process stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while not pid_stopped(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def dead_pid() -> int:
@@ -71,8 +79,8 @@ def test_heartbeat_thread_keeps_beating_and_records_progress(tmp_path):
 def test_a_job_without_progress_for_the_timeout_is_hung_the_stalled_rank_first(tmp_path):
     write_beat(tmp_path, 0, os.getpid(), progress_ago=5.0)
     write_beat(tmp_path, 1, os.getpid(), progress_ago=2.0)
-    assert HangWatch(tmp_path, timeout=3.0).check() is None, "rank 1 progressed 2 s ago"
-    hang = HangWatch(tmp_path, timeout=1.5).check()
+    assert HangWatch(tmp_path, timeout=3.0).poll()[1] is None, "rank 1 progressed 2 s ago"
+    hang = HangWatch(tmp_path, timeout=1.5).poll()[1]
     assert hang is not None and hang.seconds >= 1.5
     assert [r.rank for r in hang.ranks] == [0, 1], "the rank idle longest is named first"
     assert {r.state for r in hang.ranks} == {"waiting"}
@@ -82,33 +90,35 @@ def test_a_rank_that_exited_means_the_job_reacted_and_teardown_gets_torchruns_gr
     write_beat(tmp_path, 0, dead_pid(), progress_ago=20.0, beat_ago=20.0)
     write_beat(tmp_path, 1, os.getpid(), progress_ago=20.0)
     watch = HangWatch(tmp_path, timeout=5.0)
-    assert watch.check() is None, "torchrun is still tearing the attempt down"
-    late = watch.check(now=time.monotonic() + TORCHRUN_SHUTDOWN_SECONDS)
+    exits, hang = watch.poll()
+    assert hang is None, "torchrun is still tearing the attempt down"
+    assert [b.rank for b in exits] == [0]
+    exits, late = watch.poll(now=time.monotonic() + TORCHRUN_SHUTDOWN_SECONDS)
+    assert exits == [], "an exit is reported once"
     assert late is not None and late.after_exit == [0]
-    assert [b.rank for b in watch.exits()] == [0] and watch.exits() == [], "reported once"
     assert peers_gone(tmp_path, os.getpid()) == [0]
 
 
 def test_ranks_stopped_on_purpose_and_older_attempts_do_not_count(tmp_path):
     write_beat(tmp_path, 0, os.getpid(), progress_ago=50.0, stopped=True)
     write_beat(tmp_path, 1, dead_pid(), progress_ago=50.0)
-    assert HangWatch(tmp_path, timeout=1.0).check() is None
+    assert HangWatch(tmp_path, timeout=1.0).poll()[1] is None
     write_beat(tmp_path, 1, os.getpid(), progress_ago=0.0, attempt=1)  # a restart began
-    assert HangWatch(tmp_path, timeout=1.0).check() is None
+    assert HangWatch(tmp_path, timeout=1.0).poll()[1] is None
 
 
 def test_a_sigstopped_rank_is_named_as_stopped(tmp_path, sleeper):
     write_beat(tmp_path, 0, os.getpid(), progress_ago=3.0)
     write_beat(tmp_path, 1, sleeper.pid, progress_ago=4.0)
-    os.kill(sleeper.pid, signal.SIGSTOP)
-    hang = HangWatch(tmp_path, timeout=1.0).check()
+    stop(sleeper.pid)
+    hang = HangWatch(tmp_path, timeout=1.0).poll()[1]
     assert hang is not None and hang.culprit.rank == 1 and hang.culprit.state == "stopped"
 
 
 @pytest.mark.parametrize("stopped", [False, True], ids=["running", "stopped"])
 def test_py_spy_takes_the_stack_of_a_running_or_stopped_process(tmp_path, sleeper, stopped):
     if stopped:
-        os.kill(sleeper.pid, signal.SIGSTOP)
+        stop(sleeper.pid)
     text, how = stacks.capture(sleeper.pid, tmp_path / "unused.txt")
     assert how == "py-spy", text
     frames = stacks.main_thread(text)
@@ -117,7 +127,7 @@ def test_py_spy_takes_the_stack_of_a_running_or_stopped_process(tmp_path, sleepe
 
 
 def test_faulthandler_is_the_fallback_and_continues_a_stopped_process(tmp_path, sleeper):
-    os.kill(sleeper.pid, signal.SIGSTOP)
+    stop(sleeper.pid)
     text = stacks._faulthandler(sleeper.pid, tmp_path / "fh.txt")
     assert "wait_for_peers" in text
     assert stacks.summarize(text).startswith("wait_for_peers (sleeper.py:")
