@@ -25,6 +25,14 @@ TARGET = REPO / "targets" / "ddp_lm.py"
 PLAIN = REPO / "tests" / "scripts" / "plain_ddp.py"
 
 
+def cases(table: dict, slow: frozenset[str] = frozenset()) -> list:
+    """Parametrize over a {id: value} table; the ids in `slow` only run with -m slow
+    (the default run stays within CI's time budget; these repeat covered paths)."""
+    return [pytest.param(*(value if isinstance(value, tuple) else (value,)), id=key,
+                         marks=[pytest.mark.slow] if key in slow else [])
+            for key, value in table.items()]
+
+
 def chaos_processes(under: Path) -> list[int]:
     """Live processes of torchchaos runs whose run directory is under `under`."""
     prefix = f"{env.RUN_DIR}={under}".encode()

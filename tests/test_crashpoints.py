@@ -66,6 +66,7 @@ def test_capped_enumeration_finds_the_missing_fsync(tmp_path):
     assert any(r["checks"]["durable_checkpoints"]["ok"] is False for r in reports), done.stdout
 
 
+@pytest.mark.slow  # 30 s; test_e2e_dcp.py covers the async sharded target's saves
 @pytest.mark.skipif(bool(unavailable_reason()), reason=unavailable_reason())
 def test_capped_enumeration_over_an_async_sharded_save_passes_the_correct_target(tmp_path):
     """Save 2 of the DCP target: 15 file events on rank 0, 4 on rank 1, in three modes;

@@ -21,7 +21,8 @@ from chaos.errors import CannotJudge
 from chaos.scenario import Scenario
 
 STEPS = ["--steps", "12", "--ckpt-every", "4"]
-BOUND = 6.0  # the harness's hang bound in the runs without timeouts
+TIMEOUTS = ["--timeout", "3"]  # the target's collective timeout, shorter than its default 5 s
+BOUND = 5.0  # the harness's hang bound in the runs without timeouts
 
 HANGS = {
     "SIGSTOP": ("hang:rank=1,step=6", "rank 1 stopped after step 6"),
@@ -36,7 +37,7 @@ HANGS = {
 
 @pytest.mark.parametrize("fault", [f for f, _ in HANGS.values()], ids=HANGS.keys())
 def test_the_reference_targets_timeouts_end_each_hang_and_it_recovers(chaos_run, fault):
-    report = chaos_run(TARGET, faults=[fault], args=STEPS, expect="pass")
+    report = chaos_run(TARGET, faults=[fault], args=[*STEPS, *TIMEOUTS], expect="pass")
     check = report.checks["hang_detected"]
     assert check["ok"] is True and check["reaction_seconds"] < 10.0, report.table()
     assert report.restarts >= 1 and report.checks["deterministic_resume"]["ok"] is True
@@ -65,7 +66,7 @@ def test_without_timeouts_the_harness_reports_the_hang_with_both_stacks(chaos_ru
 
 def test_a_straggler_slows_the_job_without_hanging_it(chaos_run):
     report = chaos_run(TARGET, faults=["straggler:rank=1,step=3,delay=0.3,steps=6"],
-                       args=STEPS, expect="pass")
+                       args=[*STEPS, *TIMEOUTS], expect="pass")
     check = report.checks["hang_detected"]
     assert check["ok"] is True and check["straggler_ranks"] == [1], report.table()
     assert check["slowdown"] > 1.0

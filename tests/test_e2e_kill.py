@@ -8,7 +8,7 @@ that names it; verdicts repeat run after run.
 from __future__ import annotations
 
 import pytest
-from conftest import PLAIN, TARGET
+from conftest import PLAIN, TARGET, cases
 
 STEPS = ["--steps", "20", "--ckpt-every", "5"]
 
@@ -23,7 +23,9 @@ CORRECT = {
 }
 
 
-@pytest.mark.parametrize("fault", CORRECT.values(), ids=CORRECT.keys())
+# the battery (tests/test_cli.py) runs rank, node and in-save kills too
+@pytest.mark.parametrize("fault", cases(CORRECT, slow=frozenset({
+    "kill rank 1", "kill node 0", "kill during save", "exit 3"})))
 def test_reference_target_passes_every_check(chaos_run, fault):
     report = chaos_run(TARGET, faults=[fault], args=STEPS, expect="pass")
     assert all(check["ok"] is not False for check in report.checks.values()), report.table()
@@ -81,7 +83,7 @@ def test_a_nondeterministic_target_is_reported_not_blamed(chaos_run):
     assert report.checks["deterministic_resume"]["ok"] is None
 
 
-@pytest.mark.parametrize("round_", range(2))
+@pytest.mark.parametrize("round_", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_verdicts_repeat(chaos_run, round_):
     good = chaos_run(TARGET, faults=["kill:rank=1,step=8"], args=STEPS)
     bad = chaos_run(TARGET, faults=["kill:rank=1,step=8"], args=[*STEPS, "--bug", "skip_rng"])
@@ -97,6 +99,7 @@ def test_two_simulated_nodes_recover(chaos_run, fault):
     assert report.restarts >= 1
 
 
+@pytest.mark.slow
 def test_two_nodes_still_catch_a_resume_bug(chaos_run):
     report = chaos_run(TARGET, faults=["kill:node=1,step=12"], nodes=2, nproc=1,
                        args=[*STEPS, "--bug", "skip_optim"], expect="fail")

@@ -12,7 +12,7 @@ Save 2 of rank 0 (after step 10), file events: 1 open tmp, 2 write, 3 fsync,
 from __future__ import annotations
 
 import pytest
-from conftest import TARGET
+from conftest import TARGET, cases
 
 from faults.faultfs.mount import unavailable_reason
 
@@ -34,7 +34,9 @@ CORRECT = {
 }
 
 
-@pytest.mark.parametrize("fault", CORRECT.values(), ids=CORRECT.keys())
+# crash points (tests/test_crashpoints.py) and the battery cover the other power losses
+@pytest.mark.parametrize("fault", cases(CORRECT, slow=frozenset({
+    "power loss after manifest rename", "power loss after a finished save"})))
 def test_reference_target_survives_every_storage_fault(chaos_run, fault):
     report = chaos_run(TARGET, faults=[fault], args=STEPS, expect="pass")
     assert report.restarts >= 1 and report.faults[0]["fired"], report.table()
