@@ -6,7 +6,7 @@ real chaos runs side by side:
    job's reaction (a rank exits) and to the first step after the restart;
 2. with torch's default timeouts (gloo: 30 minutes): from the injected hang to
    the harness's detection (no progress for --hang-timeout seconds, stacks
-   taken) and to a torn-down job (every process reaped).
+   taken) and to a torn-down job (every process killed and gone).
 
     python bench/hang_detect.py [--hang-timeout 10]
 
@@ -50,7 +50,8 @@ def measure(fault: str, args: list[str], hang_timeout: float | None,
     return {"reaction": _after(history, began, "rank_exit"),
             "first_step_after": min(restarted, default=None),
             "detected": _after(history, began, "hang"),
-            "torn_down": _after(history, began, "job_exit")}
+            "torn_down": _after(history, began, "reaped") or _after(history, began,
+                                                                    "job_exit")}
 
 
 def main() -> None:
