@@ -41,6 +41,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="cache of fault-free reference runs (default: one per session)")
     group.addoption("--chaos-timeout", type=float, default=None,
                     help="deadline per run in seconds (default: the scenario's, 300)")
+    group.addoption("--chaos-hang-timeout", type=float, default=None,
+                    help="seconds without progress on any rank before the harness declares"
+                         " a hang (default: the scenario's; else 10, or 3x the longest the"
+                         " reference went without progress)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -82,6 +86,8 @@ def _runner(request: pytest.FixtureRequest) -> RunFn:
         kwargs.setdefault("seed", config.getoption("--chaos-seed"))
         if config.getoption("--chaos-timeout"):
             kwargs["timeout"] = config.getoption("--chaos-timeout")
+        if config.getoption("--chaos-hang-timeout"):
+            kwargs.setdefault("hang_timeout", config.getoption("--chaos-hang-timeout"))
         scenario = Scenario.build(str(script), faults=faults, **kwargs)
         report = run_scenario(scenario, _new_out_dir(runs_dir, request.node.nodeid), cache_dir)
         config.stash[_RESULTS_KEY].append((request.node.nodeid, report))
