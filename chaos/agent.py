@@ -167,7 +167,7 @@ class Agent:
         """The fallback for `chaos.stacks` where py-spy cannot attach: on STACK_SIGNAL,
         faulthandler writes every thread's stack (from C, even while the main thread
         is blocked in a collective)."""
-        path = self.layout.stacks_dir / f"rank-{self.rank}.pid-{self.pid}.txt"
+        path = self.layout.faulthandler_file(self.rank, self.pid)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._stack_file = open(path, "a")  # noqa: SIM115 - kept open for the handler
         faulthandler.register(stacks.STACK_SIGNAL, file=self._stack_file, all_threads=True)

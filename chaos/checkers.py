@@ -347,7 +347,7 @@ def hang_detected(ev: Evidence) -> CheckResult:
         return CheckResult(False, f"hung for {ev.hang['seconds']:g} s, no watchdog or collective"
                                   f" timeout fired (bound {ev.hang_timeout:g} s):"
                                   f" {hangs.describe_hang(ev.hang)}; stacks in"
-                                  f" {ev.hang['ranks'][0]['stacks'].rsplit('/', 1)[0]}/",
+                                  f" {ev.hang['stacks_dir']}/",
                            {"hang": ev.hang, **straggler})
     found = hangs.reaction(ev.chaos)
     if found is None and not straggler:

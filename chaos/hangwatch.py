@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.heartbeat import BEAT_SECONDS, Beat, current_attempt, pid_stopped, read_beats
+from chaos.heartbeat import BEAT_SECONDS, Beat, current_attempt, read_beats
 from chaos.history import History
+from chaos.procs import pid_stopped
 
 TORCHRUN_SHUTDOWN_SECONDS = 30.0  # torchrun's grace between SIGTERM and SIGKILL of a worker
 FROZEN_AFTER = 4 * BEAT_SECONDS  # no beat for this long: the rank runs no Python at all

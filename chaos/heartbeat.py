@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import psutil
+from chaos.procs import pid_alive
 
 BEAT_SECONDS = 0.5
 
@@ -42,22 +42,6 @@ class Beat:
 
     def alive(self) -> bool:
         return pid_alive(self.pid)
-
-
-def pid_alive(pid: int) -> bool:
-    """A live process with this pid (a zombie has exited: it is not alive)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def pid_stopped(pid: int) -> bool:
-    """Stopped by a signal (SIGSTOP) or a tracer: it runs no code until continued."""
-    try:
-        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-    except psutil.Error:
-        return False
 
 
 class Heartbeat:

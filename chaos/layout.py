@@ -63,6 +63,10 @@ class RunLayout:
         """Stacks of a hung job's ranks (`chaos.stacks`)."""
         return self.chaos_dir / "stacks"
 
+    def faulthandler_file(self, rank: int, pid: int) -> Path:
+        """Where the agent's faulthandler writes a process's stacks on request."""
+        return self.stacks_dir / f"rank-{rank}.pid-{pid}.txt"
+
     def weights_file(self, rank: int) -> Path:
         return self.weights_dir / f"rank-{rank}.pt"
 

@@ -60,6 +60,22 @@ def tree(pids: list[int]) -> list[int]:
     return found
 
 
+def pid_alive(pid: int) -> bool:
+    """A live process with this pid (a zombie has exited: it is not alive)."""
+    try:
+        return _alive(psutil.Process(pid))
+    except psutil.Error:
+        return False
+
+
+def pid_stopped(pid: int) -> bool:
+    """Stopped by a signal (SIGSTOP) or a tracer: it runs no code until continued."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
 def _alive(proc: psutil.Process) -> bool:
     try:
         return proc.status() != psutil.STATUS_ZOMBIE

@@ -239,8 +239,8 @@ class Job:
         last_step = {e["pid"]: e["step"] for e in History.of_run(self.layout.run_dir).steps()}
         for rank in hang.ranks:
             rank.step = last_step.get(rank.pid, rank.step)
-            fallback = self.layout.stacks_dir / f"rank-{rank.rank}.pid-{rank.pid}.txt"
-            text, how = stacks.capture(rank.pid, fallback)
+            text, how = stacks.capture(rank.pid, self.layout.faulthandler_file(rank.rank,
+                                                                               rank.pid))
             dump = self.layout.stacks_dir / f"rank-{rank.rank}.txt"
             dump.write_text(text)
             if rank.state == "waiting" and text and not stacks.waits_in_framework(text):
@@ -249,7 +249,8 @@ class Job:
                           "stacks": str(dump.relative_to(self.layout.run_dir))})
         ranks.sort(key=lambda r: STATE_ORDER.index(r["state"]))  # stable: idle longest first
         event = log.record("hang", seconds=round(hang.seconds, 1), timeout=self.hangs.timeout,
-                           ranks=ranks, after_exit=hang.after_exit)
+                           ranks=ranks, after_exit=hang.after_exit,
+                           stacks_dir=str(self.layout.stacks_dir.relative_to(self.layout.run_dir)))
         culprit = ranks[0]
         self.progress(f"hang: no progress for {hang.seconds:.0f} s; rank {culprit['rank']}"
                       f" {culprit['state']} after step {culprit['step']} in {culprit['where']};"

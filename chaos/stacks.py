@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos.heartbeat import pid_stopped
+from chaos.procs import pid_stopped
 
 STACK_SIGNAL = signal.SIGRTMIN + 6  # real-time: no target or library uses it for anything
 PY_SPY_SECONDS = 10.0
@@ -160,5 +160,4 @@ def _framework_frame(frames: list[Frame]) -> Frame | None:
 
 def _own_code(file: str) -> bool:
     """The target's own code: not the standard library, site-packages or the harness."""
-    return not ((file.startswith(STDLIB) and "site-packages" not in file)
-                or "site-packages" in file or file.startswith("<") or file.startswith(HARNESS))
+    return not (file.startswith((STDLIB, "<", *HARNESS)) or "site-packages" in file)

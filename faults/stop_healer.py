@@ -18,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from chaos.heartbeat import peers_gone, pid_alive
+from chaos.heartbeat import peers_gone
+from chaos.procs import pid_alive
 
 POLL_SECONDS = 0.1
 

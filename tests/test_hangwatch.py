@@ -18,7 +18,8 @@ from histories import Timeline, evidence
 
 from chaos import checkers, hangs, stacks
 from chaos.hangwatch import TORCHRUN_SHUTDOWN_SECONDS, HangWatch, default_timeout
-from chaos.heartbeat import Beat, Heartbeat, peers_gone, pid_stopped, read_beats
+from chaos.heartbeat import Beat, Heartbeat, peers_gone, read_beats
+from chaos.procs import pid_stopped
 
 SLEEPER = """
 import faulthandler, signal, sys, time
@@ -166,7 +167,7 @@ def hang_finding() -> dict:
              {"rank": 0, "pid": 10, "step": 8, "doing": "forward", "idle_seconds": 10.0,
               "state": "waiting", "where": "all_reduce (distributed_c10d.py:3252)",
               "stacks": "_chaos/stacks/rank-0.txt"}]
-    return {"seconds": 10.2, "ranks": ranks, "after_exit": []}
+    return {"seconds": 10.2, "ranks": ranks, "after_exit": [], "stacks_dir": "_chaos/stacks"}
 
 
 def test_hang_detected_fails_with_where_each_rank_was_when_the_harness_stepped_in():
