@@ -62,6 +62,11 @@ class _WatchedFile:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._raw.closed:
+            self._watch.forget_fd(self._raw.fileno())
         self._raw.close()
 
     def __iter__(self) -> Any:
@@ -115,6 +120,13 @@ class IOWatch:
     def track_fd(self, fd: int, owner: Any) -> None:
         self._fds[fd] = owner
 
+    def forget_fd(self, fd: int) -> None:
+        # A descriptor number is reused once closed, also when a file object
+        # (not os.close) closed it: a stale entry would report the writes of
+        # whatever file gets the number next (the heartbeat's, say) as events.
+        self._fds.pop(fd, None)
+        self._os_written.discard(fd)
+
     # -- install -----------------------------------------------------------
     def install(self) -> None:
         self._wrap_open()
@@ -133,6 +145,8 @@ class IOWatch:
                     return _WatchedFile(handle, path, self)
                 return handle
             path = self.watched(file)
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                self.forget_fd(handle.fileno())  # a fresh descriptor: no stale owner
             if path is None:
                 return handle
             if any(c in mode for c in "wax+"):
@@ -152,6 +166,7 @@ class IOWatch:
         def os_open(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
             fd = real["open"](path, flags, mode, dir_fd=dir_fd)
             full = self.watched(path, dir_fd)
+            self.forget_fd(fd)
             if full is not None and flags & WRITE_FLAGS:
                 self._fds[fd] = full
                 self.emit("open", full)
@@ -177,8 +192,7 @@ class IOWatch:
                 self.emit("fsync", full)
 
         def os_close(fd: int) -> None:
-            self._fds.pop(fd, None)
-            self._os_written.discard(fd)
+            self.forget_fd(fd)
             real["close"](fd)
 
         def mover(name: str) -> Callable[..., None]:

@@ -43,6 +43,13 @@ SAVE = textwrap.dedent("""
     fd, name = tempfile.mkstemp(dir="ckpt", prefix="manifest-")
     with os.fdopen(fd, "w") as f:   # a descriptor from os.open, written through Python
         f.write("{}")
+    # The file object closed that descriptor, not os.close: its number comes back
+    # for an unwatched file (the heartbeat's), whose writes are not events.
+    fd = os.open("_chaos/beat", os.O_WRONLY | os.O_CREAT)
+    os.write(fd, b"beat")
+    os.close(fd)
+    with os.fdopen(os.open("_chaos/beat", os.O_WRONLY), "w") as f:
+        f.write("beat")
     print(json.dumps(seen))
 """)
 
