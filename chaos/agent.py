@@ -128,8 +128,7 @@ class Agent:
         self.keep_weights: bool | None = None  # decided at the first step (model size)
 
     def _mine(self, fault: ResolvedFault) -> bool:
-        if get_kind(fault.kind).side != "agent":
-            return False
+        # harness kinds too: the rank that sees the trigger asks the harness to act
         if fault.target_type == "node":
             return fault.index == self.node and self.local_rank == 0
         return fault.index == self.rank

@@ -144,6 +144,14 @@ def _add_job_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--nproc", type=_positive_int, default=2, help="ranks per node (default 2)")
     run.add_argument("--nodes", type=_positive_int, default=1,
                      help="simulated nodes, one torchrun agent each (default 1)")
+    run.add_argument("--network", choices=("auto", "netns", "host"), default="auto",
+                     help="netns: each node in its own network namespace on a private bridge"
+                          " (root; needed for partition faults); host: the nodes share the"
+                          " machine's loopback; auto (default): netns for 2+ nodes where"
+                          " it can be made")
+    run.add_argument("--min-nodes", type=_positive_int, default=None, metavar="N",
+                     help="elastic job: torchrun may go on with N to --nodes nodes"
+                          " (default: exactly --nodes)")
     run.add_argument("--check", action="append", default=None, metavar="NAME",
                      help="only these checks (repeatable; default: every check)")
     run.add_argument("--max-lost-steps", type=_positive_int, default=None, metavar="N",
@@ -199,7 +207,8 @@ def _scenario(ns: argparse.Namespace, script: str, args: list[str], faults: list
 
     args = args[1:] if args[:1] == ["--"] else args
     return Scenario.build(
-        script, faults=faults, args=args, nproc=ns.nproc, nodes=ns.nodes, checks=ns.check,
+        script, faults=faults, args=args, nproc=ns.nproc, nodes=ns.nodes, network=ns.network,
+        min_nodes=ns.min_nodes, checks=ns.check,
         max_lost_steps=ns.max_lost_steps, max_lost_seconds=ns.max_lost_seconds,
         max_detect_steps=ns.max_detect_steps, hang_timeout=ns.hang_timeout, seed=ns.seed,
         timeout=ns.timeout, max_restarts=ns.max_restarts, max_relaunches=ns.max_relaunches,

@@ -67,6 +67,11 @@ class RunLayout:
         """Where the agent's faulthandler writes a process's stacks on request."""
         return self.stacks_dir / f"rank-{rank}.pid-{pid}.txt"
 
+    @property
+    def requests_dir(self) -> Path:
+        """A rank's requests for harness faults (`chaos.nemesis`)."""
+        return self.chaos_dir / "requests"
+
     def weights_file(self, rank: int) -> Path:
         return self.weights_dir / f"rank-{rank}.pt"
 

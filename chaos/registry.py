@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from chaos.errors import UsageError
 
 if TYPE_CHECKING:
+    from chaos.netns import Network
     from chaos.schedule import ResolvedFault
 
 
@@ -63,6 +64,8 @@ class JobContext:
 
     run_dir: Path
     run_id: str  # the marker every process of the run carries
+    network: Network | None = None  # the simulated nodes' namespaces (`--network netns`)
+    store_port: int | None = None  # the rendezvous store's port on node 0
 
 
 class JobResource(Protocol):
@@ -104,6 +107,10 @@ class FaultKind:
     def validate(self, params: dict[str, object]) -> None:
         """Check the combination of parameters; raise UsageError if it makes no sense."""
 
+    def check_job(self, params: dict[str, object], nodes: int, network: str) -> None:
+        """Raise UsageError if a job of `nodes` simulated nodes on `network` ("netns"
+        or "host") cannot have this fault."""
+
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         """Inject the fault from inside the rank (agent kinds)."""
         raise NotImplementedError
@@ -113,13 +120,32 @@ class FaultKind:
         step N (it hooks the next forward or backward) fires after step N - 1."""
         return fault.trigger.step
 
-    def heal(self, fault: ResolvedFault) -> None:
-        """Undo the fault (harness kinds). Must be safe to call twice."""
-
     def setup_job(self, faults: list[ResolvedFault], ctx: JobContext) -> JobResource:
         """Prepare what this kind's faults need during a job (called with this kind's
         faults only, before the first launch); the runner closes it after the job."""
         return NoResource()
+
+
+class HarnessKind(FaultKind):
+    """A kind the runner applies from outside the job (`chaos.nemesis`): the rank that
+    sees the trigger asks for it; `cut` makes it and returns how to heal it."""
+
+    side = "harness"
+    targets = ("node",)
+
+    def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
+        from chaos import nemesis
+
+        step = ctx.training.step() if ctx.training is not None else None
+        if not nemesis.request(ctx.run_dir, fault.id, step):
+            ctx.record("fault_error", id=fault.id,
+                       error=f"the harness did not apply it within {nemesis.ACK_TIMEOUT:g} s")
+
+    def cut(self, fault: ResolvedFault, ctx: JobContext
+            ) -> tuple[Callable[[], None], dict[str, Any]]:
+        """Put the fault in force; returns its heal (safe to call twice) and what to
+        record about it."""
+        raise NotImplementedError
 
 
 _KINDS: dict[str, FaultKind] = {}

@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import chaos
-from chaos import env, procs, schedule, stacks
+from chaos import env, netns, procs, schedule, stacks
 from chaos.hangwatch import STATE_ORDER, Hang, HangWatch
 from chaos.history import History, HistoryWriter
 from chaos.layout import RunLayout
 from chaos.mounts import mounts_under
+from chaos.nemesis import Nemesis
+from chaos.netns import Network
 from chaos.registry import JobContext, JobResource, get_kind
 from chaos.scenario import Scenario
 from chaos.schedule import ResolvedFault
@@ -35,6 +37,7 @@ from chaos.schedule import ResolvedFault
 INJECT_DIR = Path(__file__).resolve().parent / "_inject"
 PACKAGE_ROOT = Path(chaos.__file__).resolve().parent.parent
 POLL_SECONDS = 0.1
+STORE_PORT = 29400  # the rendezvous store's port on node 0 (torchrun's usual one)
 ERROR_LINE = re.compile(r"\b\w+(Error|Exception)\b: ")
 COLLATERAL = re.compile(r"Connection (reset|closed|refused)|Broken pipe|DistNetworkError")
 
@@ -53,6 +56,7 @@ class JobOutcome:
     reaped: list[int] = field(default_factory=list)  # killed by the harness after the job ended
     leftovers: list[int] = field(default_factory=list)  # alive even after reaping: a harness bug
     leftover_mounts: list[str] = field(default_factory=list)  # mounted after teardown: a bug
+    leftover_network: list[str] = field(default_factory=list)  # namespaces, links: a bug
 
     @property
     def launches(self) -> int:
@@ -85,16 +89,27 @@ def substitute(args: list[str], run_dir: Path) -> list[str]:
 
 
 def torchrun_command(scenario: Scenario, node: int, run_id: str, port: int,
-                     run_dir: Path) -> list[str]:
+                     run_dir: Path, network: Network | None = None) -> list[str]:
+    """One node's torchrun; on a simulated network it runs inside the node's namespace,
+    with the c10d rendezvous store hosted by node 0's agent at node 0's address."""
     cmd = [sys.executable, "-m", "torch.distributed.run",
            "--nproc-per-node", str(scenario.nproc),
            "--max-restarts", str(scenario.max_restarts),
            "--monitor-interval", str(POLL_SECONDS)]
-    if scenario.nodes == 1:
+    size = f"{scenario.min_nodes}:{scenario.nodes}" if scenario.min_nodes else str(scenario.nodes)
+    if scenario.nodes == 1 and not scenario.min_nodes:
         cmd += ["--standalone"]
-    else:
-        cmd += ["--nnodes", str(scenario.nodes), "--rdzv-backend", "c10d",
+    elif network is None:
+        cmd += ["--nnodes", size, "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id]
+    else:
+        me = network.nodes[node]
+        cmd = [*me.enter(), *cmd, "--nnodes", size, "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"{network.nodes[0].address}:{port}", "--rdzv-id", run_id,
+               # the store's host is told, not guessed from host names (all nodes share one)
+               "--rdzv-conf", f"is_host={int(node == 0)}",
+               # the address the workers' own store and gloo use, not the machine's name
+               "--local-addr", me.address]
     script = str(Path(scenario.script).resolve())
     return cmd + [script, *substitute(scenario.args, run_dir)]
 
@@ -140,6 +155,10 @@ class Job:
         self.run_id = uuid.uuid4().hex[:12]
         self.nodes: list[subprocess.Popen[bytes]] = []
         self.resources: list[JobResource] = []
+        self.network: Network | None = None
+        # namespaces keep ports apart: one fixed port for every launch's store
+        self.store_port = STORE_PORT if scenario.network_kind == "netns" else None
+        self.nemesis: Nemesis | None = None
 
     def run(self) -> JobOutcome:
         self.layout.create()
@@ -149,7 +168,9 @@ class Job:
         t0 = time.monotonic()
         deadline = t0 + self.scenario.timeout
         try:
-            self._set_up_faults()
+            if self.scenario.network_kind == "netns":
+                self.network = Network(self.run_id, self.scenario.nodes).create()
+            self._set_up_faults(log)
             for launch in range(self.scenario.max_relaunches + 1):
                 for resource in self.resources:
                     resource.settle()
@@ -182,32 +203,52 @@ class Job:
             if outcome.completed and not outcome.stopped:  # ended, yet these still ran
                 outcome.reaped = killed
             outcome.leftovers = procs.marked_pids(self.run_id)
-            for resource in reversed(self.resources):
-                resource.close()
+            self._tear_down()
             outcome.leftover_mounts = mounts_under(self.layout.run_dir)
+            outcome.leftover_network = netns.leftovers(self.run_id)
             outcome.wall_seconds = time.monotonic() - t0
             log.close()
         return outcome
 
-    def _set_up_faults(self) -> None:
+    def _set_up_faults(self, log: HistoryWriter) -> None:
         """Let each fault kind set up what its faults need for the whole job."""
-        ctx = JobContext(self.layout.run_dir, self.run_id)
+        ctx = JobContext(self.layout.run_dir, self.run_id, self.network, self.store_port)
         for name in dict.fromkeys(f.kind for f in self.faults):
             mine = [f for f in self.faults if f.kind == name]
             self.resources.append(get_kind(name).setup_job(mine, ctx))
+        outside = [f for f in self.faults if get_kind(f.kind).side == "harness"]
+        if outside:
+            self.nemesis = Nemesis(outside, ctx, log,
+                                   lambda fault, c: get_kind(fault.kind).cut(fault, c))
+
+    def _tear_down(self) -> None:
+        """Heal every harness fault, close the kinds' resources, remove the network."""
+        try:
+            if self.nemesis is not None:
+                self.nemesis.close()
+            for resource in reversed(self.resources):
+                resource.close()
+        finally:
+            if self.network is not None:
+                self.network.close()
 
     def _start(self, launch: int, t0: float) -> None:
         extra = {k: v for r in self.resources for k, v in r.environ.items()}
         environ = job_environment(self.scenario, self.layout.run_dir, self.run_id, launch, t0,
                                   self.reference, extra)
-        port = _free_port()
+        port = self.store_port or _free_port()
         self.nodes = []
         for node in range(self.scenario.nodes):
             log_path = self.layout.logs_dir / f"launch-{launch}-node-{node}.log"
+            command = torchrun_command(self.scenario, node, self.run_id, port,
+                                       self.layout.run_dir, self.network)
+            node_environ = environ
+            if self.network is not None:  # gloo and NCCL: the node's own interface
+                node_environ = {"GLOO_SOCKET_IFNAME": netns.INTERFACE,
+                                "NCCL_SOCKET_IFNAME": netns.INTERFACE, **environ}
             with open(log_path, "ab") as log_file:
                 self.nodes.append(subprocess.Popen(
-                    torchrun_command(self.scenario, node, self.run_id, port, self.layout.run_dir),
-                    cwd=self.layout.run_dir, env=environ, stdin=subprocess.DEVNULL,
+                    command, cwd=self.layout.run_dir, env=node_environ, stdin=subprocess.DEVNULL,
                     stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
                 ))
 
@@ -224,6 +265,8 @@ class Job:
                 return codes, "stopped"
             if time.monotonic() > deadline:
                 return codes, "deadline"
+            if self.nemesis is not None:
+                self.nemesis.poll()
             exits, hang = self.hangs.poll()
             for beat in exits:  # the job reacting: a rank is gone
                 log.record("rank_exit", rank=beat.rank, pid=beat.pid, step=beat.step,

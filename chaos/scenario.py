@@ -8,9 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chaos import netns
 from chaos.checkers import CHECKERS
 from chaos.errors import UsageError
+from chaos.registry import get_kind
 from chaos.spec import FaultSpec, parse_fault_spec
+
+NETWORKS = ("auto", "netns", "host")
 
 
 @dataclass
@@ -19,6 +23,10 @@ class Scenario:
     args: list[str] = field(default_factory=list)
     nproc: int = 2
     nodes: int = 1
+    # "netns": each node in its own network namespace (root); "host": the nodes share
+    # the machine's loopback; "auto": netns for 2+ nodes where it can be made
+    network: str = "auto"
+    min_nodes: int | None = None  # elastic: torchrun --nnodes MIN:nodes (None: fixed size)
     faults: list[FaultSpec] = field(default_factory=list)
     checks: list[str] | None = None  # None: every check that applies
     max_lost_steps: int | None = None  # None: the checkpoint interval seen in the reference
@@ -51,6 +59,14 @@ class Scenario:
             raise UsageError(f"training script not found: {self.script}")
         if self.nproc < 1 or self.nodes < 1:
             raise UsageError("--nproc and --nodes must be >= 1")
+        if self.network not in NETWORKS:
+            raise UsageError(f"unknown --network {self.network!r} (known: {', '.join(NETWORKS)})")
+        if self.network == "netns" and netns.unavailable_reason():
+            raise UsageError(f"--network netns: {netns.unavailable_reason()}")
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
+            raise UsageError(f"--min-nodes must be between 1 and --nodes ({self.nodes})")
+        for spec in self.faults:
+            get_kind(spec.kind).check_job(spec.params, self.nodes, self.network_kind)
         if self.timeout <= 0:
             raise UsageError("--timeout must be > 0 seconds")
         if self.hang_timeout is not None and self.hang_timeout <= 0:
@@ -70,3 +86,10 @@ class Scenario:
     @property
     def world_size(self) -> int:
         return self.nproc * self.nodes
+
+    @property
+    def network_kind(self) -> str:
+        """"netns" or "host": what `network` comes to on this machine."""
+        if self.network != "auto":
+            return self.network
+        return "netns" if self.nodes > 1 and not netns.unavailable_reason() else "host"

@@ -113,12 +113,13 @@ def _parse_trigger(text: str, pairs: dict[str, str]) -> Trigger:
     return Trigger(phase=phase, event=event, save=save)
 
 
-def _parse_target(text: str, pairs: dict[str, str]) -> tuple[str, str]:
+def _parse_target(text: str, pairs: dict[str, str],
+                  kinds: tuple[str, ...]) -> tuple[str, str]:
     given = [k for k in ("rank", "node") if k in pairs]
     if len(given) > 1:
         raise UsageError(f"fault spec {text!r} names both rank= and node=")
     if not given:
-        return "rank", "one"
+        return kinds[0], "one"
     key = given[0]
     value = pairs.pop(key)
     if value not in SYMBOLIC_TARGETS:
@@ -134,7 +135,7 @@ def parse_fault_spec(text: str) -> FaultSpec:
         raise UsageError(f"malformed fault spec {text!r}: expected KIND:key=value,...")
     kind = get_kind(kind_name)
     pairs = _split_pairs(text, body) if sep and body.strip() else {}
-    target_type, target = _parse_target(text, pairs)
+    target_type, target = _parse_target(text, pairs, kind.targets)
     if target_type not in kind.targets:
         raise UsageError(f"fault {kind_name!r} hits a {' or '.join(kind.targets)}, not a"
                          f" {target_type} ({text!r})")

@@ -43,7 +43,7 @@ from faults.faultfs.armed import OPS
 from faults.params import choice, fraction, positive_int, run_relative_dir, seconds
 
 MODES = ("lose_unsynced", "torn", "enospc", "eio", "slow", "bitrot")
-SOCKETS_ENV = "TORCHCHAOS_FAULTFS"  # JSON: checkpoint dir -> daemon socket name
+SOCKETS_ENV = "TORCHCHAOS_FAULTFS"  # JSON: checkpoint dir -> daemon socket path
 
 
 @dataclass
@@ -95,7 +95,7 @@ class Storage(FaultKind):
         except BaseException:
             resource.close()
             raise
-        names = {folder: m.socket_name for folder, m in zip(dirs, resource.mounts)}
+        names = {folder: m.socket_path for folder, m in zip(dirs, resource.mounts)}
         resource.environ[SOCKETS_ENV] = json.dumps(names)
         return resource
 
@@ -107,7 +107,7 @@ class Storage(FaultKind):
             return
         from faults.faultfs.client import request
 
-        socket_name = json.loads(os.environ[SOCKETS_ENV])[str(params.get("dir", "ckpt"))]
+        socket_path = json.loads(os.environ[SOCKETS_ENV])[str(params.get("dir", "ckpt"))]
         if mode == "lose_unsynced":
             command = {"cmd": "crash", "lose_unsynced": True}
         elif mode == "bitrot":
@@ -117,7 +117,7 @@ class Storage(FaultKind):
             command = {"cmd": "arm", "mode": mode, **{k: v for k, v in params.items()
                                                        if k in ("op", "count", "keep", "delay",
                                                                 "duration")}}
-        reply = request(socket_name, {**command, "fault_id": fault.id})
+        reply = request(socket_path, {**command, "fault_id": fault.id})
         ctx.record("fault_applied", id=fault.id, reply=reply)  # not reached after a crash
 
 

@@ -3,7 +3,7 @@
 Run as `python -m faults.faultfs` by `faults.faultfs.mount.Mount`, never by
 hand. It mounts `STATE/backing` at MOUNTPOINT (libfuse 3 through mfusepy,
 `auto_unmount`: if this process dies, even by SIGKILL, fusermount3 unmounts)
-and answers commands on an abstract unix socket, one JSON object per line:
+and answers commands on a unix socket in its state folder, one JSON object per line:
 
 - `{"cmd": "arm", "mode": "enospc"|"eio"|"torn"|"slow", ...}`: hit the next
   matching operations (see `armed.Armed`);
@@ -21,6 +21,7 @@ dead job's processes, and a half-done rewind must not die with them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import fnmatch
 import json
@@ -35,6 +36,7 @@ from typing import Any
 
 from chaos import procs
 from chaos.history import HistoryWriter
+from faults.faultfs import client
 from faults.faultfs.armed import Armed, ArmedFaults
 from faults.faultfs.durability import DurabilityTracker
 from faults.faultfs.fs import FaultFS
@@ -121,9 +123,11 @@ class Daemon:
         return {"ok": True, "file": rel, "bits": flipped}
 
     # -- serving -------------------------------------------------------------
-    def serve_control(self, name: str) -> None:
+    def serve_control(self, path: str) -> None:
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        server.bind("\0" + name)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        client.short_address(path, server.bind)
         server.listen(16)
         threading.Thread(target=self._accept, args=(server,), daemon=True).start()
 
@@ -159,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m faults.faultfs")
     parser.add_argument("mountpoint", type=Path)
     parser.add_argument("--state", type=Path, required=True, help="backing/ and shadow/ live here")
-    parser.add_argument("--socket", required=True, help="abstract unix socket name for commands")
+    parser.add_argument("--socket", required=True, help="unix socket (a path) for commands")
     parser.add_argument("--history", type=Path, required=True)
     parser.add_argument("--run-id", default=None, help="a crash kills this run's processes")
     args = parser.parse_args(argv)

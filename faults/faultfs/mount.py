@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -54,7 +53,7 @@ class Mount:
         self.state = state
         self.history = history
         self.run_id = run_id
-        self.socket_name = f"torchchaos-faultfs-{uuid.uuid4().hex[:12]}"
+        self.socket_path = str(state / "control.sock")
         self.daemon: subprocess.Popen[bytes] | None = None
 
     @property
@@ -71,7 +70,7 @@ class Mount:
         for entry in list(self.mountpoint.iterdir()):
             os.rename(entry, self.backing / entry.name)
         cmd = [sys.executable, "-m", "faults.faultfs", str(self.mountpoint),
-               "--state", str(self.state), "--socket", self.socket_name,
+               "--state", str(self.state), "--socket", self.socket_path,
                "--history", str(self.history)]
         if self.run_id:
             cmd += ["--run-id", self.run_id]
@@ -104,7 +103,7 @@ class Mount:
 
     # -- commands ------------------------------------------------------------
     def request(self, command: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
-        return client.request(self.socket_name, command, timeout)
+        return client.request(self.socket_path, command, timeout)
 
     def settle(self) -> None:
         """Wait until no crash is being carried out (before a relaunch)."""
