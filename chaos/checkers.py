@@ -175,8 +175,14 @@ def deterministic_resume(ev: Evidence) -> CheckResult:
         same_step = [d for d in divergent if d[0]["step"] == first["step"]
                      and (d[0]["launch"], d[0]["attempt"]) == (first["launch"], first["attempt"])]
         e, component = min(same_step, key=lambda d: cause_rank(d[1]))
+        what = f"{component} not restored"
+        if component == "gradients":  # every input of the step matched on every rank
+            what = ("gradients differ although weights, optimizer, lr, RNG and batch matched:"
+                    " the gradient all-reduce summed in another order (with 3+ ranks, DDP's"
+                    " buckets differ in a resumed process's first step unless it never"
+                    " rebuilds them, e.g. find_unused_parameters=True)")
         return CheckResult(False, f"diverged from the reference at step {e['step']} on rank"
-                                  f" {e['rank']}: {component} not restored",
+                                  f" {e['rank']}: {what}",
                            {"divergent_step": e["step"], "rank": e["rank"],
                             "component": component})
     if not ev.completed:
@@ -344,8 +350,10 @@ def hang_detected(ev: Evidence) -> CheckResult:
     straggler = hangs.straggling(ev.chaos, ev.reference, ev.wall_seconds,
                                  ev.reference_wall_seconds) or {}
     if ev.hang is not None:
-        return CheckResult(False, f"hung for {ev.hang['seconds']:g} s, no watchdog or collective"
-                                  f" timeout fired (bound {ev.hang_timeout:g} s):"
+        seen = ev.hang["t"]  # a cut made the step the ranks still wait in: after progress
+        cause = hangs.describe_cuts(hangs.cuts_in_force(ev.chaos, seen), seen)
+        return CheckResult(False, f"hung for {ev.hang['seconds']:g} s{cause}, no watchdog or"
+                                  f" collective timeout fired (bound {ev.hang_timeout:g} s):"
                                   f" {hangs.describe_hang(ev.hang)}; stacks in"
                                   f" {ev.hang['stacks_dir']}/",
                            {"hang": ev.hang, **straggler})
@@ -376,6 +384,9 @@ def no_orphans(ev: Evidence) -> CheckResult:
         return CheckResult(False, f"processes of the run survived it: {ev.leftovers}")
     if ev.leftover_mounts:
         return CheckResult(False, f"mounts of the run survived it: {ev.leftover_mounts}")
+    if ev.leftover_network:
+        return CheckResult(False, f"network namespaces or links of the run survived it:"
+                                  f" {ev.leftover_network}")
     if ev.reaped:
         return CheckResult(True, f"nothing survived; the harness reaped {len(ev.reaped)}"
                                  " process(es) the job left running after it exited")

@@ -81,6 +81,7 @@ def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
         deadline_hit=outcome.deadline_hit, exit_codes=outcome.exit_codes,
         wall_seconds=outcome.wall_seconds, reference_wall_seconds=reference.wall_seconds,
         leftovers=outcome.leftovers, leftover_mounts=outcome.leftover_mounts,
+        leftover_network=outcome.leftover_network,
         reaped=outcome.reaped, stopped=outcome.stopped,
         reference_deterministic=reference.deterministic, reference_detail=reference.detail,
         max_lost_steps=scenario.max_lost_steps, max_lost_seconds=scenario.max_lost_seconds,
@@ -93,7 +94,7 @@ def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
     report = Report.from_checks(
         checks, faults=summary, restarts=len(evidence.recoveries), run_dir=str(chaos_dir),
         reference_dir=str(reference.run_dir), wall_seconds=outcome.wall_seconds,
-        command=torchrun_command(scenario, 0, "RUN_ID", 0, chaos_dir),
+        command=torchrun_command(scenario, 0, "RUN_ID", 0, chaos_dir),  # node 0's, shown
     )
     reason = _never_fired(summary) or _undecided_by_nondeterminism(checks)
     if reason and report.verdict == "pass":  # a pass that tested nothing is no pass

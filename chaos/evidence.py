@@ -52,6 +52,7 @@ class Evidence:
     reference_wall_seconds: float
     leftovers: list[int] = field(default_factory=list)
     leftover_mounts: list[str] = field(default_factory=list)
+    leftover_network: list[str] = field(default_factory=list)
     reaped: list[int] = field(default_factory=list)
     reference_deterministic: bool | None = None
     reference_detail: str = ""

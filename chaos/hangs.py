@@ -5,6 +5,8 @@
   (a rank exited, the whole job exited, or the stall ended by itself).
 - `step_seconds` / `straggling`: per-rank step times and what a slow rank
   cost the job.
+- `cuts_in_force`: the harness faults (network partitions) in force at a time:
+  the likely cause of a hang in which every rank just waits.
 """
 
 from __future__ import annotations
@@ -26,6 +28,19 @@ def describe_hang(hang: dict[str, Any]) -> str:
     if hang.get("after_exit"):
         text += f" (rank(s) {hang['after_exit']} had exited; the teardown itself hung)"
     return text
+
+
+def cuts_in_force(history: History, t: float) -> list[Event]:
+    """The `nemesis_begin` events of harness faults that were in force at time `t`."""
+    ended = {(e["id"], e["window"]): e["t"] for e in history.of("nemesis_end")}
+    return [e for e in history.of("nemesis_begin")
+            if e["t"] <= t and ended.get((e["id"], e["window"]), float("inf")) > t]
+
+
+def describe_cuts(cuts: list[Event], t: float) -> str:
+    """' while partition 1 | 0 was in force (for 3.2 s)'."""
+    return "".join(f" while {c['kind']} {c.get('nodes', '')} was in force (for"
+                   f" {t - c['t']:.1f} s)" for c in cuts)
 
 
 @dataclass

@@ -241,7 +241,14 @@ def setup(args: argparse.Namespace) -> Trainer:
     seed_globals(args.seed, dist.get_rank(), from_clock=args.bug == "nondeterministic")
     inner = TinyLM().to(device)
     cuda = device.type == "cuda"
-    model = DistributedDataParallel(inner, device_ids=[device.index] if cuda else None)
+    # DDP rebuilds its gradient buckets after the first step of each process (in the
+    # order gradients became ready), and with 3+ ranks the order in which the
+    # all-reduce sums a gradient's elements depends on where it sits in its bucket: a
+    # resumed process's first step then sums in another order than the uninterrupted
+    # run did at that step, and is not bitwise equal. DDP never rebuilds its buckets
+    # when it looks for unused parameters (a graph walk per step: cheap here).
+    model = DistributedDataParallel(inner, device_ids=[device.index] if cuda else None,
+                                    find_unused_parameters=True)
     optim = torch.optim.AdamW(model.parameters(), lr=3e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(args.steps))
     return Trainer(args, device, inner, model, optim, sched)

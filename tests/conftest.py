@@ -2,8 +2,9 @@
 
 Every test may start real torchrun jobs; when the session ends, no process
 of any torchchaos run may still be alive, no fault filesystem may still be
-mounted, and no temporary folder may have
-appeared outside pytest's own (runs keep theirs inside their run directory).
+mounted, no simulated node's network namespace or link may be left, and no
+temporary folder may have appeared outside pytest's own (runs keep theirs
+inside their run directory).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos import env, procs
+from chaos import env, netns, procs
 from chaos.mounts import mounts_under
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -43,7 +44,10 @@ def chaos_processes(under: Path) -> list[int]:
 def nothing_leaks(tmp_path_factory: pytest.TempPathFactory):
     tmp = Path(tempfile.gettempdir())
     before = set(os.listdir(tmp))
+    networks_before = set(netns.leftovers())
     yield
+    networks = sorted(set(netns.leftovers()) - networks_before)
+    assert networks == [], f"network namespaces or links of this session survived it: {networks}"
     leaked = chaos_processes(tmp_path_factory.getbasetemp())
     assert leaked == [], f"processes of this session's runs survived it: {leaked}"
     mounts = mounts_under(tmp_path_factory.getbasetemp())

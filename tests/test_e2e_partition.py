@@ -1,0 +1,93 @@
+"""End to end: multi-node jobs, one network namespace per node, cut with nftables.
+
+One gloo rank per node keeps the runs short on two cores. The reference
+target (collective timeout 3 s) survives a node isolated mid-run, a minority
+of three nodes cut off and a cut of the rendezvous store only: its ranks time
+out, torchrun restarts them, the rendezvous completes once the network heals,
+and the run resumes bitwise. With torch's default timeouts nothing in the job
+reacts to the cut: the harness declares the hang and names the partition.
+Nothing (namespace, link, rule, process) outlives a run, interrupted or not.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TARGET, chaos_processes
+
+from chaos import netns
+from chaos.history import History
+
+pytestmark = pytest.mark.skipif(bool(netns.unavailable_reason()),
+                                reason=netns.unavailable_reason() or "ok")
+
+STEPS = ["--steps", "16", "--ckpt-every", "4"]
+TIMEOUTS = ["--timeout", "3"]  # the target's collective timeout
+TWO_NODES = {"nproc": 1, "nodes": 2}
+
+
+def _cuts(report) -> list[str]:
+    harness = History.of_run(Path(report.run_dir))
+    return [e["ev"] for e in harness.events if e["ev"].startswith("nemesis_")]
+
+
+@pytest.mark.parametrize("fault", ["partition:node=1,step=6,for=6",
+                                   "partition:shape=store,step=6,for=6"],
+                         ids=["node isolated", "store only"])
+def test_the_reference_target_survives_a_healed_partition(chaos_run, fault):
+    report = chaos_run(TARGET, faults=[fault], args=[*STEPS, *TIMEOUTS], **TWO_NODES,
+                       expect="pass")
+    assert _cuts(report) == ["nemesis_begin", "nemesis_end"], report.table()
+    assert report.checks["deterministic_resume"]["ok"] is True
+    assert report.checks["no_orphans"]["ok"] is True
+
+
+def test_three_nodes_survive_a_minority_cut_off(chaos_run):
+    """The fault-free reference is itself a three-node run to completion."""
+    report = chaos_run(TARGET, faults=["partition:shape=majority,node=2,step=6,for=6"],
+                       args=[*STEPS, *TIMEOUTS], nproc=1, nodes=3, expect="pass")
+    assert report.restarts >= 1, report.table()
+    logs = sorted(p.name for p in (Path(report.reference_dir) / "_chaos" / "logs").iterdir())
+    assert logs == [f"launch-0-node-{n}.log" for n in range(3)]
+
+
+def test_a_target_without_timeouts_is_flagged_and_the_partition_named(chaos_run):
+    start = time.monotonic()
+    report = chaos_run(TARGET, faults=["partition:node=1,step=6"],
+                       args=[*STEPS, "--default-timeouts"], **TWO_NODES, hang_timeout=5.0,
+                       expect="fail")
+    check = report.checks["hang_detected"]
+    assert check["ok"] is False, report.table()
+    assert "while partition 1 | 0 was in force" in check["detail"], check["detail"]
+    assert _cuts(report) == ["nemesis_begin", "nemesis_end"]  # healed at teardown
+    assert time.monotonic() - start < 90
+
+
+def test_an_interrupted_partitioned_run_leaves_nothing_behind(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chaos.cli", "run", "--nodes", "2", "--nproc", "1", "--out",
+         str(out), "--cache-dir", str(tmp_path / "cache"), "--fault", "partition:node=1,step=4",
+         "--", str(TARGET), *STEPS, "--default-timeouts"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    harness = out / "chaos" / "_chaos" / "history" / "harness.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and '"nemesis_begin"' not in _text(harness):
+        time.sleep(0.2)
+    assert '"nemesis_begin"' in _text(harness), "the partition should be in force"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err
+    assert chaos_processes(tmp_path) == []
+    assert netns.leftovers() == []  # the namespaces took their rules with them
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""

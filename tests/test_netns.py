@@ -1,0 +1,135 @@
+"""Simulated nodes' network on real namespaces, and partitions cut with real nftables rules.
+
+A connection attempt is the proof: a cut peer's SYN is dropped, so connecting
+times out; healed, it connects again.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from chaos import netns
+from chaos.nemesis import windows
+from chaos.schedule import ResolvedFault
+from chaos.spec import Trigger
+from faults import partition
+
+pytestmark = pytest.mark.skipif(bool(netns.unavailable_reason()),
+                                reason=netns.unavailable_reason() or "ok")
+
+PORT = 7000
+SERVE = (f"import socket\ns = socket.create_server(('0.0.0.0', {PORT}))\n"
+         "while True:\n    s.accept()[0].close()\n")
+CONNECT = ("import socket, sys\n"
+           f"socket.create_connection((sys.argv[1], {PORT}), timeout=1.0).close()\n")
+
+
+def fault(shape: str = "isolate", node: int = 1, **params: object) -> ResolvedFault:
+    return ResolvedFault("f0-partition", "partition", "node", node, Trigger(step=1),
+                         {"shape": shape, **params}, "partition", 0)
+
+
+@pytest.fixture
+def network():
+    net = netns.Network("feedc0de" + "0000", 3).create()
+    servers = [subprocess.Popen([*node.enter(), sys.executable, "-c", SERVE],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for node in net.nodes]
+    try:
+        for node in net.nodes:
+            _wait_reachable(net.nodes[0], node)
+        yield net
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+        net.close()
+    assert netns.leftovers("feedc0de") == []
+
+
+def _wait_reachable(src: netns.Node, dst: netns.Node) -> None:
+    deadline = time.monotonic() + 10
+    while not reaches(src, dst):
+        assert time.monotonic() < deadline, f"node {dst.index} never listened"
+        time.sleep(0.1)
+
+
+def reaches(src: netns.Node, dst: netns.Node) -> bool:
+    return src.run(sys.executable, "-c", CONNECT, dst.address).returncode == 0
+
+
+def test_nodes_reach_each_other_by_address(network):
+    a, b, c = network.nodes
+    assert reaches(a, b) and reaches(b, c) and reaches(c, a)
+    assert [n.address for n in network.nodes] == ["10.77.0.1", "10.77.0.2", "10.77.0.3"]
+
+
+def test_an_isolated_node_times_out_until_healed(network):
+    a, b, c = network.nodes
+    heal, details = partition.Partition().cut(fault("isolate", node=1), _ctx(network))
+    assert details["nodes"] == "1 | 0+2"
+    started = time.monotonic()
+    assert not reaches(a, b)
+    assert time.monotonic() - started >= 0.9  # dropped, not refused: a timeout
+    assert not reaches(b, c) and reaches(a, c)
+    heal()
+    assert reaches(a, b) and reaches(b, c)
+    heal()  # twice is fine
+
+
+def test_one_way_cut_lets_the_other_side_connect(network):
+    a, b, _ = network.nodes
+    heal, details = partition.Partition().cut(fault("oneway", node=0, to=1), _ctx(network))
+    assert details["nodes"] == "node 0 cannot reach node 1"
+    assert not reaches(a, b)
+    assert reaches(b, a)
+    heal()
+    assert reaches(a, b)
+
+
+def test_halves_and_explicit_sides(network):
+    a, b, c = network.nodes
+    heal, details = partition.Partition().cut(fault("halves"), _ctx(network))
+    assert details["nodes"] == "0+1 | 2"
+    assert reaches(a, b) and not reaches(a, c) and not reaches(c, b)
+    heal()
+    sides = ResolvedFault("f1", "partition", "node", 0, Trigger(step=1), {"sides": "0/1+2"},
+                          "partition", 0)
+    heal, details = partition.Partition().cut(sides, _ctx(network))
+    assert details["nodes"] == "0 | 1+2"
+    assert reaches(b, c) and not reaches(a, b)
+    heal()
+
+
+def test_store_cut_drops_only_the_store_port(network):
+    a, b, _ = network.nodes
+    heal, _ = partition.Partition().cut(fault("store"), _ctx(network, store_port=PORT))
+    assert not reaches(b, a)  # the "store" listens on node 0's PORT
+    heal()
+    assert reaches(b, a)
+
+
+def test_closing_removes_namespaces_links_and_rules():
+    net = netns.Network("beefc0de" + "1111", 2).create()
+    partition.Partition().cut(fault("isolate"), _ctx(net))
+    assert len(netns.leftovers("beefc0de1111")) == 2 + 3  # 2 namespaces, bridge, 2 links
+    net.close()
+    assert netns.leftovers("beefc0de1111") == []
+    net.close()  # twice is fine
+
+
+def test_flapping_windows():
+    flapping = fault(**{"for": 2.0, "flaps": 3, "gap": 1.0})
+    assert [(w.start, w.end) for w in windows(flapping, 10.0)] == [
+        (10.0, 12.0), (13.0, 15.0), (16.0, 18.0)]
+    assert [(w.start, w.end) for w in windows(fault(), 10.0)] == [(10.0, None)]
+
+
+def _ctx(network: netns.Network, store_port: int | None = None):
+    from chaos.registry import JobContext
+
+    return JobContext(network=network, store_port=store_port, run_dir=None, run_id="x")  # type: ignore[arg-type]
