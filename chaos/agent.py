@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import hashlib
 import os
 import random
 import sys
@@ -99,6 +100,8 @@ class Agent:
         # The weights after the last step, for a bit flip's blast radius: the reference
         # keeps them after every step (its last is not known in advance), a chaos run
         # with a bit flip at the reference's last step only, any other run never.
+        # During a partition, the split-brain check compares what each node published.
+        self.digest_publishes = any(get_kind(f.kind).side == "harness" for f in every_fault)
         flips = any(f.kind == "bitflip" for f in every_fault)
         self.weights_at: int | None = None  # None: every step
         if self.reference is not None:
@@ -399,7 +402,9 @@ class Agent:
         if save.events == 1:
             self.history.record("save_begin", save=save.number, after_step=save.after_step,
                                 background=writer is not None)
-        self.history.record("file", op=op, path=rel, save=save.number, index=save.events)
+        digest = _digest(path) if op == "rename" and self.digest_publishes else None
+        self.history.record("file", op=op, path=rel, save=save.number, index=save.events,
+                            **({"digest": digest} if digest else {}))
         self._check_phase("checkpoint_save", save.number, save.events)
 
     def _check_phase(self, phase: str, occurrence: int, index: int) -> None:
@@ -427,6 +432,20 @@ class Agent:
         ctx = FireContext(self.rank, self.local_rank, self.node, self.history.record,
                           self.last_path, str(self.layout.run_dir), TrainingState(self))
         get_kind(fault.kind).fire(fault, ctx)
+
+
+def _digest(path: str, limit: int = 1 << 30) -> str | None:
+    """sha256 of a published file (None for a folder or one over `limit` bytes)."""
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) > limit:
+            return None
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    except OSError:
+        return None
 
 
 class TrainingState:

@@ -379,6 +379,33 @@ def _straggler_text(data: dict[str, Any]) -> str:
             " the reference")
 
 
+def no_split_brain(ev: Evidence) -> CheckResult:
+    """While a partition was in force, no two nodes published different contents under
+    one checkpoint name (each side went on as if it were the job)."""
+    cuts = [c for c in ev.chaos.of("nemesis_begin") if c["kind"] == "partition"]
+    if not cuts:
+        return CheckResult(None, "no partition in this run, no split brain possible")
+    ends = {(e["id"], e["window"]): e["t"] for e in ev.chaos.of("nemesis_end")}
+    node_of = {e["pid"]: e.get("node", 0) for e in ev.chaos.of("boot")}
+    published = [e for e in ev.chaos.of("file") if e.get("digest")]
+    during = 0
+    for cut in cuts:
+        end = ends.get((cut["id"], cut["window"]), float("inf"))
+        by_name: dict[str, dict[int, str]] = {}
+        for e in published:
+            if cut["t"] <= e["t"] <= end:
+                during += 1
+                by_name.setdefault(e["path"], {})[node_of.get(e["pid"], 0)] = e["digest"]
+        for name, digests in by_name.items():  # in the order they were first published
+            if len(set(digests.values())) > 1:
+                who = ", ".join(f"node {n} ({d[:12]})" for n, d in sorted(digests.items()))
+                return CheckResult(False, f"split brain during partition {cut.get('nodes', '')}:"
+                                          f" {name} published with different contents by {who}",
+                                   {"file": name, "digests": digests})
+    return CheckResult(True, f"no two nodes published different contents under one name"
+                             f" ({during} file(s) published while the network was cut)")
+
+
 def no_orphans(ev: Evidence) -> CheckResult:
     if ev.leftovers:
         return CheckResult(False, f"processes of the run survived it: {ev.leftovers}")
@@ -401,6 +428,7 @@ CHECKERS: dict[str, Callable[[Evidence], CheckResult]] = {
     "durable_checkpoints": durable_checkpoints,
     "sdc_detected": sdc_detected,
     "hang_detected": hang_detected,
+    "no_split_brain": no_split_brain,
     "no_orphans": no_orphans,
 }
 

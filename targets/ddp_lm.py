@@ -33,6 +33,9 @@ all off: the undefended target the harness must flag.
   checking its sha256, so bit rot in it is loaded as if it were training state.
 - ``nondeterministic``: global RNGs are seeded from the clock.
 - ``crash``: rank 0 raises RuntimeError at step --steps // 2.
+- ``split_brain``: a rank whose collective fails (its peers are cut off) trains on
+  alone as a world of one and, being rank 0 of that world, publishes checkpoints
+  under the names the whole job uses: both sides of a partition write them.
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ BUGS = (
     "no_verify",
     "nondeterministic",
     "crash",
+    "split_brain",
 )
 
 
@@ -224,15 +228,24 @@ def roll_back(t: Trainer, guard: SdcGuard, reason: str, rollbacks: int) -> None:
 
 
 def train_step(t: Trainer) -> None:
-    t.step, t.data_pos = t.step + 1, t.data_pos + 1
-    if t.args.bug == "crash" and dist.get_rank() == 0 and t.step == t.args.steps // 2:
+    """One step; the counters move only once the optimizer stepped."""
+    step, pos = t.step + 1, t.data_pos + 1
+    if t.args.bug == "crash" and dist.get_rank() == 0 and step == t.args.steps // 2:
         raise RuntimeError("planted crash")
-    loss = loss_of(t.model, make_batch(t.args.seed, t.data_pos, dist.get_rank(), t.device))
+    loss = loss_of(t.model, make_batch(t.args.seed, pos, dist.get_rank(), t.device))
     t.optim.zero_grad(set_to_none=True)
     loss.backward()
     t.optim.step()
     t.sched.step()
-    t.loss = loss.item()
+    t.step, t.data_pos, t.loss = step, pos, loss.item()
+
+
+def go_it_alone(t: Trainer) -> None:
+    """The planted split_brain bug's reaction to lost peers (see the module docstring)."""
+    print(f"rank {dist.get_rank()}: peers lost after step {t.step}; going on alone", flush=True)
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    t.model = DistributedDataParallel(t.inner, find_unused_parameters=True)
 
 
 def setup(args: argparse.Namespace) -> Trainer:
@@ -265,27 +278,32 @@ def main() -> None:
     every = args.ckpt_every * (2 if args.bug == "sparse_ckpt" else 1)
     saved, rollbacks = t.step, 0
     while t.step < args.steps:
-        train_step(t)
-        watchdog.step_begins()
-        if dist.get_rank() == 0 and t.step % 10 == 0:
-            print(f"step {t.step} loss {t.loss:.4f}", flush=True)
-        time.sleep(args.step_sleep)
-        if guard.enabled:
-            params = list(t.inner.parameters())
-            reason = guard.check(t.step, t.loss, params, replicas=t.step % every == 0)
-            if reason:
-                rollbacks += 1
-                roll_back(t, guard, reason, rollbacks)
-                saved = t.step
-                continue
-        if t.step % every == 0:
-            save(t)
-            saved = t.step
-        if preempt.agreed(t.device):
-            if saved != t.step:
+        try:
+            train_step(t)
+            watchdog.step_begins()
+            if dist.get_rank() == 0 and t.step % 10 == 0:
+                print(f"step {t.step} loss {t.loss:.4f}", flush=True)
+            time.sleep(args.step_sleep)
+            if guard.enabled:
+                params = list(t.inner.parameters())
+                reason = guard.check(t.step, t.loss, params, replicas=t.step % every == 0)
+                if reason:
+                    rollbacks += 1
+                    roll_back(t, guard, reason, rollbacks)
+                    saved = t.step
+                    continue
+            if t.step % every == 0:
                 save(t)
-            # Nonzero so that torchrun restarts the workers, which then resume.
-            finish(143, f"preempted at step {t.step}, checkpoint saved", args.grace)
+                saved = t.step
+            if preempt.agreed(t.device):
+                if saved != t.step:
+                    save(t)
+                # Nonzero so that torchrun restarts the workers, which then resume.
+                finish(143, f"preempted at step {t.step}, checkpoint saved", args.grace)
+        except RuntimeError:  # a collective failed: a timeout, a closed connection
+            if args.bug != "split_brain" or dist.get_world_size() == 1:
+                raise
+            go_it_alone(t)
     finish(0, f"done step {t.step} loss {t.loss!r}", args.grace)
 
 

@@ -25,7 +25,8 @@ def test_clean_recovery_passes_every_check():
         "bounded_lost_work": True, "no_orphans": True,
         "durable_checkpoints": None,  # no power loss: durability was not tested
         "sdc_detected": None,  # no bit flip
-        "hang_detected": None}  # no hang
+        "hang_detected": None,  # no hang
+        "no_split_brain": None}  # no partition
     assert results["bounded_lost_work"].data["lost_steps"] == [2]
     assert results["bounded_lost_work"].data["ettr"] == pytest.approx(0.5)
 
@@ -236,3 +237,29 @@ def test_no_orphans():
     assert checkers.no_orphans(evidence(history, leftovers=[4242])).ok is False
     reaped = checkers.no_orphans(evidence(history, reaped=[4242]))
     assert reaped.ok is True and "reaped 1" in reaped.detail
+
+
+def _partitioned(digest_of_node_1: str) -> Timeline:
+    """Two nodes (one rank each) cut apart at t=1; each publishes ckpt/step-8.pt."""
+    timeline = Timeline()
+    timeline.add("nemesis_begin", id="f0", kind="partition", window=1, nodes="1 | 0")
+    for rank, digest in ((0, "aaaa" * 16), (1, digest_of_node_1)):
+        timeline.add("boot", node=rank, **timeline.proc(rank))
+        timeline.add("file", op="rename", path="ckpt/step-8.pt", digest=digest,
+                     **timeline.proc(rank))
+    timeline.add("nemesis_end", id="f0", kind="partition", window=1)
+    # after the heal, node 1 publishing other contents is a resume, not a split brain
+    timeline.add("file", op="rename", path="ckpt/step-12.pt", digest="cccc" * 16,
+                 **timeline.proc(1))
+    return timeline
+
+
+def test_split_brain_is_two_nodes_publishing_different_contents_while_cut():
+    split = checkers.no_split_brain(evidence(_partitioned("bbbb" * 16).history()))
+    assert split.ok is False, split.detail
+    assert split.detail == ("split brain during partition 1 | 0: ckpt/step-8.pt published with"
+                            " different contents by node 0 (aaaaaaaaaaaa), node 1 (bbbbbbbbbbbb)")
+    same = checkers.no_split_brain(evidence(_partitioned("aaaa" * 16).history()))
+    assert same.ok is True and "(2 file(s) published while the network was cut)" in same.detail
+    no_cut = checkers.no_split_brain(evidence(killed_and_resumed().history()))
+    assert no_cut.ok is None
