@@ -66,12 +66,15 @@ class JobContext:
     run_id: str  # the marker every process of the run carries
     network: Network | None = None  # the simulated nodes' namespaces (`--network netns`)
     store_port: int | None = None  # the rendezvous store's port on node 0
+    resources: dict[str, JobResource] = field(default_factory=dict)  # by kind, once set up
 
 
 class JobResource(Protocol):
     """Something a kind sets up for a whole job (a mount) and tears down after it."""
 
     environ: dict[str, str]  # added to every rank's environment
+    # where nodes 1.. reach the rendezvous store instead of node 0 (a proxy), if anywhere
+    rendezvous_endpoint: str | None
 
     def settle(self) -> None:
         """Before a relaunch: wait until pending fault work (a crash) is done."""
@@ -83,6 +86,7 @@ class JobResource(Protocol):
 @dataclass
 class NoResource:
     environ: dict[str, str] = field(default_factory=dict)
+    rendezvous_endpoint: str | None = None
 
     def settle(self) -> None:
         pass

@@ -89,9 +89,11 @@ def substitute(args: list[str], run_dir: Path) -> list[str]:
 
 
 def torchrun_command(scenario: Scenario, node: int, run_id: str, port: int,
-                     run_dir: Path, network: Network | None = None) -> list[str]:
-    """One node's torchrun; on a simulated network it runs inside the node's namespace,
-    with the c10d rendezvous store hosted by node 0's agent at node 0's address."""
+                     run_dir: Path, network: Network | None = None,
+                     proxied: str | None = None) -> list[str]:
+    """One node's torchrun. Node 0's agent hosts the c10d rendezvous store; on a
+    simulated network each node runs inside its namespace and the store is at node 0's
+    address; `proxied` is where nodes 1.. reach the store instead (a Toxiproxy)."""
     cmd = [sys.executable, "-m", "torch.distributed.run",
            "--nproc-per-node", str(scenario.nproc),
            "--max-restarts", str(scenario.max_restarts),
@@ -100,8 +102,9 @@ def torchrun_command(scenario: Scenario, node: int, run_id: str, port: int,
     if scenario.nodes == 1 and not scenario.min_nodes:
         cmd += ["--standalone"]
     elif network is None:
-        cmd += ["--nnodes", size, "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id]
+        endpoint = proxied if proxied and node > 0 else f"127.0.0.1:{port}"
+        cmd += ["--nnodes", size, "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                "--rdzv-id", run_id, "--rdzv-conf", f"is_host={int(node == 0)}"]
     else:
         me = network.nodes[node]
         cmd = [*me.enter(), *cmd, "--nnodes", size, "--rdzv-backend", "c10d",
@@ -156,8 +159,9 @@ class Job:
         self.nodes: list[subprocess.Popen[bytes]] = []
         self.resources: list[JobResource] = []
         self.network: Network | None = None
-        # namespaces keep ports apart: one fixed port for every launch's store
-        self.store_port = STORE_PORT if scenario.network_kind == "netns" else None
+        # one port for every launch's store (a proxy in front of it stays valid);
+        # namespaces keep ports apart, so a fixed one there
+        self.store_port = STORE_PORT if scenario.network_kind == "netns" else _free_port()
         self.nemesis: Nemesis | None = None
 
     def run(self) -> JobOutcome:
@@ -215,7 +219,8 @@ class Job:
         ctx = JobContext(self.layout.run_dir, self.run_id, self.network, self.store_port)
         for name in dict.fromkeys(f.kind for f in self.faults):
             mine = [f for f in self.faults if f.kind == name]
-            self.resources.append(get_kind(name).setup_job(mine, ctx))
+            ctx.resources[name] = get_kind(name).setup_job(mine, ctx)
+            self.resources.append(ctx.resources[name])
         outside = [f for f in self.faults if get_kind(f.kind).side == "harness"]
         if outside:
             self.nemesis = Nemesis(outside, ctx, log,
@@ -236,12 +241,14 @@ class Job:
         extra = {k: v for r in self.resources for k, v in r.environ.items()}
         environ = job_environment(self.scenario, self.layout.run_dir, self.run_id, launch, t0,
                                   self.reference, extra)
-        port = self.store_port or _free_port()
+        port = self.store_port
+        proxied = next((r.rendezvous_endpoint for r in self.resources if r.rendezvous_endpoint),
+                       None)
         self.nodes = []
         for node in range(self.scenario.nodes):
             log_path = self.layout.logs_dir / f"launch-{launch}-node-{node}.log"
             command = torchrun_command(self.scenario, node, self.run_id, port,
-                                       self.layout.run_dir, self.network)
+                                       self.layout.run_dir, self.network, proxied)
             node_environ = environ
             if self.network is not None:  # gloo and NCCL: the node's own interface
                 node_environ = {"GLOO_SOCKET_IFNAME": netns.INTERFACE,

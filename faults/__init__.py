@@ -1,3 +1,3 @@
 """Fault kinds; importing this package registers every kind."""
 
-from faults import bitflip, hang, kill, partition, storage, straggler  # noqa: F401
+from faults import bitflip, hang, kill, partition, storage, straggler, toxic  # noqa: F401

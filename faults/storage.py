@@ -52,6 +52,7 @@ class FaultFSMounts:
 
     mounts: list = field(default_factory=list)  # faults.faultfs.mount.Mount
     environ: dict[str, str] = field(default_factory=dict)
+    rendezvous_endpoint: str | None = None
 
     def settle(self) -> None:
         for mount in self.mounts:

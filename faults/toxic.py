@@ -1,0 +1,188 @@
+"""toxic: degrade a TCP endpoint of the job through a Toxiproxy server.
+
+Where namespaces and nftables cut a network outright, Toxiproxy
+(https://github.com/Shopify/toxiproxy) sits in a TCP path and makes it bad:
+slow, thin, stalled, reset or chopped up. The harness creates one proxy per
+job on the server given by `TORCHCHAOS_TOXIPROXY` (a URL, default
+http://127.0.0.1:8474) in front of the rendezvous store on node 0; nodes 1
+and up reach the store through it (node 0's own agent connects directly).
+`TORCHCHAOS_TOXIPROXY_UPSTREAM` is the host name under which the server
+reaches this machine (default 127.0.0.1; in docker-compose, the harness's
+service name). The proxy is deleted when the job ends, on every exit path.
+
+Toxics (`type=`, attributes as Toxiproxy names them):
+- `latency`: `latency=` ms added to each chunk (`jitter=` ms);
+- `bandwidth`: `rate=` KB/s;
+- `timeout`: data stops; the connection closes after `timeout=` ms (0:
+  never, a black hole);
+- `reset_peer`: the connection is reset after `timeout=` ms;
+- `slicer`: data is cut into `average_size=` byte pieces (`size_variation=`)
+  sent `delay=` microseconds apart;
+- `limit_data`: the connection closes after `bytes=` bytes.
+`stream=upstream|downstream` (default downstream: towards the client),
+`toxicity=` the fraction of connections hit (default 1). Timing as for
+partitions: the trigger starts it, `for=` heals it, `flaps=`/`gap=` repeat it.
+
+Needs `--network host` (the server must reach node 0's store, and the nodes
+the server) and 2+ nodes. Backed by toxiproxy-python.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from chaos.errors import ChaosError, UsageError
+from chaos.registry import HarnessKind, JobContext, JobResource, register
+from chaos.schedule import ResolvedFault
+from faults.params import choice, fraction, non_negative_int, positive_int, seconds
+
+URL_ENV = "TORCHCHAOS_TOXIPROXY"
+UPSTREAM_ENV = "TORCHCHAOS_TOXIPROXY_UPSTREAM"
+DEFAULT_URL = "http://127.0.0.1:8474"
+ATTRIBUTES = {
+    "latency": ("latency", "jitter"),
+    "bandwidth": ("rate",),
+    "timeout": ("timeout",),
+    "reset_peer": ("timeout",),
+    "slicer": ("average_size", "size_variation", "delay"),
+    "limit_data": ("bytes",),
+}
+REQUIRED = {"latency": "latency", "bandwidth": "rate", "limit_data": "bytes",
+            "slicer": "average_size"}
+
+
+class ToxiproxyError(ChaosError):
+    """The Toxiproxy server is unreachable or refused a request."""
+
+
+def server() -> tuple[str, int]:
+    """The Toxiproxy server's (host, port), from `TORCHCHAOS_TOXIPROXY`."""
+    url = os.environ.get(URL_ENV) or DEFAULT_URL
+    parts = urlsplit(url if "//" in url else f"http://{url}")
+    if not parts.hostname:
+        raise UsageError(f"{URL_ENV}={url!r} is not a URL like {DEFAULT_URL}")
+    return parts.hostname, parts.port or 8474
+
+
+def unreachable_reason() -> str:
+    """Why no Toxiproxy server answers, or "" if one does."""
+    host, port = server()
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            return ""
+    except OSError as exc:
+        return f"no Toxiproxy server at {host}:{port} ({exc.strerror or exc}); set {URL_ENV}"
+
+
+def _client() -> Any:
+    from toxiproxy import Toxiproxy
+
+    client = Toxiproxy()
+    client.update_api_consumer(*server())  # the library keeps it class-wide
+    return client
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class StoreProxy:
+    """The job's proxy in front of the rendezvous store (a JobResource)."""
+
+    proxy: Any
+    rendezvous_endpoint: str  # where nodes 1.. reach the store
+    environ: dict[str, str] = field(default_factory=dict)
+    closed: bool = False
+
+    def settle(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self.proxy.destroy()
+            except Exception:  # noqa: BLE001 - the server may be gone; nothing else to undo
+                pass
+
+
+class Toxic(HarnessKind):
+    name = "toxic"
+    summary = ("degrade the rendezvous store's TCP path through Toxiproxy: latency,"
+               " bandwidth, timeout, reset_peer, slicer, limit_data")
+    params = {"type": choice(tuple(ATTRIBUTES)), "stream": choice(("downstream", "upstream")),
+              "toxicity": fraction, "latency": non_negative_int, "jitter": non_negative_int,
+              "rate": positive_int, "timeout": non_negative_int, "average_size": positive_int,
+              "size_variation": non_negative_int, "delay": non_negative_int,
+              "bytes": non_negative_int, "for": seconds, "flaps": positive_int,
+              "gap": seconds}
+
+    def validate(self, params: dict[str, object]) -> None:
+        kind = params.get("type")
+        if kind is None:
+            raise UsageError(f"toxic needs type= (one of {', '.join(ATTRIBUTES)})")
+        given = [k for k in params if k in {a for v in ATTRIBUTES.values() for a in v}]
+        foreign = [k for k in given if k not in ATTRIBUTES[str(kind)]]
+        if foreign:
+            raise UsageError(f"toxic type={kind} has no attribute {foreign[0]}= (its attributes:"
+                             f" {', '.join(ATTRIBUTES[str(kind)])})")
+        needed = REQUIRED.get(str(kind))
+        if needed and needed not in params:
+            raise UsageError(f"toxic type={kind} needs {needed}=")
+        if ("flaps" in params or "gap" in params) and "for" not in params:
+            raise UsageError("toxic: flaps= and gap= need for= (how long each lasts)")
+
+    def check_job(self, params: dict[str, object], nodes: int, network: str) -> None:
+        if nodes < 2:
+            raise UsageError("toxic needs --nodes 2 or more (it sits between nodes 1.. and"
+                             " the store on node 0)")
+        if network != "host":
+            raise UsageError("toxic needs --network host (the Toxiproxy server must reach"
+                             " the nodes)")
+        reason = unreachable_reason()
+        if reason:
+            raise UsageError(f"toxic: {reason}")
+
+    def setup_job(self, faults: list[ResolvedFault], ctx: JobContext) -> JobResource:
+        host, _ = server()
+        upstream = os.environ.get(UPSTREAM_ENV) or "127.0.0.1"
+        port = _free_port()
+        name = f"torchchaos-{ctx.run_id}-{uuid.uuid4().hex[:6]}"
+        try:
+            proxy = _client().create(upstream=f"{upstream}:{ctx.store_port}", name=name,
+                                     listen=f"0.0.0.0:{port}")
+        except Exception as exc:  # noqa: BLE001 - requests' and the library's errors alike
+            raise ToxiproxyError(f"Toxiproxy at {host}: cannot create proxy: {exc}") from None
+        return StoreProxy(proxy, f"{host}:{port}")
+
+    def cut(self, fault: ResolvedFault, ctx: JobContext
+            ) -> tuple[Callable[[], None], dict[str, Any]]:
+        resource = ctx.resources.get(self.name)
+        if not isinstance(resource, StoreProxy):
+            raise ToxiproxyError("the job has no Toxiproxy proxy")
+        proxy = resource.proxy
+        kind, params = str(fault.params["type"]), fault.params
+        name = f"{fault.id}-{kind}"
+        attributes = {a: params[a] for a in ATTRIBUTES[kind] if a in params}
+        proxy.add_toxic(type=kind, name=name, stream=params.get("stream", "downstream"),
+                        toxicity=params.get("toxicity", 1.0), attributes=attributes)
+
+        def heal() -> None:
+            try:
+                proxy.destroy_toxic(name)
+            except Exception:  # noqa: BLE001 - gone already (healed, or proxy deleted)
+                pass
+
+        return heal, {"toxic": kind, "attributes": attributes, "proxy": proxy.name}
+
+
+register(Toxic())
