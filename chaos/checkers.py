@@ -352,8 +352,10 @@ def hang_detected(ev: Evidence) -> CheckResult:
     if ev.hang is not None:
         seen = ev.hang["t"]  # a cut made the step the ranks still wait in: after progress
         cause = hangs.describe_cuts(hangs.cuts_in_force(ev.chaos, seen), seen)
-        return CheckResult(False, f"hung for {ev.hang['seconds']:g} s{cause}, no watchdog or"
-                                  f" collective timeout fired (bound {ev.hang_timeout:g} s):"
+        why = ("the ranks' timeouts fired but the job could not start again"
+               if ev.hang.get("between_attempts") else "no watchdog or collective timeout fired")
+        return CheckResult(False, f"hung for {ev.hang['seconds']:g} s{cause}, {why}"
+                                  f" (bound {ev.hang_timeout:g} s):"
                                   f" {hangs.describe_hang(ev.hang)}; stacks in"
                                   f" {ev.hang['stacks_dir']}/",
                            {"hang": ev.hang, **straggler})

@@ -20,6 +20,10 @@ from chaos.history import Event, History
 
 def describe_hang(hang: dict[str, Any]) -> str:
     """'rank 1 stopped after step 25 in ...; rank 0 waiting after step 25 in ...'."""
+    if hang.get("between_attempts"):
+        agents = "; ".join(f"node {a['node']} in {a['where']}" for a in hang.get("agents", []))
+        return (f"every rank had exited (ranks {hang['after_exit']}) and no new attempt started:"
+                f" torchrun waits, {agents or 'no agent left'}")
     clauses = []
     for rank in hang["ranks"]:
         step = f"after step {rank['step']}" if rank["step"] else "before its first step"

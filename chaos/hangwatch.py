@@ -11,6 +11,11 @@ attempt down: it SIGTERMs the other workers and SIGKILLs them only after its
 shutdown grace (30 s). That wait is recovery time, not a hang, so the bound
 grows by the grace; an attempt still alive after both has hung in teardown.
 
+When every rank of the attempt has exited and no rank of a next one has
+started for `timeout` seconds, the job is hung between attempts: torchrun
+waits in its rendezvous for a node that cannot join (cut off for good) or
+cannot start its workers. A restart takes seconds, so this too is a hang.
+
 The detector only reads the beat files; the runner decides what to do.
 """
 
@@ -51,6 +56,8 @@ class Hang:
     seconds: float  # since the job's last progress (or since a rank exited)
     ranks: list[RankState]  # the live ranks, the likely culprit first
     after_exit: list[int] = field(default_factory=list)  # ranks that had exited: teardown hung
+    # every rank had exited and none of a next attempt started (`ranks` is empty)
+    between_attempts: bool = False
 
     @property
     def culprit(self) -> RankState:
@@ -62,6 +69,7 @@ class HangWatch:
         self.beats_dir = beats_dir
         self.timeout = timeout
         self.seen_exits: set[int] = set()
+        self.launched_at = 0.0
 
     def poll(self, now: float | None = None) -> tuple[list[Beat], Hang | None]:
         """Ranks of the current attempt that exited since the last poll (each once),
@@ -74,10 +82,14 @@ class HangWatch:
         self.seen_exits.update(b.pid for b in exits)
         return exits, self._hang(live, gone, now)
 
+    def launch_began(self, now: float | None = None) -> None:
+        """The runner (re)launched the job: time before this is not the new launch's."""
+        self.launched_at = time.monotonic() if now is None else now
+
     def _hang(self, live: list[Beat], gone: list[Beat], now: float) -> Hang | None:
         working = [b for b in live if not b.stopped]
         if not working:
-            return None
+            return self._between_attempts(live, gone, now)
         since = max(b.progress_t for b in working)
         limit = self.timeout
         if gone:
@@ -87,6 +99,15 @@ class HangWatch:
             return None
         ranks = sorted((_state(b, now) for b in working), key=_culprit_order)
         return Hang(now - since, ranks, sorted(b.rank for b in gone))
+
+
+    def _between_attempts(self, live: list[Beat], gone: list[Beat], now: float) -> Hang | None:
+        if live or not gone:  # ranks stopped as asked, or none started yet
+            return None
+        since = max([b.beat_t for b in gone] + [self.launched_at])
+        if now - since < self.timeout:
+            return None
+        return Hang(now - since, [], sorted(b.rank for b in gone), between_attempts=True)
 
 
 def _state(beat: Beat, now: float) -> RankState:

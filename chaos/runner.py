@@ -1,11 +1,14 @@
 """Launch one job (reference or chaos) under torchrun and always clean up.
 
 A job is one torchrun agent per simulated node, each started in its own
-session, with a deadline. If the whole job dies (every torchrun exits, some
+session (and, on a `netns` network, in its node's network namespace), with a
+deadline; harness faults (partitions) are applied and healed by the job's
+`Nemesis` while the runner waits. If the whole job dies (every torchrun exits, some
 non-zero), the runner relaunches it the way a cluster scheduler requeues a
 job, up to `max_relaunches`, so recovery from checkpoints is exercised for
 node loss too. Whatever happens — success, failure, deadline, Ctrl-C — the
-`finally` reaps every process of the run, found by tree and by marker.
+`finally` reaps every process of the run, found by tree and by marker, heals
+every fault and removes the namespaces.
 """
 
 from __future__ import annotations
@@ -179,6 +182,7 @@ class Job:
                 for resource in self.resources:
                     resource.settle()
                 self._start(launch, t0)
+                self.hangs.launch_began()
                 log.record("launch", launch=launch, pids=[p.pid for p in self.nodes])
                 codes, ended = self._wait(deadline, log)
                 if isinstance(ended, Hang):
@@ -284,6 +288,8 @@ class Job:
 
     def _capture_hang(self, hang: Hang, log: HistoryWriter) -> dict[str, Any]:
         """Take every hung rank's stacks into the run, record the hang, say where."""
+        if hang.between_attempts:
+            return self._capture_stalled_agents(hang, log)
         ranks = []
         # a beat is up to half a second old; the history has each rank's true last step
         last_step = {e["pid"]: e["step"] for e in History.of_run(self.layout.run_dir).steps()}
@@ -305,6 +311,26 @@ class Job:
         self.progress(f"hang: no progress for {hang.seconds:.0f} s; rank {culprit['rank']}"
                       f" {culprit['state']} after step {culprit['step']} in {culprit['where']};"
                       " tearing the job down")
+        return event
+
+    def _capture_stalled_agents(self, hang: Hang, log: HistoryWriter) -> dict[str, Any]:
+        """No worker is left: the torchrun agents' stacks say what they wait for."""
+        agents = []
+        for node, proc in enumerate(self.nodes):
+            if proc.poll() is not None:
+                continue
+            text, how = stacks.capture(proc.pid, self.layout.stacks_dir / "none")
+            dump = self.layout.stacks_dir / f"torchrun-node-{node}.txt"
+            dump.write_text(text)
+            agents.append({"node": node, "pid": proc.pid, "where": stacks.summarize(text),
+                           "stack_tool": how, "stacks": str(dump.relative_to(self.layout.run_dir))})
+        event = log.record("hang", seconds=round(hang.seconds, 1), timeout=self.hangs.timeout,
+                           ranks=[], after_exit=hang.after_exit, between_attempts=True,
+                           agents=agents,
+                           stacks_dir=str(self.layout.stacks_dir.relative_to(self.layout.run_dir)))
+        where = "; ".join(f"node {a['node']} in {a['where']}" for a in agents)
+        self.progress(f"hang: every rank exited {hang.seconds:.0f} s ago and no new attempt"
+                      f" started (torchrun: {where or 'gone'}); tearing the job down")
         return event
 
     def _all_stopped(self) -> bool:

@@ -97,7 +97,7 @@ def test_run_writes_the_report_and_report_reprints_it(tmp_path):
     assert report["verdict"] == "pass"
     assert set(report["checks"]) == {"completes", "atomic_recovery", "deterministic_resume",
                                      "bounded_lost_work", "durable_checkpoints", "sdc_detected",
-                                     "hang_detected", "no_orphans"}
+                                     "hang_detected", "no_split_brain", "no_orphans"}
     assert report["faults"][0]["spec"] == "kill:rank=1,step=7" and report["restarts"] == 1
     assert report["lost_steps"] == [2]
     again = cli("report", str(out), cwd=tmp_path)

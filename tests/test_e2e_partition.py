@@ -39,8 +39,8 @@ def _cuts(report) -> list[str]:
 
 @pytest.mark.parametrize("fault", [
     # the three-node test below isolates a node too: this one only with -m slow
-    pytest.param("partition:node=1,step=6,for=6", id="node isolated", marks=pytest.mark.slow),
-    pytest.param("partition:shape=store,step=6,for=6", id="store only")])
+    pytest.param("partition:node=1,step=6,for=4", id="node isolated", marks=pytest.mark.slow),
+    pytest.param("partition:shape=store,step=6,for=4", id="store only")])
 def test_the_reference_target_survives_a_healed_partition(chaos_run, fault):
     report = chaos_run(TARGET, faults=[fault], args=[*STEPS, *TIMEOUTS], **TWO_NODES,
                        expect="pass")
@@ -52,7 +52,7 @@ def test_the_reference_target_survives_a_healed_partition(chaos_run, fault):
 
 def test_three_nodes_survive_a_node_isolated_mid_run(chaos_run):
     """The fault-free reference is itself a three-node run to completion."""
-    report = chaos_run(TARGET, faults=["partition:node=2,step=6,for=6"],
+    report = chaos_run(TARGET, faults=["partition:node=2,step=6,for=4"],
                        args=[*STEPS, *TIMEOUTS], nproc=1, nodes=3, expect="pass")
     assert report.restarts >= 1, report.table()
     assert report.checks["no_split_brain"]["ok"] is True
@@ -62,7 +62,7 @@ def test_three_nodes_survive_a_node_isolated_mid_run(chaos_run):
 
 def test_both_sides_publishing_a_checkpoint_is_a_split_brain(chaos_run):
     """The split_brain bug: each side of the cut trains on alone and saves step 8."""
-    report = chaos_run(TARGET, faults=["partition:node=1,step=6,for=6"],
+    report = chaos_run(TARGET, faults=["partition:node=1,step=6,for=4"],
                        args=[*STEPS, *TIMEOUTS, "--bug", "split_brain"], **TWO_NODES,
                        expect="fail")
     check = report.checks["no_split_brain"]
@@ -81,6 +81,16 @@ def test_a_target_without_timeouts_is_flagged_and_the_partition_named(chaos_run)
     assert "while partition 1 | 0 was in force" in check["detail"], check["detail"]
     assert _cuts(report) == ["nemesis_begin", "nemesis_end"]  # healed at teardown
     assert time.monotonic() - start < 90
+
+
+def test_a_partition_that_never_heals_fails_fast_with_torchruns_stacks(chaos_run):
+    """The ranks' timeouts fire, but node 1 can never rejoin the rendezvous."""
+    report = chaos_run(TARGET, faults=["partition:node=1,step=6"], args=[*STEPS, *TIMEOUTS],
+                       **TWO_NODES, hang_timeout=5.0, expect="fail")
+    check = report.checks["hang_detected"]
+    assert "the ranks' timeouts fired but the job could not start again" in check["detail"]
+    assert "node 0 in DynamicRendezvousHandler.next_rendezvous" in check["detail"], check
+    assert (Path(report.run_dir) / "_chaos" / "stacks" / "torchrun-node-0.txt").exists()
 
 
 def test_an_interrupted_partitioned_run_leaves_nothing_behind(tmp_path):

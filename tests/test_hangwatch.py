@@ -100,6 +100,19 @@ def test_a_rank_that_exited_means_the_job_reacted_and_teardown_gets_torchruns_gr
     assert peers_gone(tmp_path, os.getpid()) == [0]
 
 
+def test_no_rank_left_and_none_restarted_is_a_hang_between_attempts(tmp_path):
+    """torchrun waits in its rendezvous for a node that cannot join: no worker at all."""
+    write_beat(tmp_path, 0, dead_pid(), progress_ago=20.0, beat_ago=8.0)
+    write_beat(tmp_path, 1, dead_pid(), progress_ago=20.0, beat_ago=6.0)
+    watch = HangWatch(tmp_path, timeout=5.0)
+    hang = watch.poll()[1]
+    assert hang is not None and hang.between_attempts and hang.ranks == []
+    assert 6.0 <= hang.seconds < 7.0 and hang.after_exit == [0, 1]
+    watch.launch_began()  # a relaunch: its workers get the whole timeout to start
+    assert watch.poll()[1] is None
+    assert HangWatch(tmp_path, timeout=10.0).poll()[1] is None, "a restart takes seconds"
+
+
 def test_ranks_stopped_on_purpose_and_older_attempts_do_not_count(tmp_path):
     write_beat(tmp_path, 0, os.getpid(), progress_ago=50.0, stopped=True)
     write_beat(tmp_path, 1, dead_pid(), progress_ago=50.0)
@@ -167,7 +180,23 @@ def hang_finding() -> dict:
              {"rank": 0, "pid": 10, "step": 8, "doing": "forward", "idle_seconds": 10.0,
               "state": "waiting", "where": "all_reduce (distributed_c10d.py:3252)",
               "stacks": "_chaos/stacks/rank-0.txt"}]
-    return {"seconds": 10.2, "ranks": ranks, "after_exit": [], "stacks_dir": "_chaos/stacks"}
+    return {"seconds": 10.2, "ranks": ranks, "after_exit": [], "stacks_dir": "_chaos/stacks",
+            "t": 100.0}
+
+
+def test_hang_detected_says_when_the_job_reacted_but_could_not_start_again():
+    timeline = Timeline()
+    timeline.train(2, range(1, 9))
+    hang = {"seconds": 10.0, "ranks": [], "after_exit": [0, 1], "between_attempts": True,
+            "agents": [{"node": 0, "where": "DynamicRendezvousHandler.next_rendezvous"}],
+            "stacks_dir": "_chaos/stacks", "t": 100.0}
+    result = checkers.hang_detected(evidence(timeline.history(), completed=False, hang=hang,
+                                             hang_timeout=10.0))
+    assert result.ok is False
+    assert result.detail.startswith("hung for 10 s, the ranks' timeouts fired but the job could"
+                                    " not start again (bound 10 s): every rank had exited (ranks"
+                                    " [0, 1]) and no new attempt started: torchrun waits, node 0"
+                                    " in DynamicRendezvousHandler.next_rendezvous"), result.detail
 
 
 def test_hang_detected_fails_with_where_each_rank_was_when_the_harness_stepped_in():

@@ -122,6 +122,24 @@ def test_closing_removes_namespaces_links_and_rules():
     net.close()  # twice is fine
 
 
+def test_elastic_jobs_and_store_placement_in_the_torchrun_command():
+    from pathlib import Path
+
+    from chaos.runner import torchrun_command
+    from chaos.scenario import Scenario
+
+    elastic = Scenario("train.py", nodes=3, min_nodes=2, network="netns")
+    net = netns.Network("0123456789ab", 3)  # names only: nothing is created
+    node1 = torchrun_command(elastic, 1, "RUN", 29400, Path("/r"), net)
+    assert node1[:2] == ["nsenter", "--net=/run/netns/tc01234567n1"]
+    joined = " ".join(node1)
+    assert "--nnodes 2:3" in joined and "--rdzv-endpoint 10.77.0.1:29400" in joined
+    assert "is_host=0" in joined and "--local-addr 10.77.0.2" in joined
+    proxied = torchrun_command(Scenario("train.py", nodes=2, network="host"), 1, "RUN", 5,
+                               Path("/r"), None, "toxiproxy:7000")
+    assert "--rdzv-endpoint toxiproxy:7000" in " ".join(proxied)
+
+
 def test_flapping_windows():
     flapping = fault(**{"for": 2.0, "flaps": 3, "gap": 1.0})
     assert [(w.start, w.end) for w in windows(flapping, 10.0)] == [
@@ -133,3 +151,33 @@ def _ctx(network: netns.Network, store_port: int | None = None):
     from chaos.registry import JobContext
 
     return JobContext(network=network, store_port=store_port, run_dir=None, run_id="x")  # type: ignore[arg-type]
+
+
+def test_the_nemesis_applies_a_requested_flapping_cut_and_heals_it_on_time(network, tmp_path):
+    """The runner's side: a rank's request (a file), then cut, heal, cut, heal on time."""
+    from chaos.history import History, HistoryWriter
+    from chaos.layout import RunLayout
+    from chaos.nemesis import Nemesis
+    from chaos.registry import JobContext
+
+    layout = RunLayout(tmp_path)
+    layout.create()
+    flapping = fault(**{"for": 1.5, "flaps": 2, "gap": 1.5})
+    log = HistoryWriter(layout.harness_history, source="harness")
+    ctx = JobContext(tmp_path, "x", network=network)
+    nemesis = Nemesis([flapping], ctx, log, partition.Partition().cut)
+    a, b, _ = network.nodes
+    layout.requests_dir.mkdir()
+    (layout.requests_dir / f"{flapping.id}.json").write_text("{}")
+    seen = []
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        nemesis.poll()
+        seen.append(reaches(a, b))  # a 1 s timeout while cut: polls every second or so
+    nemesis.close()
+    log.close()
+    events = [e["ev"] for e in History.of_run(tmp_path).events if e["ev"].startswith("nemesis")]
+    assert events == ["nemesis_begin", "nemesis_end"] * 2
+    assert (layout.requests_dir / f"{flapping.id}.done").exists()
+    assert seen[0] is False and True in seen and seen.count(False) >= 2, seen
+    assert reaches(a, b)
