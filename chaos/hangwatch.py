@@ -11,6 +11,10 @@ attempt down: it SIGTERMs the other workers and SIGKILLs them only after its
 shutdown grace (30 s). That wait is recovery time, not a hang, so the bound
 grows by the grace; an attempt still alive after both has hung in teardown.
 
+A stall while a harness fault with a known end is in force (a partition
+`for=` N seconds) is waiting, not hanging: the runner excuses it until the
+fault heals (`excuse_until`), and the bound counts from then.
+
 When every rank of the attempt has exited and no rank of a next one has
 started for `timeout` seconds, the job is hung between attempts: torchrun
 waits in its rendezvous for a node that cannot join (cut off for good) or
@@ -70,6 +74,7 @@ class HangWatch:
         self.timeout = timeout
         self.seen_exits: set[int] = set()
         self.launched_at = 0.0
+        self.excused_until = 0.0
 
     def poll(self, now: float | None = None) -> tuple[list[Beat], Hang | None]:
         """Ranks of the current attempt that exited since the last poll (each once),
@@ -86,11 +91,16 @@ class HangWatch:
         """The runner (re)launched the job: time before this is not the new launch's."""
         self.launched_at = time.monotonic() if now is None else now
 
+    def excuse_until(self, t: float) -> None:
+        """No progress before `t` counts: a timed fault is in force until then (the
+        bound then counts from its heal, so an earlier `t` never takes that back)."""
+        self.excused_until = max(self.excused_until, t)
+
     def _hang(self, live: list[Beat], gone: list[Beat], now: float) -> Hang | None:
         working = [b for b in live if not b.stopped]
         if not working:
             return self._between_attempts(live, gone, now)
-        since = max(b.progress_t for b in working)
+        since = max([b.progress_t for b in working] + [self.excused_until])
         limit = self.timeout
         if gone:
             since = max(since, max(b.beat_t for b in gone))
@@ -104,7 +114,7 @@ class HangWatch:
     def _between_attempts(self, live: list[Beat], gone: list[Beat], now: float) -> Hang | None:
         if live or not gone:  # ranks stopped as asked, or none started yet
             return None
-        since = max([b.beat_t for b in gone] + [self.launched_at])
+        since = max([b.beat_t for b in gone] + [self.launched_at, self.excused_until])
         if now - since < self.timeout:
             return None
         return Hang(now - since, [], sorted(b.rank for b in gone), between_attempts=True)

@@ -133,6 +133,11 @@ class Nemesis:
             self.log.record("nemesis_end", id=window.fault.id, kind=window.fault.kind,
                             window=window.number)
 
+    def heals_by(self) -> float:
+        """When the last timed window applied or scheduled ends (0: none is): until then
+        a stalled job may only be waiting for the network to come back."""
+        return max((w.end for w in self.windows if w.end is not None), default=0.0)
+
     def close(self) -> None:
         """Heal whatever is still in force (every exit path of the job)."""
         for window in self.windows:

@@ -278,6 +278,7 @@ class Job:
                 return codes, "deadline"
             if self.nemesis is not None:
                 self.nemesis.poll()
+                self.hangs.excuse_until(self.nemesis.heals_by())
             exits, hang = self.hangs.poll()
             for beat in exits:  # the job reacting: a rank is gone
                 log.record("rank_exit", rank=beat.rank, pid=beat.pid, step=beat.step,

@@ -111,6 +111,10 @@ def test_no_rank_left_and_none_restarted_is_a_hang_between_attempts(tmp_path):
     watch.launch_began()  # a relaunch: its workers get the whole timeout to start
     assert watch.poll()[1] is None
     assert HangWatch(tmp_path, timeout=10.0).poll()[1] is None, "a restart takes seconds"
+    waiting = HangWatch(tmp_path, timeout=5.0)
+    waiting.excuse_until(time.monotonic() + 3)  # a partition heals in 3 s: the job may wait
+    assert waiting.poll()[1] is None
+    assert waiting.poll(now=time.monotonic() + 8.5)[1] is not None
 
 
 def test_ranks_stopped_on_purpose_and_older_attempts_do_not_count(tmp_path):
