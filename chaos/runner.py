@@ -256,7 +256,11 @@ class Job:
             node_environ = environ
             if self.network is not None:  # gloo and NCCL: the node's own interface
                 node_environ = {"GLOO_SOCKET_IFNAME": netns.INTERFACE,
-                                "NCCL_SOCKET_IFNAME": netns.INTERFACE, **environ}
+                                "NCCL_SOCKET_IFNAME": netns.INTERFACE,
+                                # NCCL would see one host and bypass the network (shared
+                                # memory, P2P), where a partition cannot cut it
+                                "NCCL_HOSTID": f"torchchaos-{self.run_id}-node-{node}",
+                                **environ}
             with open(log_path, "ab") as log_file:
                 self.nodes.append(subprocess.Popen(
                     command, cwd=self.layout.run_dir, env=node_environ, stdin=subprocess.DEVNULL,
