@@ -29,6 +29,7 @@ import faulthandler
 import hashlib
 import os
 import random
+import shutil
 import sys
 import threading
 import time
@@ -110,6 +111,8 @@ class Agent:
         self.recovering = (environ.get(env.LAUNCH, "0") != "0"
                            or environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0")
         self.stop_after = int(environ.get(env.STOP_AFTER) or 0)
+        self.snapshot_after = int(environ.get(env.SNAPSHOT_AFTER_SAVE) or 0)
+        self.written: set[str] = set()  # top-level entries of the run dir the saves wrote
         self.stop_marker = self.layout.stopped_dir / f"rank-{self.rank}"
         # in creation order (a WeakSet's order changes between runs, and with it the digests)
         self._optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
@@ -155,7 +158,8 @@ class Agent:
         nn_module.register_module_forward_hook(self._forward_post)
         self._wrap_backward()
         self._wrap_thread_start()
-        IOWatch(str(self.layout.run_dir), str(self.layout.chaos_dir), self._file_event).install()
+        self.io = IOWatch(str(self.layout.run_dir), str(self.layout.chaos_dir), self._file_event)
+        self.io.install()
         self._wrap_excepthook()
         atexit.register(self._at_exit)
         self.stop_marker.unlink(missing_ok=True)  # left by an attempt that failed after it
@@ -375,6 +379,21 @@ class Agent:
         if save is not None:
             self.history.record("save_end", save=save.number, events=save.events,
                                 last_step=save.last_step)
+            if save.number == self.snapshot_after and self.rank == 0 and self.reference is None:
+                self._snapshot()  # in the reference run: the chaos runs start from it
+
+    def _snapshot(self) -> None:
+        """Copy what the saves wrote (their top-level folders or files) as it is now."""
+        target = self.layout.snapshot_dir
+        with self.io.muted():  # the copy's reads are the harness's, not the target's
+            target.mkdir(parents=True, exist_ok=True)
+            for name in sorted(self.written):
+                source = self.layout.run_dir / name
+                if source.is_dir():
+                    shutil.copytree(source, target / name, symlinks=True, dirs_exist_ok=True)
+                elif source.is_file():
+                    shutil.copy2(source, target / name)
+        self.history.record("snapshot", entries=sorted(self.written), step=self.global_step())
 
     def _file_event(self, op: str, path: str) -> None:
         if os.getpid() != self.pid:
@@ -391,6 +410,7 @@ class Agent:
             self.history.record("load", path=rel, load=self.loads, index=self.load_events)
             self._check_phase("checkpoint_load", self.loads, self.load_events)
             return
+        self.written.add(rel.split(os.sep)[0])
         if self.local_steps == 0:  # set-up before training (mkdir ckpt/): not a save
             self.history.record("file", op=op, path=rel, save=0, index=0)
             return

@@ -33,6 +33,7 @@ class Entry:
     fault: str
     report: Report | None = None
     seed: int | None = None  # for the fault's seeded picks; None: the base scenario's
+    start_from: str | None = None  # Scenario.start_from for this run
 
 
 def plan(base: Scenario, cache_dir: Path, progress: Progress) -> list[Entry]:
@@ -100,6 +101,8 @@ def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: 
         scenario = dataclasses.replace(base, faults=[parse_fault_spec(entry.fault)])
         if entry.seed is not None:
             scenario.seed = entry.seed
+        if entry.start_from is not None:
+            scenario.start_from = entry.start_from
         try:
             entry.report = run_scenario(scenario, out_dir / f"{number:02d}", cache_dir, progress)
         except CannotJudge as exc:

@@ -102,8 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
         " --save on every rank; then one chaos run crashes the job at each event, in each"
         " --mode: kill (process crash right after the event), lose_unsynced (power loss"
         " right after it: unsynced data and names are dropped) and torn (the write is cut"
-        " short, then a crash). More points than --cap: a seeded sample. With no SCRIPT,"
-        " runs the bundled reference target.")
+        " short, then a crash). More points than --cap: a seeded sample. kill and torn"
+        " points start from a copy of the checkpoints before that save (the reference run"
+        " takes it); every point ends a few steps after its recovery. With no SCRIPT, runs the"
+        " bundled reference target.")
     _add_job_options(points)
     points.add_argument("--save", type=_positive_int, default=2, metavar="K",
                         help="which checkpoint save to enumerate (default 2: the first one"
@@ -116,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="end each point N steps after its recovery: the restore and"
                              " the first steps after it are what a crash point tests"
                              " (default 3; 0 runs every point to the last step)")
+    points.add_argument("--from-scratch", action="store_true",
+                        help="start every point at step 0 instead of from a snapshot of the"
+                             " checkpoints before the save under test (the reference run"
+                             " takes it)")
     _add_optional_script(points)
     campaign = sub.add_parser(
         "campaign", help="N seeded bit flips, one run each, and the outcome table",
@@ -272,9 +278,11 @@ def cmd_crashpoints(ns: argparse.Namespace) -> int:
 
     base, out, cache = _battery_base(ns)
     progress = _progress(ns.quiet)
-    entries, total = crashpoints.plan(base, cache, progress, ns.save,
-                                      ns.mode or list(crashpoints.MODES), ns.cap)
+    found = crashpoints.plan(base, cache, progress, ns.save, ns.mode or list(crashpoints.MODES),
+                             ns.cap, from_snapshot=not ns.from_scratch)
     prepare_out_dir(out)
+    entries = crashpoints.entries(found, ns.save)
+    total = found.total
     base.stop_after = ns.steps_after_resume or None
     progress(f"{len(entries)} of {total} crash point(s) in save {ns.save}")
     started = time.monotonic()

@@ -14,6 +14,15 @@ modes:
 
 With more points than `cap`, a seeded sample is run. Each point is judged
 like any scenario; the table says which event broke the protocol.
+
+A point need not replay the training before the save under test: the
+reference run also copies the checkpoint folders as they were once the save
+before it ended (`env.SNAPSHOT_AFTER_SAVE`), and `kill` and `torn` points
+start from that copy (the target resumes from it, as after any restart),
+crash in their first save, and stop a few steps after the recovery
+(`Scenario.stop_after`). `lose_unsynced` points start at step 0: what a power
+loss takes depends on which of the earlier saves' data was fsynced, which a
+copy does not carry (seeded as durable, it would hide a missing fsync).
 """
 
 from __future__ import annotations
@@ -22,9 +31,11 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from chaos import env
 from chaos.battery import Entry
-from chaos.errors import UsageError
+from chaos.errors import CannotJudge, UsageError
 from chaos.history import Event
+from chaos.layout import RunLayout
 from chaos.reference import get_reference
 from chaos.runner import Progress
 from chaos.scenario import Scenario
@@ -71,18 +82,47 @@ def sample(points: list[CrashPoint], cap: int | None, seed: int) -> list[CrashPo
     return [points[i] for i in sorted(chosen)]
 
 
+@dataclass
+class Plan:
+    points: list[CrashPoint]  # the sample to run
+    total: int  # points there are in all
+    start_from: Path | None  # the checkpoints before the save under test, if snapshotted
+
+
 def plan(base: Scenario, cache_dir: Path, progress: Progress, save: int, modes: list[str],
-         cap: int | None) -> tuple[list[Entry], int]:
-    """The sampled points as battery entries, and how many points there were in all."""
+         cap: int | None, from_snapshot: bool = True) -> Plan:
+    """The sampled points of save `save`. With `from_snapshot` (and a save before it),
+    the reference run also takes the snapshot the points start from."""
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise UsageError(f"unknown crash mode {unknown[0]!r} (known: {', '.join(MODES)})")
-    history = get_reference(base, cache_dir, progress).history()
+    from_snapshot = from_snapshot and save > 1
+    if from_snapshot:
+        base.env = {**base.env, env.SNAPSHOT_AFTER_SAVE: str(save - 1)}
+    reference = get_reference(base, cache_dir, progress)
+    history = reference.history()
     events = [e for e in history.of("file") if e.get("save") == save and e.get("launch") == 0]
     if not events:
         saves = max((e.get("save", 0) for e in history.of("file")), default=0)
         raise UsageError(f"the reference run made {saves} checkpoint save(s) with file events;"
                          f" --save {save} does not exist")
     points = enumerate_points(events, modes)
-    chosen = sample(points, cap, base.seed)
-    return [Entry(p.name, p.spec(save)) for p in chosen], len(points)
+    start_from = None
+    if from_snapshot:
+        start_from = RunLayout(reference.run_dir).snapshot_dir
+        if not start_from.is_dir():
+            raise CannotJudge(f"the reference run took no snapshot after save {save - 1}"
+                              " (rank 0 saw no file event of it)")
+    return Plan(sample(points, cap, base.seed), len(points), start_from)
+
+
+def entries(found: Plan, save: int) -> list[Entry]:
+    """The points as battery entries. A run started from the snapshot taken after save
+    `save - 1` makes the save under test first in every process: `save=1`."""
+    result = []
+    for point in found.points:
+        if found.start_from is not None and point.mode != "lose_unsynced":
+            result.append(Entry(point.name, point.spec(1), start_from=str(found.start_from)))
+        else:
+            result.append(Entry(point.name, point.spec(save)))
+    return result

@@ -73,7 +73,9 @@ def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
     chaos_dir.mkdir()
     reference_history = reference.history()
     hang_timeout = scenario.hang_timeout or default_timeout(reference_history)
-    outcome = Job(scenario, chaos_dir, faults, reference.run_dir, say, hang_timeout).run()
+    start_from = Path(scenario.start_from) if scenario.start_from else None
+    outcome = Job(scenario, chaos_dir, faults, reference.run_dir, say, hang_timeout,
+                  start_from).run()
     say(f"chaos run done in {outcome.wall_seconds:.1f} s ({outcome.launches} launch(es))")
     chaos_history = History.of_run(chaos_dir)
     evidence = Evidence(

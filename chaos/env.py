@@ -7,3 +7,6 @@ LAUNCH = "TORCHCHAOS_LAUNCH"  # how many times the runner relaunched the whole j
 T0 = "TORCHCHAOS_T0"  # time.monotonic() when the job first started, for time= triggers
 STOP_AFTER = "TORCHCHAOS_STOP_AFTER"  # a recovered rank stops this many steps after its restore
 AGENT_PID = "TORCHCHAOS_AGENT_PID"  # set by an armed agent; children that inherit it stay inert
+# rank 0 copies what its saves wrote into _chaos/snapshot/ once this save ended (crash
+# points then start from the checkpoints before the save under test)
+SNAPSHOT_AFTER_SAVE = "TORCHCHAOS_SNAPSHOT_AFTER_SAVE"

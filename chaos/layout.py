@@ -68,6 +68,11 @@ class RunLayout:
         return self.stacks_dir / f"rank-{rank}.pid-{pid}.txt"
 
     @property
+    def snapshot_dir(self) -> Path:
+        """What the checkpoint folders held once a save ended (`env.SNAPSHOT_AFTER_SAVE`)."""
+        return self.chaos_dir / "snapshot"
+
+    @property
     def requests_dir(self) -> Path:
         """A rank's requests for harness faults (`chaos.nemesis`)."""
         return self.chaos_dir / "requests"

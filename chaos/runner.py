@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -151,7 +152,7 @@ class Job:
 
     def __init__(self, scenario: Scenario, run_dir: Path, faults: list[ResolvedFault],
                  reference: Path | None = None, progress: Progress | None = None,
-                 hang_timeout: float = 60.0) -> None:
+                 hang_timeout: float = 60.0, start_from: Path | None = None) -> None:
         self.scenario = scenario
         self.layout = RunLayout(run_dir)
         self.hangs = HangWatch(self.layout.beats_dir, hang_timeout)
@@ -166,6 +167,7 @@ class Job:
         # namespaces keep ports apart, so a fixed one there
         self.store_port = STORE_PORT if scenario.network_kind == "netns" else _free_port()
         self.nemesis: Nemesis | None = None
+        self.start_from = start_from  # copied into the run dir first (Scenario.start_from)
 
     def run(self) -> JobOutcome:
         self.layout.create()
@@ -175,6 +177,9 @@ class Job:
         t0 = time.monotonic()
         deadline = t0 + self.scenario.timeout
         try:
+            if self.start_from is not None:  # before a mount moves it into its backing store
+                shutil.copytree(self.start_from, self.layout.run_dir, symlinks=True,
+                                dirs_exist_ok=True)
             if self.scenario.network_kind == "netns":
                 self.network = Network(self.run_id, self.scenario.nodes).create()
             self._set_up_faults(log)

@@ -43,6 +43,9 @@ class Scenario:
     # End the chaos run this many steps after a recovery instead of at the last step
     # (crash points: what matters is the restore and the first steps after it).
     stop_after: int | None = None
+    # A folder copied into the chaos run's directory before it starts (crash points start
+    # from the checkpoints there were before the save under test); never the reference's.
+    start_from: str | None = None
     env: dict[str, str] = field(default_factory=dict)
 
     @classmethod

@@ -6,11 +6,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO, TARGET
 
-from chaos.crashpoints import CrashPoint, enumerate_points, sample
+from chaos.crashpoints import CrashPoint, Plan, entries, enumerate_points, sample
+from chaos.history import History
 from faults.faultfs.mount import unavailable_reason
 
 
@@ -40,6 +42,17 @@ def test_points_become_the_specs_that_crash_there():
         "storage:mode=torn,rank=0,phase=checkpoint_save,save=2,event=1")
 
 
+def test_from_a_snapshot_the_save_under_test_is_the_first_of_the_process():
+    kill = CrashPoint(1, _event(2, "write", rank=1), "kill")
+    power = CrashPoint(1, _event(2, "write", rank=1), "lose_unsynced")
+    [scratch] = entries(Plan([kill], 1, None), 3)
+    assert scratch.fault.endswith("save=3,event=2") and scratch.start_from is None
+    fast, slow = entries(Plan([kill, power], 2, Path("snap")), 3)
+    assert fast.fault.endswith("save=1,event=2") and fast.start_from == "snap"
+    # what a power loss drops depends on the earlier saves' fsyncs: a copy has none
+    assert slow.fault.endswith("save=3,event=2") and slow.start_from is None
+
+
 def test_sampling_is_capped_seeded_and_keeps_order():
     points = enumerate_points(EVENTS, ["kill", "lose_unsynced"])
     a, b = sample(points, 5, seed=3), sample(points, 5, seed=3)
@@ -50,20 +63,27 @@ def test_sampling_is_capped_seeded_and_keeps_order():
 
 @pytest.mark.skipif(bool(unavailable_reason()), reason=unavailable_reason())
 def test_capped_enumeration_finds_the_missing_fsync(tmp_path):
-    """A power loss anywhere in save 2 (6 file events: no fsyncs) takes save 1 with
-    it, though training had moved on from it: every sampled point fails."""
+    """Save 2 of the target without fsyncs: 6 file events, 12 points in two modes, a
+    seeded sample of one each. A power loss in save 2 takes save 1 with it, though
+    training had moved on from it. A kill keeps the page cache, so it passes; it
+    starts from the reference's copy of the checkpoints after save 1 (step 5), the
+    power loss from step 0 (a copy cannot say what was fsynced)."""
     out = tmp_path / "points"
     done = subprocess.run(
         [sys.executable, "-m", "chaos.cli", "crashpoints", "--mode", "lose_unsynced",
-         "--cap", "1", "--seed", "1", "--out", str(out), "--cache-dir", str(tmp_path / "c"),
-         "--", str(TARGET), "--steps", "20", "--ckpt-every", "5", "--bug", "no_fsync"],
+         "--mode", "kill", "--cap", "2", "--seed", "1", "--out", str(out), "--cache-dir",
+         str(tmp_path / "c"), "--", str(TARGET), "--steps", "20", "--ckpt-every", "5",
+         "--bug", "no_fsync"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "1 of 6 points run" in done.stdout, done.stdout
-    reports = [json.loads(p.read_text()) for p in sorted(out.glob("*/report.json"))]
-    assert len(reports) == 1
-    assert any(r["checks"]["durable_checkpoints"]["ok"] is False for r in reports), done.stdout
+    assert "2 of 12 points run, 1 broke the protocol" in done.stdout, done.stdout
+    power, kill = (json.loads(p.read_text()) for p in sorted(out.glob("*/report.json")))
+    assert power["checks"]["durable_checkpoints"]["ok"] is False, done.stdout
+    assert kill["verdict"] == "pass", done.stdout
+    starts = [History.of_run(Path(r["run_dir"])).of("restore")[0] for r in (power, kill)]
+    assert [(s["launch"], s["attempt"], s["restored"]) for s in starts] == [(0, 0, 0),
+                                                                           (0, 0, 5)]
 
 
 @pytest.mark.slow  # 30 s; test_e2e_dcp.py covers the async sharded target's saves

@@ -53,7 +53,8 @@ def test_the_reference_target_survives_a_healed_partition(chaos_run, fault):
 def test_three_nodes_survive_a_node_isolated_mid_run(chaos_run):
     """The fault-free reference is itself a three-node run to completion."""
     report = chaos_run(TARGET, faults=["partition:node=2,step=6,for=4"],
-                       args=[*STEPS, *TIMEOUTS], nproc=1, nodes=3, expect="pass")
+                       args=["--steps", "12", "--ckpt-every", "4", *TIMEOUTS], nproc=1,
+                       nodes=3, expect="pass")
     assert report.restarts >= 1, report.table()
     assert report.checks["no_split_brain"]["ok"] is True
     logs = sorted(p.name for p in (Path(report.reference_dir) / "_chaos" / "logs").iterdir())
@@ -93,11 +94,12 @@ def test_a_partition_that_never_heals_fails_fast_with_torchruns_stacks(chaos_run
     assert (Path(report.run_dir) / "_chaos" / "stacks" / "torchrun-node-0.txt").exists()
 
 
-def test_an_interrupted_partitioned_run_leaves_nothing_behind(tmp_path):
+def test_an_interrupted_partitioned_run_leaves_nothing_behind(tmp_path_factory, tmp_path):
     out = tmp_path / "out"
+    cache = tmp_path_factory.getbasetemp() / "torchchaos-cache"  # the plugin's: reference reused
     proc = subprocess.Popen(
         [sys.executable, "-m", "chaos.cli", "run", "--nodes", "2", "--nproc", "1", "--out",
-         str(out), "--cache-dir", str(tmp_path / "cache"), "--fault", "partition:node=1,step=4",
+         str(out), "--cache-dir", str(cache), "--fault", "partition:node=1,step=4",
          "--", str(TARGET), *STEPS, "--default-timeouts"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -16,18 +16,21 @@ def test_the_marker_declares_a_scenario(chaos_report):
     assert chaos_report.faults[0]["fired_step"] == 7
 
 
-def test_a_verdict_other_than_expected_fails_with_the_table(pytester):
+def test_a_verdict_other_than_expected_fails_with_the_table(pytester, tmp_path_factory):
     runs = pytester.path / "kept-runs"
+    # the scenario of test_e2e_kill.py's skip_optim case: its reference run is reused
+    args = ["--steps", "20", "--ckpt-every", "5", "--bug", "skip_optim"]
+    cache = tmp_path_factory.getbasetemp() / "torchchaos-cache"
     pytester.makepyfile(f"""
         import pytest
 
         @pytest.mark.chaos(script={str(TARGET)!r}, faults=["kill:rank=1,step=7"],
-                           args={[*STEPS, "--bug", "skip_optim"]!r})
+                           args={args!r})
         def test_buggy(chaos_report):
             pass
     """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--chaos-dir={runs}",
-                                           "--chaos-seed=3")
+                                           f"--chaos-cache-dir={cache}", "--chaos-seed=3")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*expected verdict 'pass', got 'fail'*",
