@@ -8,7 +8,8 @@ took effect, so a kill fired by the listener leaves exactly that state behind.
 
 Consecutive writes to one open file count as one "write" event: the event is
 the first chunk, so a kill at it leaves a torn file. `torch.save` to a path
-writes from C++ and is seen as "open" followed by one whole "write".
+writes from C++ and is seen as "open" followed by one whole "write"; so is
+safetensors' `save_file`, which writes from Rust.
 A mkdir of a folder that already exists is reported too (ranks race to make
 a shared folder). Files under the harness's own folder (`_chaos/`) are never
 reported.
@@ -132,6 +133,7 @@ class IOWatch:
         self._wrap_open()
         self._wrap_os()
         self._wrap_torch()
+        self._wrap_safetensors()
 
     def _wrap_open(self) -> None:
         real_open = builtins.open
@@ -255,6 +257,32 @@ class IOWatch:
 
         torch.save = save
         torch.load = load
+
+    def _wrap_safetensors(self) -> None:
+        try:
+            import safetensors.torch as st
+        except ImportError:
+            return
+        real_save, real_load = st.save_file, st.load_file
+
+        def save_file(tensors: Any, filename: Any, *args: Any, **kwargs: Any) -> Any:
+            path = self.watched(filename)
+            if path is None:
+                return real_save(tensors, filename, *args, **kwargs)
+            self.emit("open", path)
+            with self.muted():
+                result = real_save(tensors, filename, *args, **kwargs)
+            self.emit("write", path)
+            return result
+
+        def load_file(filename: Any, *args: Any, **kwargs: Any) -> Any:
+            path = self.watched(filename)
+            if path is not None:
+                self.emit("read", path)
+            with self.muted():
+                return real_load(filename, *args, **kwargs)
+
+        st.save_file, st.load_file = save_file, load_file
 
 
 def _fd_path(fd: int) -> str | None:

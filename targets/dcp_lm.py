@@ -26,6 +26,9 @@ The protocol:
 
 SIGTERM: wait for the save in flight, save the current step, exit 143.
 
+``--sync-save``: the same protocol with ``dcp.save`` (the training thread writes,
+and the save is committed at once).
+
 ``--bug NAME`` plants one recovery bug:
 
 - ``early_pointer``: the manifest entry is published when the save starts,
@@ -79,6 +82,8 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(p)
     p.add_argument("--bug", choices=BUGS, default="none")
+    p.add_argument("--sync-save", action="store_true",
+                   help="dcp.save in the training thread instead of async_save")
     return p.parse_args()
 
 
@@ -155,8 +160,14 @@ def start_save(t: Trainer) -> None:
     if t.args.bug == "early_pointer" and dist.get_rank() == 0:
         publish(t.args, t.step, name, {})
     writer = dcp.FileSystemWriter(path, sync_files=t.args.bug != "no_fsync")
-    future = dcp.async_save(t.state_dict(saving=True), storage_writer=writer,
-                            process_group=t.ckpt_group)
+    state = t.state_dict(saving=True)
+    if t.args.sync_save:
+        done: Future[Any] = Future()
+        done.set_result(dcp.save(state, storage_writer=writer, process_group=t.ckpt_group))
+        t.in_flight = InFlight(t.step, path, done)
+        commit(t)
+        return
+    future = dcp.async_save(state, storage_writer=writer, process_group=t.ckpt_group)
     t.in_flight = InFlight(t.step, path, future)
 
 

@@ -34,6 +34,13 @@ def cases(table: dict, slow: frozenset[str] = frozenset()) -> list:
             for key, value in table.items()]
 
 
+@pytest.fixture
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's reference-run cache (the plugin's): CLI tests of a scenario another
+    test runs too reuse its reference run instead of making their own."""
+    return tmp_path_factory.getbasetemp() / "torchchaos-cache"
+
+
 def chaos_processes(under: Path) -> list[int]:
     """Live processes of torchchaos runs whose run directory is under `under`."""
     prefix = f"{env.RUN_DIR}={under}".encode()

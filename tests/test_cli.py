@@ -87,11 +87,11 @@ def test_a_hung_target_meets_the_deadline_and_is_reaped(tmp_path):
     assert chaos_processes(tmp_path) == []
 
 
-def test_run_writes_the_report_and_report_reprints_it(tmp_path):
+def test_run_writes_the_report_and_report_reprints_it(tmp_path, shared_cache):
     out = tmp_path / "out"
-    result = cli("run", "--quiet", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+    result = cli("run", "--quiet", "--out", str(out), "--cache-dir", str(shared_cache),
                  "--fault", "kill:rank=1,step=7", "--", str(TARGET), "--steps", "12",
-                 cwd=tmp_path)
+                 "--ckpt-every", "5", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((out / "report.json").read_text())
     assert report["verdict"] == "pass"
@@ -128,9 +128,9 @@ def test_interrupt_reaps_every_process(tmp_path):
     assert chaos_processes(tmp_path) == []
 
 
-def test_the_battery_passes_the_reference_target_and_prints_one_table(tmp_path):
+def test_the_battery_passes_the_reference_target_and_prints_one_table(tmp_path, shared_cache):
     result = cli("battery", "--quiet", "--out", str(tmp_path / "out"), "--cache-dir",
-                 str(tmp_path / "cache"), cwd=tmp_path, timeout=600)
+                 str(shared_cache), cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line for line in result.stdout.splitlines()
             if line.startswith(("kill", "preempt", "power loss"))]

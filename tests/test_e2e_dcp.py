@@ -76,3 +76,15 @@ def test_each_async_checkpoint_bug_is_caught(chaos_run, bug):
     assert report.checks[check]["ok"] is False, report.table()
     assert words in report.checks[check]["detail"], report.table()
     assert report.checks["no_orphans"]["ok"], report.table()
+
+
+@pytest.mark.slow  # the async saves' power losses run in CI; this is the same writer
+@needs_fuse
+def test_a_synchronous_dcp_save_survives_a_power_loss_mid_save(chaos_run):
+    """dcp.save in the training thread (--sync-save): a power loss right after rank 0's
+    first write to its shard of save 2 loses that save only; the run resumes from save 1."""
+    fault = "storage:mode=lose_unsynced,rank=0,phase=checkpoint_save,save=2,event=3"
+    report = chaos_run(DCP_TARGET, faults=[fault], args=[*STEPS, "--sync-save"],
+                       expect="pass")
+    assert report.checks["durable_checkpoints"]["ok"] is True, report.table()
+    assert report.restarts >= 1

@@ -68,11 +68,11 @@ def test_defended_target_detects_what_it_can_see_and_ends_bitwise_equal(chaos_ru
     assert history.of("rollback"), "the agent did not see the rollback"
 
 
-def test_a_small_campaign_completes_and_its_table_adds_up(tmp_path):
+def test_a_small_campaign_completes_and_its_table_adds_up(tmp_path, shared_cache):
     out = tmp_path / "campaign"
     result = subprocess.run(
         [sys.executable, "-m", "chaos.cli", "campaign", "--quiet", "--runs", "3", "--seed", "4",
-         "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--", str(TARGET),
+         "--out", str(out), "--cache-dir", str(shared_cache), "--", str(TARGET),
          *UNDEFENDED], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads((out / "campaign.json").read_text())

@@ -12,7 +12,7 @@ Save 2 of rank 0 (after step 10), file events: 1 open tmp, 2 write, 3 fsync,
 from __future__ import annotations
 
 import pytest
-from conftest import TARGET, cases
+from conftest import REPO, TARGET, cases
 
 from faults.faultfs.mount import unavailable_reason
 
@@ -34,9 +34,10 @@ CORRECT = {
 }
 
 
-# crash points (tests/test_crashpoints.py) and the battery cover the other power losses
+# crash points (tests/test_crashpoints.py) and the battery cover the other power losses;
+# tests/test_faultfs.py every errno fault on real files
 @pytest.mark.parametrize("fault", cases(CORRECT, slow=frozenset({
-    "power loss after manifest rename", "power loss after a finished save"})))
+    "power loss after manifest rename", "power loss after a finished save", "EIO on fsync"})))
 def test_reference_target_survives_every_storage_fault(chaos_run, fault):
     report = chaos_run(TARGET, faults=[fault], args=STEPS, expect="pass")
     assert report.restarts >= 1 and report.faults[0]["fired"], report.table()
@@ -78,3 +79,28 @@ def test_each_checkpoint_protocol_bug_is_caught(chaos_run, bug):
     detail = report.checks[check]["detail"]
     assert any(w in detail for w in ((words,) if isinstance(words, str) else words)), detail
     assert report.checks["no_orphans"]["ok"], report.table()
+
+
+SAFETENSORS = REPO / "tests" / "scripts" / "safetensors_ddp.py"
+# save 2 (after step 10): 1 mkdir, 2 open / 3 write model.safetensors (Rust), 4-5
+# optimizer.pt, 6-7 trainer_state.json, then (atomic) fsyncs, the folder rename, fsync
+SAFETENSORS_SAVE2 = "rank=0,phase=checkpoint_save,save=2"
+
+
+@pytest.mark.slow  # the bundled targets' atomic protocols pass power losses in CI
+def test_a_safetensors_checkpoint_folder_published_atomically_survives_a_power_loss(chaos_run):
+    """Power loss right after model.safetensors is written (from Rust: the fault
+    filesystem sees its bytes, the agent sees safetensors' save_file)."""
+    report = chaos_run(SAFETENSORS, faults=[f"storage:mode=lose_unsynced,{SAFETENSORS_SAVE2},"
+                                            "event=3"], expect="pass")
+    assert report.checks["durable_checkpoints"]["ok"] is True, report.table()
+    assert report.checks["deterministic_resume"]["ok"] is True, report.table()
+
+
+def test_a_checkpoint_folder_written_in_place_is_caught(chaos_run):
+    """The Trainer-style layout without a temp folder: a crash after model.safetensors
+    leaves checkpoint-10/ without its optimizer, and resume picks it up."""
+    report = chaos_run(SAFETENSORS, faults=[f"kill:{SAFETENSORS_SAVE2},event=3"],
+                       args=["--in-place"], expect="fail", max_restarts=1, max_relaunches=0)
+    check = report.checks["atomic_recovery"]
+    assert check["ok"] is False and "resume failed on rank" in check["detail"], report.table()

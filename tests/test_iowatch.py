@@ -121,3 +121,26 @@ def test_torch_distributed_checkpoint_saves_and_loads_are_seen(tmp_path):
         ["fsync", "ckpt/.metadata.tmp"], ["rename", "ckpt/.metadata"],
         ["read", "ckpt/.metadata"], ["read", "ckpt/__0_0.distcp"],
     ]
+
+
+SAFETENSORS = textwrap.dedent("""
+    import json, os, sys, torch
+    from chaos.iowatch import IOWatch
+    root = sys.argv[1]
+    seen = []
+    IOWatch(root, os.path.join(root, "_chaos"),
+            lambda op, path: seen.append([op, os.path.relpath(path, root)])).install()
+    from safetensors.torch import load_file, save_file   # imported after the agent
+    save_file({"w": torch.ones(4)}, os.path.join(root, "model.safetensors"))
+    load_file(os.path.join(root, "model.safetensors"))
+    print(json.dumps(seen))
+""")
+
+
+def test_safetensors_writes_from_rust_are_seen_as_one_save(tmp_path):
+    result = subprocess.run([sys.executable, "-c", SAFETENSORS, str(tmp_path)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [["open", "model.safetensors"],
+                                         ["write", "model.safetensors"],
+                                         ["read", "model.safetensors"]]
