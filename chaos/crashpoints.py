@@ -92,7 +92,8 @@ class Plan:
 def plan(base: Scenario, cache_dir: Path, progress: Progress, save: int, modes: list[str],
          cap: int | None, from_snapshot: bool = True) -> Plan:
     """The sampled points of save `save`. With `from_snapshot` (and a save before it),
-    the reference run also takes the snapshot the points start from."""
+    the reference run also takes the snapshot the points start from: the variable
+    asking for it goes into `base.env`, so the points' runs find that same reference."""
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise UsageError(f"unknown crash mode {unknown[0]!r} (known: {', '.join(MODES)})")
