@@ -36,6 +36,8 @@ fault specs (KIND:key=value,...):
                                          flip a high exponent bit of a seeded weight on
                                          rank 1 after step 20 (tensor=grad|optim|
                                          activation|loss|checkpoint; value=nan|inf)
+  partition:node=1,step=10,for=6         cut node 1 off for 6 s (--nodes 2+, as root;
+                                         shape=halves|majority|oneway|store, sides=0+1/2)
   targets: rank=N | node=N | rank=one; triggers: step= | phase= | time= | p=
 
 exit status: 0 all checks held, 1 a check failed, 2 could not judge.
