@@ -23,9 +23,9 @@ CORRECT = {
 }
 
 
-# the battery (tests/test_cli.py) runs rank, node and in-save kills too
+# the battery (tests/test_cli.py) runs rank, node and in-save kills and a preemption too
 @pytest.mark.parametrize("fault", cases(CORRECT, slow=frozenset({
-    "kill rank 1", "kill node 0", "kill during save", "exit 3"})))
+    "kill rank 0", "kill rank 1", "kill node 0", "kill during save", "exit 3", "preemption"})))
 def test_reference_target_passes_every_check(chaos_run, fault):
     report = chaos_run(TARGET, faults=[fault], args=STEPS, expect="pass")
     assert all(check["ok"] is not False for check in report.checks.values()), report.table()
@@ -68,6 +68,7 @@ def test_each_planted_bug_is_caught_by_its_check(chaos_run, bug):
     assert words in report.checks[check]["detail"], report.table()
 
 
+@pytest.mark.slow  # tests/test_plugin.py sees the divergent step named too
 def test_deterministic_resume_names_the_first_divergent_step(chaos_run):
     report = chaos_run(TARGET, faults=["kill:rank=1,step=12"], args=[*STEPS, "--bug",
                                                                      "skip_optim"])
