@@ -20,6 +20,7 @@ from pathlib import Path
 import chaos
 from chaos.components import same_state
 from chaos.errors import CannotJudge
+from chaos.hangs import describe_hang
 from chaos.hangwatch import REFERENCE_TIMEOUT
 from chaos.history import History
 from chaos.layout import RunLayout
@@ -73,10 +74,9 @@ def _run_once(scenario: Scenario, run_dir: Path, progress: Progress) -> float:
     bound = scenario.hang_timeout or REFERENCE_TIMEOUT  # a bound the user set holds here too
     outcome = Job(scenario, run_dir, faults=[], progress=progress, hang_timeout=bound).run()
     if outcome.hang is not None:
-        culprit = outcome.hang["ranks"][0]
         raise CannotJudge(f"the target hangs without faults: no progress for"
-                          f" {outcome.hang['seconds']:g} s, rank {culprit['rank']} in"
-                          f" {culprit['where']} (stacks in {RunLayout(run_dir).stacks_dir})")
+                          f" {outcome.hang['seconds']:g} s: {describe_hang(outcome.hang)}"
+                          f" (stacks in {RunLayout(run_dir).stacks_dir})")
     if outcome.deadline_hit:
         raise CannotJudge(f"the target did not finish without faults within {scenario.timeout:g}"
                           f" s (see {RunLayout(run_dir).logs_dir})")

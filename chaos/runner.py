@@ -305,18 +305,13 @@ class Job:
         last_step = {e["pid"]: e["step"] for e in History.of_run(self.layout.run_dir).steps()}
         for rank in hang.ranks:
             rank.step = last_step.get(rank.pid, rank.step)
-            text, how = stacks.capture(rank.pid, self.layout.faulthandler_file(rank.rank,
-                                                                               rank.pid))
-            dump = self.layout.stacks_dir / f"rank-{rank.rank}.txt"
-            dump.write_text(text)
+            text, taken = self._take_stacks(rank.pid, f"rank-{rank.rank}",
+                                            self.layout.faulthandler_file(rank.rank, rank.pid))
             if rank.state == "waiting" and text and not stacks.waits_in_framework(text):
                 rank.state = "stuck"  # not in a collective: the likely cause, not a victim
-            ranks.append({**rank.to_dict(), "where": stacks.summarize(text), "stack_tool": how,
-                          "stacks": str(dump.relative_to(self.layout.run_dir))})
+            ranks.append({**rank.to_dict(), **taken})
         ranks.sort(key=lambda r: STATE_ORDER.index(r["state"]))  # stable: idle longest first
-        event = log.record("hang", seconds=round(hang.seconds, 1), timeout=self.hangs.timeout,
-                           ranks=ranks, after_exit=hang.after_exit,
-                           stacks_dir=str(self.layout.stacks_dir.relative_to(self.layout.run_dir)))
+        event = self._record_hang(hang, log, ranks=ranks)
         culprit = ranks[0]
         self.progress(f"hang: no progress for {hang.seconds:.0f} s; rank {culprit['rank']}"
                       f" {culprit['state']} after step {culprit['step']} in {culprit['where']};"
@@ -325,23 +320,29 @@ class Job:
 
     def _capture_stalled_agents(self, hang: Hang, log: HistoryWriter) -> dict[str, Any]:
         """No worker is left: the torchrun agents' stacks say what they wait for."""
-        agents = []
-        for node, proc in enumerate(self.nodes):
-            if proc.poll() is not None:
-                continue
-            text, how = stacks.capture(proc.pid, self.layout.stacks_dir / "none")
-            dump = self.layout.stacks_dir / f"torchrun-node-{node}.txt"
-            dump.write_text(text)
-            agents.append({"node": node, "pid": proc.pid, "where": stacks.summarize(text),
-                           "stack_tool": how, "stacks": str(dump.relative_to(self.layout.run_dir))})
-        event = log.record("hang", seconds=round(hang.seconds, 1), timeout=self.hangs.timeout,
-                           ranks=[], after_exit=hang.after_exit, between_attempts=True,
-                           agents=agents,
-                           stacks_dir=str(self.layout.stacks_dir.relative_to(self.layout.run_dir)))
+        agents = [{"node": node, "pid": proc.pid,
+                   **self._take_stacks(proc.pid, f"torchrun-node-{node}", None)[1]}
+                  for node, proc in enumerate(self.nodes) if proc.poll() is None]
+        event = self._record_hang(hang, log, ranks=[], between_attempts=True, agents=agents)
         where = "; ".join(f"node {a['node']} in {a['where']}" for a in agents)
         self.progress(f"hang: every rank exited {hang.seconds:.0f} s ago and no new attempt"
                       f" started (torchrun: {where or 'gone'}); tearing the job down")
         return event
+
+    def _take_stacks(self, pid: int, name: str,
+                     fallback: Path | None) -> tuple[str, dict[str, str]]:
+        """`pid`'s stacks, written to `_chaos/stacks/NAME.txt`; the text and what the
+        hang event says about them."""
+        text, how = stacks.capture(pid, fallback)
+        dump = self.layout.stacks_dir / f"{name}.txt"
+        dump.write_text(text)
+        return text, {"where": stacks.summarize(text), "stack_tool": how,
+                      "stacks": str(dump.relative_to(self.layout.run_dir))}
+
+    def _record_hang(self, hang: Hang, log: HistoryWriter, **found: Any) -> dict[str, Any]:
+        return log.record("hang", seconds=round(hang.seconds, 1), timeout=self.hangs.timeout,
+                          after_exit=hang.after_exit, **found,
+                          stacks_dir=str(self.layout.stacks_dir.relative_to(self.layout.run_dir)))
 
     def _all_stopped(self) -> bool:
         if not self.scenario.stop_after or self.reference is None:

@@ -55,12 +55,16 @@ class Frame:
         return f"{self.func} ({os.path.basename(self.file)}:{self.line})"
 
 
-def capture(pid: int, fallback_file: Path) -> tuple[str, str]:
+def capture(pid: int, fallback_file: Path | None) -> tuple[str, str]:
     """The stacks of `pid` as text, and how they were taken ("py-spy",
-    "faulthandler" or "none")."""
+    "faulthandler" or "none"). `fallback_file` is where the agent's faulthandler
+    writes them on STACK_SIGNAL; None for a process without an agent (a torchrun
+    agent), which that signal, left at its default action, would kill."""
     text = _py_spy(pid)
     if text:
         return text, "py-spy"
+    if fallback_file is None:
+        return "", "none"
     text = _faulthandler(pid, fallback_file)
     return (text, "faulthandler") if text else ("", "none")
 

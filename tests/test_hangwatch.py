@@ -144,6 +144,19 @@ def test_py_spy_takes_the_stack_of_a_running_or_stopped_process(tmp_path, sleepe
     assert stacks.summarize(text).startswith("wait_for_peers (sleeper.py:")
 
 
+def test_a_process_without_the_agent_is_never_sent_the_stack_signal(monkeypatch):
+    """A torchrun agent has no handler for STACK_SIGNAL, whose default action kills."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        monkeypatch.setattr(stacks, "_py_spy", lambda pid: "")  # py-spy could not attach
+        assert stacks.capture(proc.pid, None) == ("", "none")
+        time.sleep(0.3)
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_faulthandler_is_the_fallback_and_continues_a_stopped_process(tmp_path, sleeper):
     stop(sleeper.pid)
     text = stacks._faulthandler(sleeper.pid, tmp_path / "fh.txt")
