@@ -384,15 +384,13 @@ def _straggler_text(data: dict[str, Any]) -> str:
 def no_split_brain(ev: Evidence) -> CheckResult:
     """While a partition was in force, no two nodes published different contents under
     one checkpoint name (each side went on as if it were the job)."""
-    cuts = [c for c in ev.chaos.of("nemesis_begin") if c["kind"] == "partition"]
+    cuts = [(c, end) for c, end in hangs.cut_windows(ev.chaos) if c["kind"] == "partition"]
     if not cuts:
         return CheckResult(None, "no partition in this run, no split brain possible")
-    ends = {(e["id"], e["window"]): e["t"] for e in ev.chaos.of("nemesis_end")}
     node_of = {e["pid"]: e.get("node", 0) for e in ev.chaos.of("boot")}
     published = [e for e in ev.chaos.of("file") if e.get("digest")]
     during = 0
-    for cut in cuts:
-        end = ends.get((cut["id"], cut["window"]), float("inf"))
+    for cut, end in cuts:
         by_name: dict[str, dict[int, str]] = {}
         for e in published:
             if cut["t"] <= e["t"] <= end:

@@ -34,11 +34,17 @@ def describe_hang(hang: dict[str, Any]) -> str:
     return text
 
 
+def cut_windows(history: History) -> list[tuple[Event, float]]:
+    """Each harness fault window: its `nemesis_begin` event and when it healed
+    (infinity: never, within the history)."""
+    ended = {(e["id"], e["window"]): e["t"] for e in history.of("nemesis_end")}
+    return [(e, ended.get((e["id"], e["window"]), float("inf")))
+            for e in history.of("nemesis_begin")]
+
+
 def cuts_in_force(history: History, t: float) -> list[Event]:
     """The `nemesis_begin` events of harness faults that were in force at time `t`."""
-    ended = {(e["id"], e["window"]): e["t"] for e in history.of("nemesis_end")}
-    return [e for e in history.of("nemesis_begin")
-            if e["t"] <= t and ended.get((e["id"], e["window"]), float("inf")) > t]
+    return [begin for begin, end in cut_windows(history) if begin["t"] <= t < end]
 
 
 def describe_cuts(cuts: list[Event], t: float) -> str:

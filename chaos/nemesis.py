@@ -71,9 +71,9 @@ def windows(fault: ResolvedFault, begin: float) -> list[Window]:
     if length is None:
         return [Window(fault, 1, begin, None)]
     length = float(length)  # type: ignore[arg-type]
-    gap = float(fault.params.get("gap", length))  # type: ignore[arg-type]
+    period = length + float(fault.params.get("gap", length))  # type: ignore[arg-type]
     flaps = int(fault.params.get("flaps", 1))  # type: ignore[call-overload]
-    return [Window(fault, n + 1, begin + n * (length + gap), begin + n * (length + gap) + length)
+    return [Window(fault, n + 1, begin + n * period, begin + n * period + length)
             for n in range(flaps)]
 
 
@@ -93,12 +93,12 @@ class Nemesis:
         if not self.waiting and not self.windows:
             return
         now = time.monotonic()
-        for fault_id in self._requested():
-            fault = self.waiting.pop(fault_id)
-            self.windows += windows(fault, now)
-            self._due(now)  # in force before the rank hears back
-            (self.requests / f"{fault_id}.done").touch()
+        requested = self._requested()
+        for fault_id in requested:
+            self.windows += windows(self.waiting.pop(fault_id), now)
         self._due(now)
+        for fault_id in requested:  # in force before the rank hears back
+            (self.requests / f"{fault_id}.done").touch()
 
     def _requested(self) -> list[str]:
         if not self.requests.is_dir():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 
@@ -43,6 +44,13 @@ def unavailable_reason() -> str:
         if shutil.which(tool) is None:
             return f"{tool} not found (install Debian's {package})"
     return ""
+
+
+def free_port() -> int:
+    """A TCP port nothing on this machine listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -80,12 +79,6 @@ class JobOutcome:
         # printing at once it can come first
         causes = [ln for ln in errors if not COLLATERAL.search(ln)] or errors
         return causes[0][:300] if causes else (lines or [""])[-1][:300]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def substitute(args: list[str], run_dir: Path) -> list[str]:
@@ -165,7 +158,7 @@ class Job:
         self.network: Network | None = None
         # one port for every launch's store (a proxy in front of it stays valid);
         # namespaces keep ports apart, so a fixed one there
-        self.store_port = STORE_PORT if scenario.network_kind == "netns" else _free_port()
+        self.store_port = STORE_PORT if scenario.network_kind == "netns" else netns.free_port()
         self.nemesis: Nemesis | None = None
         self.start_from = start_from  # copied into the run dir first (Scenario.start_from)
 

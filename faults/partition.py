@@ -39,16 +39,25 @@ SHAPES = ("isolate", "halves", "majority", "oneway", "store")
 TABLE = "torchchaos"
 
 
+def _parse_sides(value: str) -> list[list[int]]:
+    """'0+1/2' -> [[0, 1], [2]]."""
+    return [[int(n) for n in group.split("+")] for group in value.split("/")]
+
+
 def _sides(value: str) -> str:
-    groups = value.split("/")
     try:
-        nodes = [[int(n) for n in group.split("+")] for group in groups]
+        sides = _parse_sides(value)
     except ValueError:
         raise ValueError(f"needs node numbers like 0+1/2, got {value!r}") from None
-    flat = [n for group in nodes for n in group]
-    if len(groups) < 2 or len(set(flat)) != len(flat) or min(flat) < 0:
+    flat = [n for side in sides for n in side]
+    if len(sides) < 2 or len(set(flat)) != len(flat) or min(flat) < 0:
         raise ValueError(f"needs two or more sides of distinct nodes, got {value!r}")
     return value
+
+
+def _peer(fault: ResolvedFault, count: int) -> int:
+    """The node a oneway cut's target cannot reach (`to=`, default the next node)."""
+    return int(fault.params.get("to", (fault.index + 1) % count))  # type: ignore[call-overload]
 
 
 class Partition(HarnessKind):
@@ -72,8 +81,8 @@ class Partition(HarnessKind):
         if network != "netns":
             raise UsageError("partition needs --network netns (each node in its own network"
                              " namespace; root)")
-        named = [int(n) for side in str(params.get("sides", "")).split("/") if side
-                 for n in side.split("+")] + [int(params.get("to", 0))]  # type: ignore[call-overload]
+        sides = _parse_sides(str(params["sides"])) if "sides" in params else []
+        named = [n for side in sides for n in side] + [int(params.get("to", 0))]  # type: ignore[call-overload]
         if max(named) >= nodes:
             raise UsageError(f"partition: node {max(named)} does not exist (the job has"
                              f" {nodes} nodes)")
@@ -98,7 +107,7 @@ def _side_sets(fault: ResolvedFault, count: int) -> list[list[int]]:
     """The sides of a symmetric cut, as node numbers."""
     everyone = list(range(count))
     if "sides" in fault.params:  # node numbers checked by check_job
-        return [[int(n) for n in g.split("+")] for g in str(fault.params["sides"]).split("/")]
+        return _parse_sides(str(fault.params["sides"]))
     shape = fault.params.get("shape", "isolate")
     target = fault.index
     if shape == "halves":
@@ -123,7 +132,7 @@ def plan(fault: ResolvedFault, network: Network, store_port: int | None) -> dict
                                [f"ip saddr {store} tcp sport {store_port} drop"])
                 for node in nodes[1:]}
     if shape == "oneway":
-        to = int(fault.params.get("to", (fault.index + 1) % len(nodes)))  # type: ignore[call-overload]
+        to = _peer(fault, len(nodes))
         if to == fault.index:
             raise UsageError(f"partition shape=oneway: node {to} cannot be cut from itself")
         peer = nodes[to].address
@@ -147,8 +156,7 @@ def describe(fault: ResolvedFault, network: Network) -> str:
     if shape == "store":
         return "nodes 1.. cut off from the rendezvous store on node 0"
     if shape == "oneway":
-        to = int(fault.params.get("to", (fault.index + 1) % len(network.nodes)))  # type: ignore[call-overload]
-        return f"node {fault.index} cannot reach node {to}"
+        return f"node {fault.index} cannot reach node {_peer(fault, len(network.nodes))}"
     sides = _side_sets(fault, len(network.nodes))
     return " | ".join("+".join(str(n) for n in side) for side in sides)
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from chaos import netns
 from chaos.errors import ChaosError, UsageError
 from chaos.registry import HarnessKind, JobContext, JobResource, register
 from chaos.schedule import ResolvedFault
@@ -86,12 +87,6 @@ def _client() -> Any:
     client = Toxiproxy()
     client.update_api_consumer(*server())  # the library keeps it class-wide
     return client
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -155,7 +150,7 @@ class Toxic(HarnessKind):
     def setup_job(self, faults: list[ResolvedFault], ctx: JobContext) -> JobResource:
         host, _ = server()
         upstream = os.environ.get(UPSTREAM_ENV) or "127.0.0.1"
-        port = _free_port()
+        port = netns.free_port()
         name = f"torchchaos-{ctx.run_id}-{uuid.uuid4().hex[:6]}"
         try:
             proxy = _client().create(upstream=f"{upstream}:{ctx.store_port}", name=name,
