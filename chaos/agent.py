@@ -108,8 +108,7 @@ class Agent:
         if self.reference is not None:
             self.weights_at = self.reference.final_step if flips else -1
         # A process started after a failure (a restart, or a relaunch of the job).
-        self.recovering = (environ.get(env.LAUNCH, "0") != "0"
-                           or environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0")
+        self.recovering = launch != 0 or attempt != 0
         self.stop_after = int(environ.get(env.STOP_AFTER) or 0)
         self.snapshot_after = int(environ.get(env.SNAPSHOT_AFTER_SAVE) or 0)
         self.written: set[str] = set()  # top-level entries of the run dir the saves wrote
