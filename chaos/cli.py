@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from chaos.errors import ChaosError, UsageError
+from chaos.errors import CannotJudge, ChaosError, UsageError
 
 if TYPE_CHECKING:
     from chaos.battery import Entry
@@ -142,10 +142,78 @@ def build_parser() -> argparse.ArgumentParser:
                           help="sign, exp_high, exp_low, mant_high, mant_low (repeatable;"
                                " default all)")
     _add_optional_script(campaign)
+    _add_exploration_commands(sub)
     report = sub.add_parser("report", help="print the verdict table of a finished run")
     report.add_argument("out", type=Path, metavar="DIR", help="a --out directory of `run`")
     sub.add_parser("faults", help="list the fault kinds and their parameters")
     return parser
+
+
+def _add_exploration_commands(sub: Any) -> None:
+    """replay, search and shrink: reproduce a run, find a breaking schedule, minimise one."""
+    replay = sub.add_parser(
+        "replay", help="run a scenario file again (a run's replay.yaml, or an incident)",
+        description="Runs the scenario a file describes: every run writes one as"
+        " OUT/replay.yaml (its resolved schedule and the verdict it came to), and incident"
+        " postmortems in suites/incidents/ use the same format. Exit status as for `run`;"
+        " the last line says whether the outcome is the one the file expects. A SCRIPT"
+        " after the file points the scenario at another training script.")
+    replay.add_argument("file", type=Path, metavar="FILE", help="a scenario file (YAML/JSON)")
+    _add_run_dirs(replay)
+    _add_optional_script(replay)
+    search = sub.add_parser(
+        "search", help="let Hypothesis look for a fault schedule that breaks the target",
+        description="Draws schedules of up to --max-faults faults of the given kinds (steps"
+        " from the fault-free reference run: one in the middle of each checkpoint interval)"
+        " with Hypothesis, runs each as a chaos run until one fails, shrinks it, and then"
+        " drops every fault that is not needed (delta debugging). A failure counts only"
+        " when --repeats runs of the schedule all fail; one that fails only sometimes is"
+        " reported as flaky. The minimal schedule is saved as OUT/minimal.yaml for"
+        " `torchchaos replay`. Exit 1 when a failing schedule was found, 0 when none was"
+        " within the budget. With no SCRIPT, runs the bundled reference target.")
+    _add_job_options(search)
+    _add_search_options(search)
+    search.add_argument("--kind", action="append", default=None, metavar="KIND",
+                        help="kill, preempt, node_kill, save_kill, power_loss, bitflip, hang"
+                             " (repeatable; default kill, preempt, save_kill)")
+    search.add_argument("--max-faults", type=_positive_int, default=3, metavar="N",
+                        help="faults per schedule at most (default 3)")
+    search.add_argument("--examples", type=_positive_int, default=20, metavar="N",
+                        help="schedules Hypothesis draws before it gives up (default 20)")
+    search.add_argument("--shrink-runs", type=_positive_int, default=10, metavar="N",
+                        help="runs Hypothesis may spend shrinking the first failure to"
+                             " simpler ranks and steps, before delta debugging drops the"
+                             " faults it does not need (default 10; 0: delta debugging only)")
+    search.add_argument("--every-step", action="store_true",
+                        help="faults at any step, not one per checkpoint interval")
+    _add_optional_script(search)
+    shrink = sub.add_parser(
+        "shrink", help="drop every fault a failing scenario file does not need",
+        description="Delta debugging over the faults of a scenario file whose run failed"
+        " (a run's replay.yaml): the result still fails, and dropping any one of its"
+        " faults makes it pass. Saved as OUT/minimal.yaml. Exit 1 with the minimal"
+        " schedule, 2 when the file's schedule does not fail to begin with.")
+    shrink.add_argument("file", type=Path, metavar="FILE", help="a scenario file (YAML/JSON)")
+    _add_run_dirs(shrink)
+    _add_search_options(shrink)
+
+
+def _add_run_dirs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="new directory for the runs and report.json"
+                             " (default ./torchchaos-runs/<time>-<id>)")
+    parser.add_argument("--cache-dir", type=Path, default=None, metavar="DIR",
+                        help="where fault-free reference runs are cached"
+                             " (default $XDG_CACHE_HOME/torchchaos)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _add_search_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repeats", type=_positive_int, default=2, metavar="N",
+                        help="runs of a failing schedule before its failure is trusted"
+                             " (default 2)")
+    parser.add_argument("--max-runs", type=_positive_int, default=40, metavar="N",
+                        help="chaos runs at most, repeats included (default 40)")
 
 
 def _add_job_options(run: argparse.ArgumentParser) -> None:
@@ -185,13 +253,10 @@ def _add_job_options(run: argparse.ArgumentParser) -> None:
                      help="times the whole job is requeued after it died (default 2)")
     run.add_argument("--reference-runs", type=int, default=1, choices=(1, 2),
                      help="2 also proves the target deterministic without faults")
-    run.add_argument("--out", type=Path, default=None, metavar="DIR",
-                     help="new directory for the runs and report.json"
-                          " (default ./torchchaos-runs/<time>-<id>)")
-    run.add_argument("--cache-dir", type=Path, default=None, metavar="DIR",
-                     help="where fault-free reference runs are cached"
-                          " (default $XDG_CACHE_HOME/torchchaos)")
-    run.add_argument("--quiet", action="store_true", help="no progress lines")
+    run.add_argument("--mtbf", type=float, default=3.0, metavar="HOURS",
+                     help="mean time between failures for the report's Young/Daly checkpoint"
+                          " interval (default 3: a large job's interruption rate)")
+    _add_run_dirs(run)
 
 
 def default_cache_dir() -> Path:
@@ -220,7 +285,7 @@ def _scenario(ns: argparse.Namespace, script: str, args: list[str], faults: list
         max_lost_steps=ns.max_lost_steps, max_lost_seconds=ns.max_lost_seconds,
         max_detect_steps=ns.max_detect_steps, hang_timeout=ns.hang_timeout, seed=ns.seed,
         timeout=ns.timeout, max_restarts=ns.max_restarts, max_relaunches=ns.max_relaunches,
-        reference_runs=ns.reference_runs,
+        reference_runs=ns.reference_runs, mtbf_hours=ns.mtbf,
     )
 
 
@@ -237,6 +302,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
     out, cache = _dirs(ns)
     report = run_scenario(scenario, out, cache, _progress(ns.quiet))
     print(report.table())
+    if (out / "report.html").is_file():
+        print(f"report: {out / 'report.html'}")
     if report.verdict == "error":
         print(f"torchchaos: error: {report.reason}", file=sys.stderr)
     return report.exit_code()
@@ -261,7 +328,7 @@ def _print_battery(entries: list[Entry], out: Path, summary: str = "") -> int:
     print(battery.table(entries))
     if summary:
         print(summary)
-    print(f"runs: {out}")
+    print(f"runs: {out} (pages: {out / 'index.html'})")
     return battery.exit_code(entries)
 
 
@@ -288,7 +355,7 @@ def cmd_crashpoints(ns: argparse.Namespace) -> int:
     base.stop_after = ns.steps_after_resume or None
     progress(f"{len(entries)} of {total} crash point(s) in save {ns.save}")
     started = time.monotonic()
-    battery.run_entries(entries, base, out, cache, progress)
+    battery.run_entries(entries, base, out, cache, progress, title="torchchaos crash points")
     minutes = (time.monotonic() - started) / 60
     failed = sum(1 for e in entries if e.report and e.report.verdict == "fail")
     return _print_battery(entries, out, f"{len(entries)} of {total} points run, {failed} broke"
@@ -308,10 +375,122 @@ def cmd_campaign(ns: argparse.Namespace) -> int:
     entries = campaign.plan(base, cache, progress, ns.runs, ns.seed,
                             ns.tensor or list(campaign.TENSORS), ns.bit or list(BIT_CLASSES))
     prepare_out_dir(out)
-    battery.run_entries(entries, base, out, cache, progress)
+    battery.run_entries(entries, base, out, cache, progress, title="torchchaos bit-flip campaign")
     print(campaign.table(entries))
-    print(f"runs: {out} (details: {campaign.write(entries, out)})")
+    print(f"runs: {out} (details: {campaign.write(entries, out)};"
+          f" pages: {out / 'index.html'})")
     return 2 if any(campaign.outcome(e) == campaign.NOT_JUDGED for e in entries) else 0
+
+
+def cmd_replay(ns: argparse.Namespace) -> int:
+    from chaos import scenario_file
+    from chaos.engine import run_scenario
+
+    args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+    loaded = scenario_file.load(ns.file, ns.script, args if ns.script else None)
+    out, cache = _dirs(ns)
+    report = run_scenario(loaded.scenario, out, cache, _progress(ns.quiet))
+    print(report.table())
+    expect = loaded.expect or scenario_file.Expectation()
+    mismatches = expect.mismatches(report)
+    verdict = f"expected {expect.verdict}" + (" and got it" if not mismatches
+                                              else f", but: {'; '.join(mismatches)}")
+    print(f"replay of {ns.file}: {verdict}")
+    if report.verdict == "error":
+        print(f"torchchaos: error: {report.reason}", file=sys.stderr)
+    return report.exit_code()
+
+
+def _save_minimal(base: Scenario, schedule: list[str], out: Path, runs: Any) -> Path:
+    """OUT/minimal.yaml: the base scenario with the minimal schedule, expected to fail
+    the way its last run failed."""
+    import dataclasses
+
+    from chaos import scenario_file
+    from chaos.spec import parse_fault_spec
+
+    scenario = dataclasses.replace(base, faults=[parse_fault_spec(s) for s in schedule])
+    minimal = scenario_file.for_run(scenario, scenario_file.resolve(scenario),
+                                    runs.last_run_of(schedule))
+    minimal.name = f"minimal failing schedule ({len(schedule)} fault(s))"
+    return minimal.save(out / "minimal.yaml")
+
+
+def _print_search_end(found: list[str] | None, minimal: list[str] | None, runs: Any,
+                      flaky: list[list[str]], budget_spent: bool, out: Path,
+                      base: Scenario) -> int:
+    from chaos.search import describe
+
+    for schedule in flaky:
+        print(f"flaky (fails only some of the time): {describe(schedule)}")
+    if minimal is None:
+        print(f"no failing schedule in {len(runs.reports)} run(s); runs: {out}")
+        return 0
+    if found is not None and found != minimal:
+        print(f"first failure, shrunk by Hypothesis: {describe(found)}")
+    print(f"minimal failing schedule ({len(minimal)} fault(s)): {describe(minimal)}")
+    if budget_spent:
+        print("  (the run budget ran out while shrinking: a fault of it may still be"
+              " droppable; raise --max-runs)")
+    report = runs.last_run_of(minimal)
+    if report is not None:
+        print(report.table())
+    path = _save_minimal(base, minimal, out, runs)
+    print(f"replay it: torchchaos replay {path}")
+    print(f"{len(runs.reports)} run(s); runs: {out}")
+    return 1
+
+
+def cmd_search(ns: argparse.Namespace) -> int:
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    from chaos import search, strategies
+    from chaos.engine import prepare_out_dir
+    from chaos.reference import get_reference
+    from chaos.schedule_runs import ScheduleRuns
+
+    base, out, cache = _battery_base(ns)
+    progress = _progress(ns.quiet)
+    history = get_reference(base, cache, progress).history()
+    shape = strategies.JobShape.of(history, base.nodes, ns.every_step)
+    try:
+        fault = strategies.faults(shape, ns.kind or ("kill", "preempt", "save_kill"))
+    except ValueError as exc:
+        raise UsageError(f"--kind: {exc}") from None
+    prepare_out_dir(out)
+    # Hypothesis keeps a cache in ./.hypothesis; the harness writes only in its run dirs.
+    set_hypothesis_home_dir(out / "_hypothesis")
+    runs = ScheduleRuns(base, out, cache, progress if not ns.quiet else None)
+    trials = search.Trials(runs, ns.repeats or 1, ns.max_runs, progress)
+    progress(f"searching schedules of up to {ns.max_faults} fault(s) at steps {shape.steps}")
+    result = search.search(trials, strategies.schedules(fault, ns.max_faults), ns.seed,
+                           ns.examples, ns.shrink_runs)
+    return _print_search_end(result.found, result.minimal, runs, result.flaky,
+                             result.budget_spent, out, base)
+
+
+def cmd_shrink(ns: argparse.Namespace) -> int:
+    from chaos import scenario_file, search
+    from chaos.engine import prepare_out_dir
+    from chaos.schedule_runs import ScheduleRuns
+
+    loaded = scenario_file.load(ns.file)
+    base = loaded.scenario
+    schedule = [f.text for f in base.faults]
+    if not schedule:
+        raise UsageError(f"{ns.file}: no faults to shrink")
+    out, cache = _dirs(ns)
+    prepare_out_dir(out)
+    progress = _progress(ns.quiet)
+    runs = ScheduleRuns(base, out, cache, progress if not ns.quiet else None)
+    trials = search.Trials(runs, ns.repeats or 1, ns.max_runs, progress)
+    first = trials.judge(schedule)
+    if first != search.FAIL:
+        raise CannotJudge(f"{ns.file}: its schedule does not fail to begin with"
+                          f" ({first} in {trials.runs} run(s)); nothing to shrink")
+    minimal = search.ddmin(schedule, trials.fails)
+    return _print_search_end(None, minimal, runs, trials.flaky,
+                             trials.runs >= trials.max_runs, out, base)
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
@@ -325,6 +504,12 @@ def cmd_report(ns: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         raise UsageError(f"{path} is not a torchchaos report: {exc}") from None
     print(report.table())
+    from chaos import html_report
+
+    if html_report.run_dir_of(report, ns.out) is not None:
+        print(f"report: {html_report.write_run(report, ns.out)}")
+    else:
+        print("the run directory is gone: report.html not rewritten")
     if report.verdict == "error":
         print(f"torchchaos: error: {report.reason}", file=sys.stderr)
     return report.exit_code()
@@ -353,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
             build_parser().print_help()
             return 2
         commands = {"run": cmd_run, "battery": cmd_battery, "crashpoints": cmd_crashpoints,
-                    "campaign": cmd_campaign, "report": cmd_report,
+                    "campaign": cmd_campaign, "report": cmd_report, "replay": cmd_replay,
+                    "search": cmd_search, "shrink": cmd_shrink,
                     "faults": cmd_faults}
         return commands[ns.command](ns)
     except ChaosError as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chaos import schedule
+from chaos import html_report, interval, scenario_file, schedule
 from chaos.checkers import CheckResult, run_checks
 from chaos.errors import UsageError
 from chaos.evidence import Evidence
@@ -61,12 +61,23 @@ def _undecided_by_nondeterminism(checks: dict[str, CheckResult]) -> str:
     return ""
 
 
+def _write_html(report: Report, out_dir: Path, evidence: Evidence, say: Progress) -> None:
+    """report.html and timeline.svg; a bug in drawing them must not cost the verdict."""
+    try:
+        html_report.write_run(report, out_dir, evidence.chaos, evidence.recoveries)
+    except Exception as exc:  # noqa: BLE001 - report.json is written; say what went wrong
+        say(f"could not write {html_report.HTML_FILE}: {type(exc).__name__}: {exc}")
+
+
 def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
                  progress: Progress | None = None) -> Report:
     say = progress or (lambda _msg: None)
     scenario.validate()
     faults = schedule.resolve(scenario.faults, scenario.seed, scenario.nproc, scenario.nodes)
     prepare_out_dir(out_dir)
+    # Written first, so that even a run cut short can be replayed; again at the end with
+    # the verdict, so that a replay says whether it reproduced.
+    replay = scenario_file.for_run(scenario, faults).save(out_dir / scenario_file.REPLAY_FILE)
     reference = get_reference(scenario, cache_dir, say)
     say(f"chaos run with {len(faults)} fault(s): {', '.join(f.spec for f in faults) or 'none'}")
     chaos_dir = out_dir / "chaos"
@@ -97,9 +108,13 @@ def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
         checks, faults=summary, restarts=len(evidence.recoveries), run_dir=str(chaos_dir),
         reference_dir=str(reference.run_dir), wall_seconds=outcome.wall_seconds,
         command=torchrun_command(scenario, 0, "RUN_ID", 0, chaos_dir),  # node 0's, shown
+        replay=str(replay),
+        checkpoint=interval.advice(evidence, scenario.mtbf_hours),
     )
     reason = _never_fired(summary) or _undecided_by_nondeterminism(checks)
     if reason and report.verdict == "pass":  # a pass that tested nothing is no pass
         report.verdict, report.reason = "error", reason
+    scenario_file.for_run(scenario, faults, report).save(replay)
     report.write(out_dir)
+    _write_html(report, out_dir, evidence, say)
     return report

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaos import interval
 from chaos.checkers import CheckResult
 
 MARK = {True: "PASS", False: "FAIL", None: "----"}
@@ -27,6 +28,10 @@ class Report:
     reference_dir: str = ""
     wall_seconds: float = 0.0
     command: list[str] = field(default_factory=list)
+    replay: str = ""  # the replay file: `torchchaos replay` runs this scenario again
+    # Measured checkpoint cost and the Young/Daly interval (chaos.interval.recommend);
+    # None when no save finished
+    checkpoint: dict[str, Any] | None = None
 
     @classmethod
     def from_checks(cls, checks: dict[str, CheckResult], **fields: Any) -> Report:
@@ -59,6 +64,8 @@ class Report:
                  else f"{f['spec']} (never fired)" for f in self.faults]
         lines.append("")
         lines.append(f"faults: {', '.join(fired) or 'none'}; restarts: {self.restarts}")
+        if self.checkpoint:
+            lines.append(interval.summary(self.checkpoint))
         if self.reason:
             lines.append(f"error: {self.reason}")
         lines.append(f"verdict: {self.verdict.upper()}   run dir: {self.run_dir}")

@@ -31,6 +31,9 @@ all off: the undefended target the harness must flag.
 - ``no_fsync``: the correct protocol minus every fsync.
 - ``no_verify``: resume trusts the newest checkpoint the manifest names without
   checking its sha256, so bit rot in it is loaded as if it were training state.
+- ``resume_twice``: resume skips one batch for each earlier resume the checkpoint
+  records (a "skip what the restarts replayed" correction applied twice). A first
+  resume is exact: only two failures with a checkpoint committed between them show it.
 - ``nondeterministic``: global RNGs are seeded from the clock.
 - ``crash``: rank 0 raises RuntimeError at step --steps // 2.
 - ``split_brain``: a rank whose collective fails (its peers are cut off) trains on
@@ -79,6 +82,7 @@ BUGS = (
     "early_pointer",
     "no_fsync",
     "no_verify",
+    "resume_twice",
     "nondeterministic",
     "crash",
     "split_brain",
@@ -153,6 +157,7 @@ class Trainer:
     sched: torch.optim.lr_scheduler.LRScheduler
     step: int = 0
     data_pos: int = 0  # equals step unless a bug (off_by_one) shifts the data
+    resumes: int = 0  # how often training resumed from a checkpoint (kept in it)
     loss: float = float("nan")
 
     def parts(self) -> dict[str, Any]:
@@ -165,7 +170,8 @@ def save(t: Trainer) -> None:
     dist.all_gather_object(rngs, rng_state(t.device))
     if dist.get_rank() == 0:
         state = {k: v.state_dict() for k, v in t.parts().items()}
-        state.update(step=t.step, loss=t.loss, data_pos=t.data_pos, rng=rngs)
+        state.update(step=t.step, loss=t.loss, data_pos=t.data_pos, resumes=t.resumes,
+                     rng=rngs)
         write_checkpoint(state, t.args)
     # Nobody proceeds (or exits) while rank 0 is still writing.
     dist.barrier()
@@ -209,6 +215,9 @@ def resume(t: Trainer) -> bool:
         set_rng_state(state["rng"][dist.get_rank()], t.device)
     t.step, t.loss = state["step"], state["loss"]
     t.data_pos = state["data_pos"] + (1 if t.args.bug == "off_by_one" else 0)
+    if t.args.bug == "resume_twice":
+        t.data_pos += state.get("resumes", 0)
+    t.resumes = state.get("resumes", 0) + 1
     if dist.get_rank() == 0:
         print(f"resumed from {choice[0]} at step {t.step}", flush=True)
     return True

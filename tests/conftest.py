@@ -15,11 +15,16 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from chaos import env, netns, procs
 from chaos.mounts import mounts_under
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# No example database in the checkout, and no deadline: a first example may import torch.
+settings.register_profile("torchchaos", database=None, deadline=None)
+settings.load_profile("torchchaos")
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = REPO / "targets" / "ddp_lm.py"
