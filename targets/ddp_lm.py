@@ -31,6 +31,8 @@ all off: the undefended target the harness must flag.
 - ``no_fsync``: the correct protocol minus every fsync.
 - ``no_verify``: resume trusts the newest checkpoint the manifest names without
   checking its sha256, so bit rot in it is loaded as if it were training state.
+- ``replay_data``: resume restores the model but starts the data stream over from
+  the first batch (the data position is not restored): batches are seen twice.
 - ``resume_twice``: resume skips one batch for each earlier resume the checkpoint
   records (a "skip what the restarts replayed" correction applied twice). A first
   resume is exact: only two failures with a checkpoint committed between them show it.
@@ -82,6 +84,7 @@ BUGS = (
     "early_pointer",
     "no_fsync",
     "no_verify",
+    "replay_data",
     "resume_twice",
     "nondeterministic",
     "crash",
@@ -217,6 +220,8 @@ def resume(t: Trainer) -> bool:
     t.data_pos = state["data_pos"] + (1 if t.args.bug == "off_by_one" else 0)
     if t.args.bug == "resume_twice":
         t.data_pos += state.get("resumes", 0)
+    elif t.args.bug == "replay_data":
+        t.data_pos = 0
     t.resumes = state.get("resumes", 0) + 1
     if dist.get_rank() == 0:
         print(f"resumed from {choice[0]} at step {t.step}", flush=True)

@@ -156,3 +156,29 @@ def test_the_budget_caps_runs_and_says_so():
     assert len(calls) == 3 and trials.runs == 3
     assert trials.judge(["never", "run"]) == search.NOT_RUN
     assert pair_bug(minimal) == search.FAIL  # never worse than what it was given
+
+
+def test_the_state_machine_finds_and_shrinks_the_pair():
+    from hypothesis import settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from chaos.stateful import schedule_machine
+
+    run, calls = counting(pair_bug)
+    machine = schedule_machine(search.Trials(run, repeats=2), SHAPE, ["kill", "preempt"])
+    assert {"kill", "preempt"} <= set(vars(machine))  # faults are rules, one per kind
+    with pytest.raises(AssertionError, match="breaks the target") as failure:
+        run_state_machine_as_test(machine, settings=settings(
+            max_examples=300, stateful_step_count=5, deadline=None, database=None,
+            derandomize=True))
+    shown = str(failure.value).split(": ", 1)[1].split()
+    assert sorted(shown) == sorted(PAIR)  # shrunk to the two faults that matter
+    assert len({tuple(c) for c in calls}) == len(calls) - sum(
+        1 for c in {tuple(c) for c in calls} if pair_bug(list(c)) == search.FAIL)
+
+
+def test_the_state_machine_leaves_out_kinds_the_job_cannot_have():
+    from chaos.stateful import schedule_machine
+
+    machine = schedule_machine(search.Trials(pair_bug), SHAPE, ["kill", "node_kill"])
+    assert "kill" in vars(machine) and "node_kill" not in vars(machine)

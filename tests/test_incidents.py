@@ -1,0 +1,51 @@
+"""Each shipped incident postmortem passes on the reference target and fails on the
+planted bug it describes, through the same loader `torchchaos replay` and pytest use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chaos import scenario_file
+from chaos.engine import run_scenario
+
+INCIDENTS = Path(__file__).resolve().parent.parent / "suites" / "incidents"
+
+# incident -> (the flag that plants its bug in targets/ddp_lm.py, the check that must fail)
+PLANTED = {
+    "torn_checkpoint": (["--bug", "write_in_place"], "atomic_recovery"),
+    "ecc_hang": (["--default-timeouts"], "hang_detected"),
+    "replayed_data": (["--bug", "replay_data"], "deterministic_resume"),
+    "second_resume": (["--bug", "resume_twice"], "deterministic_resume"),
+}
+
+
+def test_every_shipped_incident_has_a_planted_bug_and_a_story():
+    files = sorted(p.name.removesuffix(".chaos.yaml") for p in INCIDENTS.glob("*.chaos.yaml"))
+    assert files == sorted(PLANTED)
+    for name in files:
+        loaded = scenario_file.load(INCIDENTS / f"{name}.chaos.yaml")
+        assert loaded.name and loaded.summary and loaded.source
+        assert len(loaded.notes) == len(loaded.scenario.faults) >= 1 and all(loaded.notes)
+        assert loaded.expect is not None and loaded.expect.verdict == "pass"
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_the_incident_passes_on_the_reference_target(name, tmp_path, shared_cache):
+    loaded = scenario_file.load(INCIDENTS / f"{name}.chaos.yaml")
+    report = run_scenario(loaded.scenario, tmp_path / "run", shared_cache)
+    assert loaded.expect.mismatches(report) == [], report.table()
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_the_incident_fails_on_its_planted_bug(name, tmp_path, shared_cache):
+    flags, check = PLANTED[name]
+    path = INCIDENTS / f"{name}.chaos.yaml"
+    original = scenario_file.load(path)
+    loaded = scenario_file.load(path, original.scenario.script,
+                                [*original.scenario.args, *flags])
+    report = run_scenario(loaded.scenario, tmp_path / "run", shared_cache)
+    assert report.verdict == "fail", report.table()
+    assert report.checks[check]["ok"] is False, report.table()
+    assert loaded.expect.mismatches(report)  # the incident's own expectation catches it
