@@ -124,7 +124,7 @@ class ScenarioFile:
     def dumps(self, base_dir: Path | None = None, fmt: str = "yaml") -> str:
         doc = self.to_dict(base_dir)
         if fmt == "json":
-            return json.dumps(doc, indent=2) + "\n"
+            return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
         return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=100)
 
     def save(self, path: Path) -> Path:
@@ -163,9 +163,13 @@ def load(path: Path, script: str | None = None, args: list[str] | None = None) -
 
 def loads(text: str, path: Path, script: str | None = None,
           args: list[str] | None = None) -> ScenarioFile:
-    """Parse a file's text; relative script paths are taken from path's folder."""
+    """Parse a file's text (JSON for a .json name, else YAML); relative script paths are
+    taken from path's folder."""
     try:
-        doc = yaml.safe_load(text)  # JSON is YAML too
+        doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}):"
+                         f" {exc.msg}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
