@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from chaos import html_report
 from chaos.engine import run_scenario
 from chaos.errors import CannotJudge
 from chaos.history import History
@@ -90,12 +91,14 @@ def _power_losses(history: History, writer: int) -> list[Entry]:
 
 def run_battery(base: Scenario, out_dir: Path, cache_dir: Path,
                 progress: Progress) -> list[Entry]:
-    return run_entries(plan(base, cache_dir, progress), base, out_dir, cache_dir, progress)
+    return run_entries(plan(base, cache_dir, progress), base, out_dir, cache_dir, progress,
+                       title="torchchaos battery")
 
 
 def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: Path,
-                progress: Progress) -> list[Entry]:
-    """One chaos run per entry (its fault on the base scenario), in out_dir/NN."""
+                progress: Progress, title: str = "torchchaos runs") -> list[Entry]:
+    """One chaos run per entry (its fault on the base scenario), in out_dir/NN; the
+    index page out_dir/index.html is rewritten after each, so a cut-short sweep has one."""
     for number, entry in enumerate(entries, 1):
         progress(f"[{number}/{len(entries)}] {entry.name}: {entry.fault}")
         scenario = dataclasses.replace(base, faults=[parse_fault_spec(entry.fault)])
@@ -109,7 +112,13 @@ def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: 
             progress(f"could not judge {entry.name}: {exc}")
         if entry.report:
             progress(f"[{number}/{len(entries)}] {entry.report.verdict.upper()}")
+        write_index(entries[:number], out_dir, title)
     return entries
+
+
+def write_index(entries: list[Entry], out_dir: Path, title: str) -> Path:
+    return html_report.write_index(out_dir, [(e.name, e.fault, e.report) for e in entries],
+                                   title)
 
 
 def table(entries: list[Entry]) -> str:

@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="print the verdict table of a finished run")
     report.add_argument("out", type=Path, metavar="DIR", help="a --out directory of `run`")
     sub.add_parser("faults", help="list the fault kinds and their parameters")
+    sub.add_parser("suite", add_help=False,
+                   help="run the ready-made pytest suites: pytest --pyargs suites [PYTEST ARGS]"
+                        " (--chaos-script PATH --chaos-args '...', -m chaos_kills, ...)")
     return parser
 
 
@@ -301,9 +304,16 @@ def cmd_run(ns: argparse.Namespace) -> int:
     scenario = _scenario(ns, ns.script, ns.args, ns.fault)
     out, cache = _dirs(ns)
     report = run_scenario(scenario, out, cache, _progress(ns.quiet))
+    return _print_report(report, out)
+
+
+def _print_report(report: Any, out: Path, expectation: str = "") -> int:
+    """The verdict table, the page to open, and the exit status of a finished run."""
     print(report.table())
     if (out / "report.html").is_file():
         print(f"report: {out / 'report.html'}")
+    if expectation:
+        print(expectation)
     if report.verdict == "error":
         print(f"torchchaos: error: {report.reason}", file=sys.stderr)
     return report.exit_code()
@@ -390,15 +400,11 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     loaded = scenario_file.load(ns.file, ns.script, args if ns.script else None)
     out, cache = _dirs(ns)
     report = run_scenario(loaded.scenario, out, cache, _progress(ns.quiet))
-    print(report.table())
     expect = loaded.expect or scenario_file.Expectation()
     mismatches = expect.mismatches(report)
     verdict = f"expected {expect.verdict}" + (" and got it" if not mismatches
                                               else f", but: {'; '.join(mismatches)}")
-    print(f"replay of {ns.file}: {verdict}")
-    if report.verdict == "error":
-        print(f"torchchaos: error: {report.reason}", file=sys.stderr)
-    return report.exit_code()
+    return _print_report(report, out, f"replay of {ns.file}: {verdict}")
 
 
 def _save_minimal(base: Scenario, schedule: list[str], out: Path, runs: Any) -> Path:
@@ -515,6 +521,14 @@ def cmd_report(ns: argparse.Namespace) -> int:
     return report.exit_code()
 
 
+def cmd_suite(pytest_args: list[str]) -> int:
+    """The suites are pytest modules: `pytest --pyargs suites ARGS`, with pytest's exit
+    status (0 all passed, 1 a test failed, 4 bad options, 5 nothing selected)."""
+    import pytest
+
+    return int(pytest.main(["--pyargs", "suites", *pytest_args]))
+
+
 def cmd_faults(_ns: argparse.Namespace) -> int:
     from chaos.registry import all_kinds
 
@@ -533,6 +547,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     try:
+        argv = sys.argv[1:] if argv is None else argv
+        if argv[:1] == ["suite"]:  # every argument after it is pytest's
+            return cmd_suite(argv[1:])
         ns = build_parser().parse_args(argv)
         if ns.command is None:
             build_parser().print_help()

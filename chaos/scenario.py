@@ -47,6 +47,9 @@ class Scenario:
     # from the checkpoints there were before the save under test); never the reference's.
     start_from: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    # Failure rate for the report's Young/Daly checkpoint interval (large jobs: about one
+    # interruption every 3 hours); it changes no verdict
+    mtbf_hours: float = 3.0
 
     @classmethod
     def build(cls, script: str, faults: list[str] | None = None, **kwargs: object) -> Scenario:
@@ -80,6 +83,8 @@ class Scenario:
             raise UsageError("--max-detect-steps must be >= 0")
         if self.stop_after is not None and self.stop_after < 1:
             raise UsageError("--steps-after-resume must be >= 1")
+        if not self.mtbf_hours > 0:
+            raise UsageError("--mtbf must be > 0 hours")
         if self.reference_runs not in (1, 2):
             raise UsageError("--reference-runs must be 1 or 2")
         for name in self.checks or []:

@@ -49,7 +49,8 @@ REPLAY_FILE = "replay.yaml"
 # The Scenario fields a file sets, by section. Anything else in a file is a typo.
 JOB_KEYS = ("script", "args", "nproc", "nodes", "network", "min_nodes", "env", "start_from")
 BOUND_KEYS = ("max_lost_steps", "max_lost_seconds", "max_detect_steps", "hang_timeout",
-              "timeout", "max_restarts", "max_relaunches", "reference_runs", "stop_after")
+              "timeout", "max_restarts", "max_relaunches", "reference_runs", "stop_after",
+              "mtbf_hours")
 TOP_KEYS = ("torchchaos", "name", "summary", "source", "job", "seed", "faults", "checks",
             "bounds", "expect", "resolved")
 VERDICTS = ("pass", "fail")
@@ -271,7 +272,8 @@ _TYPES: dict[str, tuple[type, ...]] = {"nproc": (int,), "nodes": (int,), "min_no
                                        "max_restarts": (int,), "max_relaunches": (int,),
                                        "reference_runs": (int,), "stop_after": (int,),
                                        "max_lost_seconds": (int, float), "timeout": (int, float),
-                                       "hang_timeout": (int, float)}
+                                       "hang_timeout": (int, float),
+                                       "mtbf_hours": (int, float)}
 
 
 def _check_types(values: dict[str, Any]) -> None:
