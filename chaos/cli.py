@@ -466,7 +466,7 @@ def cmd_search(ns: argparse.Namespace) -> int:
     prepare_out_dir(out)
     # Hypothesis keeps a cache in ./.hypothesis; the harness writes only in its run dirs.
     set_hypothesis_home_dir(out / "_hypothesis")
-    runs = ScheduleRuns(base, out, cache, progress if not ns.quiet else None)
+    runs = ScheduleRuns(base, out, cache, progress)
     trials = search.Trials(runs, ns.repeats or 1, ns.max_runs, progress)
     progress(f"searching schedules of up to {ns.max_faults} fault(s) at steps {shape.steps}")
     result = search.search(trials, strategies.schedules(fault, ns.max_faults), ns.seed,
@@ -488,7 +488,7 @@ def cmd_shrink(ns: argparse.Namespace) -> int:
     out, cache = _dirs(ns)
     prepare_out_dir(out)
     progress = _progress(ns.quiet)
-    runs = ScheduleRuns(base, out, cache, progress if not ns.quiet else None)
+    runs = ScheduleRuns(base, out, cache, progress)
     trials = search.Trials(runs, ns.repeats or 1, ns.max_runs, progress)
     first = trials.judge(schedule)
     if first != search.FAIL:

@@ -34,8 +34,9 @@ class ScheduleRuns:
     def __call__(self, schedule: list[str]) -> str:
         run_dir = self.out_dir / f"{len(self.reports) + 1:02d}"
         try:
+            # the engine's own progress lines stay out: the search says one line a run
             report: Report | None = run_scenario(self.scenario(schedule), run_dir,
-                                                 self.cache_dir, self.progress)
+                                                 self.cache_dir)
         except CannotJudge as exc:
             self.progress(f"could not judge {' '.join(schedule)}: {exc}")
             report = None
