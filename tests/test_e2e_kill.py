@@ -56,7 +56,10 @@ BUGS = {
 }
 
 
-@pytest.mark.parametrize("bug", BUGS)
+# The incidents (tests/test_incidents.py) run the same fault on write_in_place (torn
+# checkpoint) and another lost data position (replay_data): these two only with -m slow.
+@pytest.mark.parametrize("bug", cases({b: b for b in BUGS},
+                                      slow=frozenset({"write_in_place", "off_by_one"})))
 def test_each_planted_bug_is_caught_by_its_check(chaos_run, bug):
     fault, check, words, bound = BUGS[bug]
     # A resume that raises fails again at every retry: one is enough to judge it.
