@@ -11,6 +11,7 @@ anyway.
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,6 +100,7 @@ def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: 
                 progress: Progress, title: str = "torchchaos runs") -> list[Entry]:
     """One chaos run per entry (its fault on the base scenario), in out_dir/NN; the
     index page out_dir/index.html is rewritten after each, so a cut-short sweep has one."""
+    started = time.monotonic()
     for number, entry in enumerate(entries, 1):
         progress(f"[{number}/{len(entries)}] {entry.name}: {entry.fault}")
         scenario = dataclasses.replace(base, faults=[parse_fault_spec(entry.fault)])
@@ -110,10 +112,25 @@ def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: 
             entry.report = run_scenario(scenario, out_dir / f"{number:02d}", cache_dir, progress)
         except CannotJudge as exc:
             progress(f"could not judge {entry.name}: {exc}")
-        if entry.report:
-            progress(f"[{number}/{len(entries)}] {entry.report.verdict.upper()}")
+        verdict = entry.report.verdict.upper() if entry.report else "ERROR"
+        progress(f"[{number}/{len(entries)}] {verdict:<5} "
+                 f"{progress_bar(number, len(entries), time.monotonic() - started)}")
         write_index(entries[:number], out_dir, title)
     return entries
+
+
+def progress_bar(done: int, total: int, elapsed: float, width: int = 20) -> str:
+    """`[########------------] 40% 1m12s, about 1m48s left` (the estimate assumes the
+    runs still to come take as long as those done)."""
+    filled = round(width * done / total) if total else width
+    left = elapsed / done * (total - done) if done else 0.0
+    return (f"[{'#' * filled}{'-' * (width - filled)}] {100 * done // max(total, 1)}%"
+            f" {_duration(elapsed)}, about {_duration(left)} left")
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def write_index(entries: list[Entry], out_dir: Path, title: str) -> Path:

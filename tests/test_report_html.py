@@ -297,3 +297,11 @@ def test_a_real_run_writes_the_page_and_the_picture(tmp_path, shared_cache):
     checkpoint = json.loads((out / "report.json").read_text())["checkpoint"]
     assert checkpoint["interval_steps"] == 5 and checkpoint["mtbf_hours"] == 6.0
     assert checkpoint["cost_seconds"] > 0 and checkpoint["young_daly_steps"] >= 1
+
+
+def test_the_progress_bar_of_a_long_sweep_estimates_what_is_left():
+    from chaos.battery import progress_bar
+
+    assert progress_bar(2, 5, 60.0) == "[########------------] 40% 1m00s, about 1m30s left"
+    assert progress_bar(5, 5, 301.0).startswith("[####################] 100% 5m01s")
+    assert progress_bar(1, 3, 9.6, width=6) == "[##----] 33% 10s, about 19s left"
