@@ -13,28 +13,52 @@ nothing for `chaos_run`) fails the test with the verdict table and the run
 directory. Runs live under `--chaos-dir` (default: pytest's temporary
 directory); fault-free reference runs are cached for the session, or in
 `--chaos-cache-dir` across sessions.
+
+Also: the ready-made suites (`pytest --pyargs suites`, the `chaos_suite`
+fixture, configured by `[tool.torchchaos]` in pyproject.toml or by
+`--chaos-script` / `--chaos-args` / ...); `*.chaos.yaml` scenario files
+collected as tests, or exactly the files given with `--chaos-replay`; every
+run's verdict, checks, run directory and replay command as JUnit XML
+properties; and one table of every run at the end of the session.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from chaos.errors import ChaosError
-from chaos.report import Report
+from chaos.report import MARK, Report
 
-_RESULTS_KEY = pytest.StashKey[list]()  # (nodeid, report) of every run this session
+if TYPE_CHECKING:
+    from chaos.scenario import Scenario
+    from chaos.suite import Plan
+
+_RESULTS_KEY = pytest.StashKey[list]()  # (nodeid, report, out_dir) of every run this session
 _FAILURE_KEY = pytest.StashKey[str]()  # why a marked test fails before its body runs
+_SUITE_KEY = pytest.StashKey["Scenario"]()  # the job the suites test
+
+SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
+SUITE_MARKERS = {
+    "chaos_kills": "kills of ranks and nodes, also inside a checkpoint save",
+    "chaos_storage": "power loss, torn writes, ENOSPC, bit rot (the fault filesystem)",
+    "chaos_sdc": "bit flips and NaNs: silent data corruption",
+    "chaos_hangs": "stopped and stuck ranks, stragglers",
+    "chaos_partitions": "network partitions between simulated nodes",
+}
+SCENARIO_SUFFIXES = (".chaos.yaml", ".chaos.yml")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("torchchaos", "chaos runs of distributed training")
-    group.addoption("--chaos-seed", type=int, default=0,
-                    help="seed for symbolic fault targets (default 0)")
+    group.addoption("--chaos-seed", type=int, default=None,
+                    help="seed for symbolic fault targets (default 0, or the suites' seed)")
     group.addoption("--chaos-dir", default=None,
                     help="where run directories are kept (default: pytest's tmp dir)")
     group.addoption("--chaos-cache-dir", default=None,
@@ -45,21 +69,73 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="seconds without progress on any rank before the harness declares"
                          " a hang (default: the scenario's; else 10, or 3x the longest the"
                          " reference went without progress)")
+    group.addoption("--chaos-replay", action="append", default=[], metavar="FILE",
+                    help="run exactly these scenario files (a run's replay.yaml, an"
+                         " incident's .chaos.yaml) instead of the collected tests")
+    group.addoption("--chaos-script", default=None, metavar="PATH",
+                    help="the training script the suites (and replays) run (default:"
+                         " script in [tool.torchchaos], else the bundled reference target)")
+    group.addoption("--chaos-args", default=None, metavar="ARGS",
+                    help="its arguments, one string split like a shell's: \"--steps 40\"")
+    for name, kind, what in (("nproc", int, "ranks per node"),
+                             ("nodes", int, "simulated nodes"),
+                             ("max-lost-steps", int, "steps a failure may cost"),
+                             ("max-lost-seconds", float, "seconds a failure may cost")):
+        group.addoption(f"--chaos-{name}", type=kind, default=None,
+                        help=f"suites: {what} (overrides [tool.torchchaos])")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "chaos(script, faults=[...], expect='pass', **scenario):"
                             " run a torchchaos scenario; the chaos_report fixture holds it")
+    for name, what in SUITE_MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: torchchaos suite: {what}")
+    config.addinivalue_line("markers", "chaos_replay: a torchchaos scenario file run as a test")
     config.stash[_RESULTS_KEY] = []
+    try:
+        config.stash[_SUITE_KEY] = _suite_scenario(config)
+    except ChaosError as exc:
+        raise pytest.UsageError(f"torchchaos: {exc}") from None
 
 
-def _base_dirs(request: pytest.FixtureRequest) -> tuple[Path, Path]:
-    config = request.config
-    factory = request.getfixturevalue("tmp_path_factory")
+def _pyproject(config: pytest.Config) -> Path:
+    if config.inipath is not None and config.inipath.name == "pyproject.toml":
+        return config.inipath
+    return config.rootpath / "pyproject.toml"
+
+
+def _script_options(config: pytest.Config) -> tuple[str | None, list[str] | None]:
+    """--chaos-script (from where pytest started) and --chaos-args, where given."""
+    from chaos.suiteconfig import split_args
+
+    script, args = config.getoption("--chaos-script"), config.getoption("--chaos-args")
+    if script is not None:
+        script = str(config.invocation_params.dir / script)
+    return script, (split_args(args, "--chaos-args") if args is not None else None)
+
+
+def _suite_scenario(config: pytest.Config) -> Scenario:
+    from chaos import suiteconfig
+
+    pyproject = _pyproject(config)
+    script, args = _script_options(config)
+    options = {"script": script, "args": args, "seed": config.getoption("--chaos-seed"),
+               "timeout": config.getoption("--chaos-timeout"),
+               "hang_timeout": config.getoption("--chaos-hang-timeout"),
+               **{key: config.getoption(f"--chaos-{key.replace('_', '-')}")
+                  for key in ("nproc", "nodes", "max_lost_steps", "max_lost_seconds")}}
+    return suiteconfig.base_scenario(suiteconfig.read_table(pyproject), pyproject.parent,
+                                     options, f"{suiteconfig.TABLE} in {pyproject}")
+
+
+def _base_dirs(config: pytest.Config) -> tuple[Path, Path]:
     runs = config.getoption("--chaos-dir")
     cache = config.getoption("--chaos-cache-dir")
-    runs_dir = Path(runs) if runs else factory.getbasetemp() / "torchchaos-runs"
-    cache_dir = Path(cache) if cache else factory.getbasetemp() / "torchchaos-cache"
+    if not (runs and cache):
+        # what the tmp_path_factory fixture returns; replay items have no fixtures
+        basetemp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    runs_dir = Path(runs) if runs else basetemp / "torchchaos-runs"
+    cache_dir = Path(cache) if cache else basetemp / "torchchaos-cache"
     return runs_dir.resolve(), cache_dir.resolve()
 
 
@@ -71,27 +147,46 @@ def _new_out_dir(runs_dir: Path, nodeid: str) -> Path:
     return runs_dir / f"{stem}-{number}"
 
 
+def _run(item: pytest.Item, scenario: Scenario) -> Report:
+    """Run a scenario for this test and record it; raises ChaosError when it cannot
+    be judged."""
+    from chaos.engine import run_scenario
+
+    runs_dir, cache_dir = _base_dirs(item.config)
+    out_dir = _new_out_dir(runs_dir, item.nodeid)
+    report = run_scenario(scenario, out_dir, cache_dir)
+    _record(item, report, out_dir)
+    return report
+
+
+def _record(item: pytest.Item, report: Report, out_dir: Path) -> None:
+    """For the session's table, and as properties JUnit XML shows (`--junitxml`)."""
+    item.config.stash[_RESULTS_KEY].append((item.nodeid, report, out_dir))
+    props = [("chaos_verdict", report.verdict)]
+    props += [(f"chaos_check_{name}", MARK[check["ok"]]) for name, check in report.checks.items()]
+    replay = report.replay or str(out_dir / "replay.yaml")
+    props += [("chaos_run_dir", report.run_dir), ("chaos_report", str(out_dir / "report.json")),
+              ("chaos_replay", f"torchchaos replay {replay}")]
+    item.user_properties.extend(props)
+
+
 RunFn = Callable[..., Report]
 
 
 def _runner(request: pytest.FixtureRequest) -> RunFn:
     """Run a scenario for this test; raises ChaosError when it cannot be judged."""
-    from chaos.engine import run_scenario
     from chaos.scenario import Scenario
 
-    runs_dir, cache_dir = _base_dirs(request)
     config = request.config
 
     def run(script: str, faults: list[str] | None = None, **kwargs: Any) -> Report:
-        kwargs.setdefault("seed", config.getoption("--chaos-seed"))
+        seed = config.getoption("--chaos-seed")
+        kwargs.setdefault("seed", 0 if seed is None else seed)
         if config.getoption("--chaos-timeout"):
             kwargs["timeout"] = config.getoption("--chaos-timeout")
         if config.getoption("--chaos-hang-timeout"):
             kwargs.setdefault("hang_timeout", config.getoption("--chaos-hang-timeout"))
-        scenario = Scenario.build(str(script), faults=faults, **kwargs)
-        report = run_scenario(scenario, _new_out_dir(runs_dir, request.node.nodeid), cache_dir)
-        config.stash[_RESULTS_KEY].append((request.node.nodeid, report))
-        return report
+        return _run(request.node, Scenario.build(str(script), faults=faults, **kwargs))
 
     return run
 
@@ -100,6 +195,12 @@ def _verdict_failure(report: Report, expect: str) -> str | None:
     if report.verdict == expect:
         return None
     return f"expected verdict {expect!r}, got {report.verdict!r}\n\n{report.table()}"
+
+
+def _could_not_judge(exc: ChaosError) -> BaseException:
+    """The test's failure, one line: `raise _could_not_judge(exc) from None` (without
+    `from None`, pytest shows the ChaosError it was handling too)."""
+    return pytest.fail.Exception(f"torchchaos could not judge: {exc}", pytrace=False)
 
 
 @pytest.fixture
@@ -112,7 +213,7 @@ def chaos_run(request: pytest.FixtureRequest) -> RunFn:
         try:
             report = run(script, faults, **kwargs)
         except ChaosError as exc:
-            pytest.fail(f"torchchaos could not judge: {exc}", pytrace=False)
+            raise _could_not_judge(exc) from None
         failure = _verdict_failure(report, expect) if expect else None
         if failure:
             pytest.fail(failure, pytrace=False)
@@ -155,12 +256,132 @@ def pytest_runtest_call(item: pytest.Item) -> None:
         pytest.fail(failure, pytrace=False)
 
 
+# -- the ready-made suites ---------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def chaos_suite_plan(pytestconfig: pytest.Config) -> Plan:
+    """The suites' job and the faults planned from its one fault-free run (chaos.suite)."""
+    from chaos.suite import Plan
+
+    return Plan(pytestconfig.stash[_SUITE_KEY], _base_dirs(pytestconfig)[1])
+
+
+@pytest.fixture
+def chaos_suite(request: pytest.FixtureRequest, chaos_suite_plan: Plan) -> Callable[[str], Report]:
+    """chaos_suite(case): run a named case of chaos.suite against the configured job and
+    fail with the verdict table unless it passes; skip where the case does not apply."""
+    from chaos.suite import NotApplicable
+
+    def check(case: str) -> Report:
+        try:
+            report = _run(request.node, chaos_suite_plan.scenario(case))
+        except NotApplicable as exc:
+            pytest.skip(str(exc))
+        except ChaosError as exc:
+            raise _could_not_judge(exc) from None
+        failure = _verdict_failure(report, "pass")
+        if failure:
+            pytest.fail(failure, pytrace=False)
+        return report
+
+    return check
+
+
+# -- scenario files as tests -------------------------------------------------------------
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session: pytest.Session) -> bool | None:
+    """With --chaos-replay, collect exactly those files (and nothing else)."""
+    files = session.config.getoption("--chaos-replay")
+    if not files:
+        return None
+    session.perform_collect(files)
+    return True
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    config = parent.config
+    replays = {(config.invocation_params.dir / f).resolve()
+               for f in config.getoption("--chaos-replay")}
+    if file_path.name.endswith(SCENARIO_SUFFIXES) or file_path.resolve() in replays:
+        return ScenarioFileTests.from_parent(parent, path=file_path)
+    if _suite_module_unmatched(file_path, parent):
+        return pytest.Module.from_parent(parent, path=file_path)
+    return None
+
+
+def _suite_module_unmatched(file_path: Path, parent: pytest.Collector) -> bool:
+    """A suites module that the project's `python_files` would leave out: the suites are
+    `test_*.py`, and `pytest --pyargs suites` must run them in any project."""
+    if not fnmatch.fnmatch(file_path.name, "test_*.py"):
+        return False
+    if file_path.parent.resolve() != SUITES_DIR:
+        return False
+    if parent.session.isinitpath(file_path):
+        return False
+    patterns = parent.config.getini("python_files")
+    return not any(fnmatch.fnmatch(file_path.name if os.sep not in p else str(file_path), p)
+                   for p in patterns)
+
+
+class ScenarioFileTests(pytest.File):
+    """A scenario file: one test, named after the file."""
+
+    def collect(self) -> Iterator[pytest.Item]:
+        name = self.path.name
+        for suffix in (*SCENARIO_SUFFIXES, ".yaml", ".yml", ".json"):
+            name = name.removesuffix(suffix)
+        yield ScenarioFileItem.from_parent(self, name=name or "replay")
+
+
+class ScenarioFileItem(pytest.Item):
+    """Runs the file's scenario; fails when the report differs from its `expect:`
+    (verdict "pass" where it has none)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_marker("chaos_replay")
+
+    def runtest(self) -> None:
+        from chaos import scenario_file
+
+        try:
+            script, args = _script_options(self.config)
+            loaded = scenario_file.load(self.path, script=script, args=args)
+            report = _run(self, loaded.scenario)
+        except ChaosError as exc:
+            raise _could_not_judge(exc) from None
+        mismatches = (loaded.expect or scenario_file.Expectation()).mismatches(report)
+        if mismatches:
+            pytest.fail("\n".join(["not what the file expects:", *mismatches, "",
+                                   report.table()]), pytrace=False)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"chaos scenario {self.path.name}"
+
+
+# -- the session's table -----------------------------------------------------------------
+
+def _lost(report: Report) -> str:
+    return ",".join("?" if n is None else str(n) for n in report.lost_steps) or "-"
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """One row per run: verdict, steps lost per failure, the test and its failing checks,
+    and under the test its run folder; two short columns, so a narrow terminal wraps
+    only the long names."""
     results = config.stash.get(_RESULTS_KEY, [])
     if not results:
         return
     terminalreporter.section("torchchaos verdicts")
-    for nodeid, report in results:
+    roots = {out_dir.parent for _, _, out_dir in results}
+    root = roots.pop() if len(roots) == 1 else None
+    where = f" (in {root})" if root is not None else ""
+    lines = ["verdict  lost  test  [failing checks]", f"               run folder{where}"]
+    for nodeid, report, out_dir in results:
         failing = [n for n, c in report.checks.items() if c["ok"] is False]
-        extra = f" ({', '.join(failing)})" if failing else ""
-        terminalreporter.write_line(f"{report.verdict.upper():<5} {nodeid}{extra}")
+        extra = f"  [{', '.join(failing)}]" if failing else ""
+        lines.append(f"{report.verdict.upper():<7}  {_lost(report):<4}  {nodeid}{extra}")
+        lines.append(" " * 15 + (out_dir.name if root is not None else str(out_dir)))
+    for line in lines:
+        terminalreporter.write_line(line)

@@ -37,7 +37,11 @@ def test_a_verdict_other_than_expected_fails_with_the_table(pytester, tmp_path_f
         "*deterministic_resume  FAIL     diverged from the reference at step 6*optimizer*",
         f"*verdict: FAIL   run dir: {runs}*",
         "*torchchaos verdicts*",
-        "FAIL  test_a_verdict_other_than_expected_fails_with_the_table.py::test_buggy*",
+        "verdict  lost  test  ?failing checks?",
+        f"               run folder (in {runs})",
+        "FAIL     2     test_a_verdict_other_than_expected_fails_with_the_table.py::test_buggy"
+        "  ?deterministic_resume?",
+        "               test_a_verdict_other_than_expected_fails_with_the_table.py_test_buggy-0",
     ])
     assert any(runs.iterdir()), "runs are kept where --chaos-dir says"
 
