@@ -422,12 +422,13 @@ def _save_minimal(base: Scenario, schedule: list[str], out: Path, runs: Any) -> 
     return minimal.save(out / "minimal.yaml")
 
 
-def _print_search_end(found: list[str] | None, minimal: list[str] | None, runs: Any,
-                      flaky: list[list[str]], budget_spent: bool, out: Path,
-                      base: Scenario) -> int:
+def _print_search_end(result: Any, runs: Any, out: Path, base: Scenario) -> int:
+    """What a search or shrink found (a `chaos.search.SearchResult`); exit 1 with a
+    failing schedule, else 0."""
     from chaos.search import describe
 
-    for schedule in flaky:
+    found, minimal = result.found, result.minimal
+    for schedule in result.flaky:
         print(f"flaky (fails only some of the time): {describe(schedule)}")
     if minimal is None:
         print(f"no failing schedule in {len(runs.reports)} run(s); runs: {out}")
@@ -435,7 +436,7 @@ def _print_search_end(found: list[str] | None, minimal: list[str] | None, runs: 
     if found is not None and found != minimal:
         print(f"first failure, shrunk by Hypothesis: {describe(found)}")
     print(f"minimal failing schedule ({len(minimal)} fault(s)): {describe(minimal)}")
-    if budget_spent:
+    if result.budget_spent:
         print("  (the run budget ran out while shrinking: a fault of it may still be"
               " droppable; raise --max-runs)")
     report = runs.last_run_of(minimal)
@@ -471,8 +472,7 @@ def cmd_search(ns: argparse.Namespace) -> int:
     progress(f"searching schedules of up to {ns.max_faults} fault(s) at steps {shape.steps}")
     result = search.search(trials, strategies.schedules(fault, ns.max_faults), ns.seed,
                            ns.examples, ns.shrink_runs)
-    return _print_search_end(result.found, result.minimal, runs, result.flaky,
-                             result.budget_spent, out, base)
+    return _print_search_end(result, runs, out, base)
 
 
 def cmd_shrink(ns: argparse.Namespace) -> int:
@@ -495,8 +495,8 @@ def cmd_shrink(ns: argparse.Namespace) -> int:
         raise CannotJudge(f"{ns.file}: its schedule does not fail to begin with"
                           f" ({first} in {trials.runs} run(s)); nothing to shrink")
     minimal = search.ddmin(schedule, trials.fails)
-    return _print_search_end(None, minimal, runs, trials.flaky,
-                             trials.runs >= trials.max_runs, out, base)
+    result = search.SearchResult(None, minimal, trials.runs, trials.flaky, trials.budget_spent)
+    return _print_search_end(result, runs, out, base)
 
 
 def cmd_report(ns: argparse.Namespace) -> int:

@@ -71,6 +71,10 @@ class Trials:
         return FLAKY if FAIL in seen else seen[-1]
 
     @property
+    def budget_spent(self) -> bool:
+        return self.runs >= self.max_runs
+
+    @property
     def flaky(self) -> list[list[str]]:
         return [list(k) for k, v in self.outcomes.items() if v == FLAKY]
 
@@ -168,5 +172,4 @@ def search(trials: Trials, strategy: st.SearchStrategy[list[str]], seed: int = 0
     shrink_runs runs); delta debugging then makes sure no fault of it can be dropped."""
     found = hypothesis_search(trials, strategy, seed, max_examples, shrink_runs)
     minimal = ddmin(found, trials.fails) if found else None
-    return SearchResult(found, minimal, trials.runs, trials.flaky,
-                        trials.runs >= trials.max_runs)
+    return SearchResult(found, minimal, trials.runs, trials.flaky, trials.budget_spent)
