@@ -57,9 +57,10 @@ BUGS = {
 
 
 # The incidents (tests/test_incidents.py) run the same fault on write_in_place (torn
-# checkpoint) and another lost data position (replay_data): these two only with -m slow.
-@pytest.mark.parametrize("bug", cases({b: b for b in BUGS},
-                                      slow=frozenset({"write_in_place", "off_by_one"})))
+# checkpoint) and another lost data position (replay_data): these only with -m slow.
+# skip_optim is caught in CI by the suites' and the replay-file tests (tests/test_suites.py).
+@pytest.mark.parametrize("bug", cases({b: b for b in BUGS}, slow=frozenset({
+    "write_in_place", "off_by_one", "skip_optim"})))
 def test_each_planted_bug_is_caught_by_its_check(chaos_run, bug):
     fault, check, words, bound = BUGS[bug]
     # A resume that raises fails again at every retry: one is enough to judge it.
@@ -87,7 +88,8 @@ def test_a_nondeterministic_target_is_reported_not_blamed(chaos_run):
     assert report.checks["deterministic_resume"]["ok"] is None
 
 
-@pytest.mark.parametrize("round_", [0, pytest.param(1, marks=pytest.mark.slow)])
+@pytest.mark.slow  # a good and a bad run, twice; CI runs both kinds in other tests
+@pytest.mark.parametrize("round_", [0, 1])
 def test_verdicts_repeat(chaos_run, round_):
     good = chaos_run(TARGET, faults=["kill:rank=1,step=8"], args=STEPS)
     bad = chaos_run(TARGET, faults=["kill:rank=1,step=8"], args=[*STEPS, "--bug", "skip_rng"])

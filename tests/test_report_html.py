@@ -294,9 +294,20 @@ def test_a_real_run_writes_the_page_and_the_picture(tmp_path, shared_cache):
     assert [g.get("data-rank") for g in groups(svg, "lane")] == ["0", "1"]
     assert FAULT in tip(groups(svg, "fault")[0]) and len(groups(svg, "restart")) == 1
     assert len(groups(svg, "redo")) == 1 and len(groups(svg, "commit")) >= 3
-    checkpoint = json.loads((out / "report.json").read_text())["checkpoint"]
+    report = json.loads((out / "report.json").read_text())
+    checkpoint = report["checkpoint"]
     assert checkpoint["interval_steps"] == 5 and checkpoint["mtbf_hours"] == 6.0
     assert checkpoint["cost_seconds"] > 0 and checkpoint["young_daly_steps"] >= 1
+    # the report.json contract and `torchchaos report` (this is the CLI's one plain run)
+    assert report["verdict"] == "pass"
+    assert set(report["checks"]) == {"completes", "atomic_recovery", "deterministic_resume",
+                                     "bounded_lost_work", "durable_checkpoints", "sdc_detected",
+                                     "hang_detected", "no_split_brain", "no_orphans"}
+    assert report["faults"][0]["spec"] == FAULT and report["restarts"] == 1
+    assert report["lost_steps"] == [2]
+    again = subprocess.run([sys.executable, "-m", "chaos.cli", "report", str(out)],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert again.returncode == 0 and "verdict: PASS" in again.stdout
 
 
 def test_the_progress_bar_of_a_long_sweep_estimates_what_is_left():
