@@ -42,11 +42,8 @@ def plan(base: Scenario, cache_dir: Path, progress: Progress) -> list[Entry]:
     """Choose the battery's faults from what the reference run did."""
     history = get_reference(base, cache_dir, progress).history()
     final = history.final_step()
-    saves = history.of("save_begin")
-    writer = saves[0]["rank"] if saves else 0
-    interval = max(final // 4, 1)
-    if len(saves) >= 2:
-        interval = saves[1]["after_step"] - saves[0]["after_step"] or interval
+    writer = history.checkpoint_writer()
+    interval = history.save_interval() or max(final // 4, 1)
     mid = min(max(final // 2 + interval // 2, 1), max(final - 1, 1))
     if mid % interval == 0:  # land between two checkpoints, where work is at stake
         mid = max(mid - 1, 1)

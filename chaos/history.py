@@ -85,3 +85,13 @@ class History:
 
     def faults(self) -> list[Event]:
         return self.of("fault")
+
+    def checkpoint_writer(self) -> int:
+        """The rank whose save began first: the one that writes checkpoints (0 if none)."""
+        saves = self.of("save_begin")
+        return saves[0]["rank"] if saves else 0
+
+    def save_interval(self) -> int:
+        """Steps between the first two checkpoint saves (0 with fewer than two)."""
+        saves = self.of("save_begin")
+        return saves[1]["after_step"] - saves[0]["after_step"] if len(saves) >= 2 else 0

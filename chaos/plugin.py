@@ -164,9 +164,8 @@ def _record(item: pytest.Item, report: Report, out_dir: Path) -> None:
     item.config.stash[_RESULTS_KEY].append((item.nodeid, report, out_dir))
     props = [("chaos_verdict", report.verdict)]
     props += [(f"chaos_check_{name}", MARK[check["ok"]]) for name, check in report.checks.items()]
-    replay = report.replay or str(out_dir / "replay.yaml")
     props += [("chaos_run_dir", report.run_dir), ("chaos_report", str(out_dir / "report.json")),
-              ("chaos_replay", f"torchchaos replay {replay}")]
+              ("chaos_replay", f"torchchaos replay {report.replay}")]
     item.user_properties.extend(props)
 
 

@@ -46,15 +46,13 @@ class JobShape:
     @classmethod
     def of(cls, history: History, nodes: int = 1, every_step: bool = False) -> JobShape:
         """The shape of the job a fault-free reference history shows."""
-        saves = history.of("save_begin")
-        every = saves[1]["after_step"] - saves[0]["after_step"] if len(saves) >= 2 else 0
-        writer = saves[0]["rank"] if saves else 0
+        writer = history.checkpoint_writer()
         events: dict[int, int] = {}
         for event in history.of("file"):
             if event["rank"] == writer and event.get("save"):
                 events[event["save"]] = max(events.get(event["save"], 0), event["index"])
-        return cls(len(history.ranks()), history.final_step(), nodes, every, writer, events,
-                   every_step)
+        return cls(len(history.ranks()), history.final_step(), nodes, history.save_interval(),
+                   writer, events, every_step)
 
     @property
     def steps(self) -> list[int]:

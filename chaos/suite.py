@@ -90,8 +90,7 @@ class Plan:
         return next(s.trigger.step for _, s in self.battery() if s.trigger.step is not None)
 
     def writer(self) -> int:
-        saves = self.history().of("save_begin")
-        return saves[0]["rank"] if saves else 0
+        return self.history().checkpoint_writer()
 
     def save_events(self, save: int = 2) -> list[Event]:
         """The file events of the writer's `save`-th checkpoint save in the reference."""
