@@ -143,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
                                " default all)")
     _add_optional_script(campaign)
     _add_exploration_commands(sub)
+    _add_export_command(sub)
     report = sub.add_parser("report", help="print the verdict table of a finished run")
     report.add_argument("out", type=Path, metavar="DIR", help="a --out directory of `run`")
     sub.add_parser("faults", help="list the fault kinds and their parameters")
@@ -199,6 +200,43 @@ def _add_exploration_commands(sub: Any) -> None:
     shrink.add_argument("file", type=Path, metavar="FILE", help="a scenario file (YAML/JSON)")
     _add_run_dirs(shrink)
     _add_search_options(shrink)
+
+
+def _add_export_command(sub: Any) -> None:
+    """export: a scenario file's node-level faults as Chaos Mesh manifests."""
+    from chaos import chaosmesh
+
+    export = sub.add_parser(
+        "export", help="write a scenario file's node-level faults as Chaos Mesh manifests",
+        description="Kills of nodes, partitions and checkpoint-volume faults of a scenario"
+        " file (a run's replay.yaml, an incident) become PodChaos, NetworkChaos and IOChaos"
+        " objects in one Chaos Mesh Workflow that starts each at its offset; steps become"
+        " seconds. Faults with no cluster counterpart are listed on stderr as not exported.")
+    export.add_argument("file", type=Path, metavar="FILE", help="a scenario file (YAML/JSON)")
+    export.add_argument("--namespace", default="default", metavar="NS",
+                        help="the job's Kubernetes namespace (default default)")
+    export.add_argument("--node-label", default=chaosmesh.DEFAULT_NODE_LABEL, metavar="KEY",
+                        help="the pod label whose value is the node index (default"
+                             f" {chaosmesh.DEFAULT_NODE_LABEL}; e.g."
+                             " training.kubeflow.org/replica-index)")
+    export.add_argument("--pod-per-rank", action="store_true",
+                        help="every rank runs in a pod of its own, labelled with its global"
+                             " rank: rank faults map to pods too")
+    export.add_argument("--volume-path", default=chaosmesh.DEFAULT_VOLUME_PATH, metavar="PATH",
+                        help="where the checkpoint volume is mounted in the pods (IOChaos;"
+                             f" default {chaosmesh.DEFAULT_VOLUME_PATH})")
+    timing = export.add_mutually_exclusive_group()
+    timing.add_argument("--seconds-per-step", type=_positive_seconds, default=None,
+                        metavar="S", help="a step takes S seconds (step N fires N*S after start)")
+    timing.add_argument("--run-dir", type=Path, default=None, metavar="DIR",
+                        help="time steps as a run of the job did (its history)")
+    export.add_argument("--name", default=None, metavar="NAME",
+                        help="prefix of the objects' names (default: from FILE's name)")
+    export.add_argument("--bare", action="store_true",
+                        help="the chaos objects alone, each annotated with its offset,"
+                             " instead of the Workflow")
+    export.add_argument("--out", type=Path, default=None, metavar="FILE.yaml",
+                        help="write here instead of stdout")
 
 
 def _add_run_dirs(parser: argparse.ArgumentParser) -> None:
@@ -499,6 +537,29 @@ def cmd_shrink(ns: argparse.Namespace) -> int:
     return _print_search_end(result, runs, out, base)
 
 
+def cmd_export(ns: argparse.Namespace) -> int:
+    from chaos import chaosmesh, scenario_file
+
+    loaded = scenario_file.load(ns.file)
+    options = chaosmesh.Options(
+        namespace=ns.namespace, node_label=ns.node_label, volume_path=ns.volume_path,
+        seconds_per_step=ns.seconds_per_step, pod_per_rank=ns.pod_per_rank,
+        step_times=chaosmesh.step_times(ns.run_dir) if ns.run_dir else None,
+        name=ns.name or chaosmesh.name_of(ns.file))
+    result = chaosmesh.export(loaded, options)
+    text = chaosmesh.render(result, ns.file, options, ns.bare)
+    if ns.out is None:
+        sys.stdout.write(text)
+    else:
+        try:
+            ns.out.write_text(text)
+        except OSError as exc:
+            raise UsageError(f"cannot write {ns.out}: {exc.strerror or exc}") from None
+    for line in result.not_exported:
+        print(f"not exported: {line}", file=sys.stderr)
+    return 0
+
+
 def cmd_report(ns: argparse.Namespace) -> int:
     from chaos.report import Report
 
@@ -557,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         commands = {"run": cmd_run, "battery": cmd_battery, "crashpoints": cmd_crashpoints,
                     "campaign": cmd_campaign, "report": cmd_report, "replay": cmd_replay,
                     "search": cmd_search, "shrink": cmd_shrink,
-                    "faults": cmd_faults}
+                    "faults": cmd_faults, "export": cmd_export}
         return commands[ns.command](ns)
     except ChaosError as exc:
         print(f"torchchaos: error: {exc}", file=sys.stderr)

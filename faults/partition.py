@@ -102,6 +102,16 @@ class Partition(HarnessKind):
         shape = str(fault.params.get("sides") or fault.params.get("shape", "isolate"))
         return (lambda: heal(touched)), {"shape": shape, "nodes": describe(fault, ctx.network)}
 
+    # What a cut separates, for tools that express it elsewhere (chaos.chaosmesh): the
+    # one definition of the shapes stays here.
+    def sides(self, fault: ResolvedFault, count: int) -> list[list[int]]:
+        """The node numbers on each side of a symmetric cut (not oneway or store)."""
+        return _side_sets(fault, count)
+
+    def peer(self, fault: ResolvedFault, count: int) -> int:
+        """The node a oneway cut's target cannot reach."""
+        return _peer(fault, count)
+
 
 def _side_sets(fault: ResolvedFault, count: int) -> list[list[int]]:
     """The sides of a symmetric cut, as node numbers."""
