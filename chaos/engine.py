@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from chaos import html_report, interval, scenario_file, schedule
 from chaos.checkers import CheckResult, run_checks
@@ -61,12 +62,25 @@ def _undecided_by_nondeterminism(checks: dict[str, CheckResult]) -> str:
     return ""
 
 
-def _write_html(report: Report, out_dir: Path, evidence: Evidence, say: Progress) -> None:
+def write_html(report: Report, out_dir: Path, evidence: Evidence, say: Progress) -> None:
     """report.html and timeline.svg; a bug in drawing them must not cost the verdict."""
     try:
         html_report.write_run(report, out_dir, evidence.chaos, evidence.recoveries)
     except Exception as exc:  # noqa: BLE001 - report.json is written; say what went wrong
         say(f"could not write {html_report.HTML_FILE}: {type(exc).__name__}: {exc}")
+
+
+def judge(evidence: Evidence, faults: list[ResolvedFault], checks: list[str] | None,
+          **fields: Any) -> Report:
+    """Run the checks over the evidence and come to a verdict; `fields` go into the report."""
+    results = run_checks(evidence, checks)
+    summary = _fault_summary(faults, evidence.chaos)
+    report = Report.from_checks(results, faults=summary, restarts=len(evidence.recoveries),
+                                **fields)
+    reason = _never_fired(summary) or _undecided_by_nondeterminism(results)
+    if reason and report.verdict == "pass":  # a pass that tested nothing is no pass
+        report.verdict, report.reason = "error", reason
+    return report
 
 
 def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
@@ -102,19 +116,14 @@ def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
         chaos_dir=chaos_dir, reference_dir=reference.run_dir, hang=outcome.hang,
         hang_timeout=hang_timeout,
     )
-    checks = run_checks(evidence, scenario.checks)
-    summary = _fault_summary(faults, chaos_history)
-    report = Report.from_checks(
-        checks, faults=summary, restarts=len(evidence.recoveries), run_dir=str(chaos_dir),
+    report = judge(
+        evidence, faults, scenario.checks, run_dir=str(chaos_dir),
         reference_dir=str(reference.run_dir), wall_seconds=outcome.wall_seconds,
         command=torchrun_command(scenario, 0, "RUN_ID", 0, chaos_dir),  # node 0's, shown
         replay=str(replay),
         checkpoint=interval.advice(evidence, scenario.mtbf_hours),
     )
-    reason = _never_fired(summary) or _undecided_by_nondeterminism(checks)
-    if reason and report.verdict == "pass":  # a pass that tested nothing is no pass
-        report.verdict, report.reason = "error", reason
     scenario_file.for_run(scenario, faults, report).save(replay)
     report.write(out_dir)
-    _write_html(report, out_dir, evidence, say)
+    write_html(report, out_dir, evidence, say)
     return report

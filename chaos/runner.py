@@ -87,10 +87,11 @@ def substitute(args: list[str], run_dir: Path) -> list[str]:
 
 def torchrun_command(scenario: Scenario, node: int, run_id: str, port: int,
                      run_dir: Path, network: Network | None = None,
-                     proxied: str | None = None) -> list[str]:
+                     proxied: str | None = None, endpoint: str | None = None) -> list[str]:
     """One node's torchrun. Node 0's agent hosts the c10d rendezvous store; on a
     simulated network each node runs inside its namespace and the store is at node 0's
-    address; `proxied` is where nodes 1.. reach the store instead (a Toxiproxy)."""
+    address; `proxied` is where nodes 1.. reach the store instead (a Toxiproxy);
+    `endpoint` is where every node reaches it on a real network (HOST:PORT)."""
     cmd = [sys.executable, "-m", "torch.distributed.run",
            "--nproc-per-node", str(scenario.nproc),
            "--max-restarts", str(scenario.max_restarts),
@@ -99,7 +100,7 @@ def torchrun_command(scenario: Scenario, node: int, run_id: str, port: int,
     if scenario.nodes == 1 and not scenario.min_nodes:
         cmd += ["--standalone"]
     elif network is None:
-        endpoint = proxied if proxied and node > 0 else f"127.0.0.1:{port}"
+        endpoint = endpoint or (proxied if proxied and node > 0 else f"127.0.0.1:{port}")
         cmd += ["--nnodes", size, "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
                 "--rdzv-id", run_id, "--rdzv-conf", f"is_host={int(node == 0)}"]
     else:
@@ -166,7 +167,7 @@ class Job:
         self.layout.create()
         schedule.save(self.faults, self.layout.schedule_file)
         outcome = JobOutcome(self.layout.run_dir)
-        log = HistoryWriter(self.layout.harness_history, source="harness")
+        log = self._harness_log()
         t0 = time.monotonic()
         deadline = t0 + self.scenario.timeout
         try:
@@ -215,6 +216,10 @@ class Job:
             outcome.wall_seconds = time.monotonic() - t0
             log.close()
         return outcome
+
+    def _harness_log(self) -> HistoryWriter:
+        """The harness's own stream of the run."""
+        return HistoryWriter(self.layout.harness_history, source="harness")
 
     def _set_up_faults(self, log: HistoryWriter) -> None:
         """Let each fault kind set up what its faults need for the whole job."""

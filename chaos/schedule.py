@@ -8,6 +8,7 @@ directory; the agent in each rank reads it from there.
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -66,7 +67,11 @@ def resolve(specs: list[FaultSpec], seed: int, nproc: int, nodes: int) -> list[R
 
 
 def save(faults: list[ResolvedFault], path: Path) -> None:
-    path.write_text(json.dumps([f.to_dict() for f in faults], indent=2))
+    """Replace the file atomically: on several machines each node's harness writes the
+    same schedule while another's workers may already read it."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temp.write_text(json.dumps([f.to_dict() for f in faults], indent=2))
+    os.replace(temp, path)
 
 
 def load(path: Path) -> list[ResolvedFault]:
