@@ -1,0 +1,282 @@
+"""The nightly runner (docker-compose.yml, Dockerfile.gpu) and the CI workflow
+(.github/workflows/chaos.yml): the structure that matters, and every `torchchaos ...`
+and `pytest ...` command line in them (comments included, since people copy those)
+parsed by the project's real argument parser, or checked against pytest's real
+options and markers. Neither Docker nor GitHub runs here: a typo would otherwise
+surface at 2 a.m. on the GPU runner."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from chaos import cli
+from chaos.errors import UsageError
+
+REPO = Path(__file__).resolve().parent.parent
+COMPOSE = REPO / "docker-compose.yml"
+WORKFLOW = REPO / ".github" / "workflows" / "chaos.yml"
+FILES = [COMPOSE, WORKFLOW]
+
+
+def load(path: Path) -> dict[str, Any]:
+    doc = yaml.safe_load(path.read_text())
+    if True in doc:  # YAML 1.1 reads a workflow's `on:` key as the boolean true
+        doc["on"] = doc.pop(True)
+    return doc
+
+
+# -- finding command lines -----------------------------------------------------------------
+
+def snippets(node: Any) -> Iterator[str]:
+    """Every shell text in a parsed file: strings, and list-form commands (an
+    `sh -c SCRIPT` list gives its script)."""
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from snippets(value)
+    elif isinstance(node, list):
+        if node and all(isinstance(item, str) for item in node):
+            if node[0] in ("sh", "bash") and len(node) == 3 and node[1].endswith("c"):
+                yield node[2]
+            else:
+                yield shlex.join(node)
+        else:
+            for item in node:
+                yield from snippets(item)
+    elif isinstance(node, str):
+        yield node
+
+
+def comment_text(path: Path) -> str:
+    """The commands in the file's comments: comment lines indented by two spaces or more
+    after the `#` (prose has one), as shell text."""
+    lines = [line.strip()[1:] for line in path.read_text().splitlines()
+             if line.strip().startswith("#")]
+    return "\n".join(line for line in lines if line.startswith("  "))
+
+
+def command_lines(text: str) -> Iterator[list[str]]:
+    """Each simple command of a shell text, as tokens. Variables become a placeholder
+    (or their `${VAR:-default}`), as a shell would hand the program a word there."""
+    text = re.sub(r"\$\{\{[^}]*\}\}", "x", text)  # GitHub expressions
+    text = text.replace("$$", "$")  # compose's escaped dollar
+    text = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text)
+    text = re.sub(r"\$\{?\w+\}?", "x", text)
+    text = text.replace("\\\n", " ")
+    for line in text.splitlines():
+        for segment in re.split(r"&&|\|\||;|\|", line):
+            try:
+                tokens = shlex.split(segment, comments=True)
+            except ValueError:  # a piece of a larger construct ($(...), quotes)
+                continue
+            if tokens:
+                yield tokens
+
+
+def tool_args(tokens: list[str], tool: str) -> list[str] | None:
+    """The arguments of `tool` in a command (after sudo, env, python -m, docker compose
+    run ...), or None when it does not run it. A `torchchaos` with nothing after it, or
+    followed by another `torchchaos`, is compose's service of that name."""
+    for i, token in enumerate(tokens):
+        if token != tool:
+            continue
+        if tool == "torchchaos" and tokens[i + 1:i + 2] in ([], [tool]):
+            continue
+        return tokens[i + 1:]
+    return None
+
+
+def all_commands() -> list[tuple[str, list[str]]]:
+    found = []
+    for path in FILES:
+        texts = [*snippets(load(path)), comment_text(path)]
+        for text in texts:
+            found += [(f"{path.name}: {shlex.join(t)}", t) for t in command_lines(text)]
+    return found
+
+
+# -- checking them -------------------------------------------------------------------------
+
+def marker_names(config: pytest.Config) -> set[str]:
+    return {re.split(r"[:(]", line, maxsplit=1)[0].strip() for line in config.getini("markers")}
+
+
+def pytest_problems(args: list[str], config: pytest.Config) -> list[str]:
+    """What pytest would refuse in these arguments: unknown options, unknown markers."""
+    problems = []
+    markers = marker_names(config)
+    for i, arg in enumerate(args):
+        if arg == "-m" and i + 1 < len(args):
+            used = set(re.findall(r"[A-Za-z_]\w*", args[i + 1])) - {"and", "or", "not"}
+            problems += [f"unknown marker {m!r}" for m in sorted(used - markers)]
+        elif arg.startswith("-") and arg != "--":
+            name = arg.split("=")[0] if arg.startswith("--") else arg[:2]
+            try:
+                config.getoption(name)
+            except ValueError:
+                problems.append(f"unknown option {name!r}")
+    return problems
+
+
+def torchchaos_problems(args: list[str], config: pytest.Config) -> list[str]:
+    """What `torchchaos ARGS` would refuse (its real parser); `suite` passes its
+    arguments to pytest."""
+    if args[0] == "suite":
+        return pytest_problems(args[1:], config)
+    try:
+        ns = cli.build_parser().parse_args(args)
+    except UsageError as exc:
+        return [str(exc)]
+    script = getattr(ns, "script", None)
+    if script is not None and not (REPO / script).is_file():
+        return [f"no script {script} in the repository"]
+    return []
+
+
+def problems_of(tokens: list[str], config: pytest.Config) -> list[str]:
+    args = tool_args(tokens, "torchchaos")
+    if args is not None:
+        return torchchaos_problems(args, config)
+    args = tool_args(tokens, "pytest")
+    return pytest_problems(args, config) if args is not None else []
+
+
+def test_every_command_line_parses(request: pytest.FixtureRequest) -> None:
+    commands = all_commands()
+    checked = [(where, t) for where, t in commands
+               if tool_args(t, "torchchaos") is not None or tool_args(t, "pytest") is not None]
+    subcommands = {tool_args(t, "torchchaos")[0] for _, t in checked  # type: ignore[index]
+                   if tool_args(t, "torchchaos") is not None}
+    # the lines this test is about are really found (a broken finder passes vacuously)
+    assert {"battery", "campaign", "crashpoints", "suite", "report", "run"} <= subcommands
+    assert any(tool_args(t, "pytest") is not None for _, t in checked)
+    failures = [f"{where}\n    {p}" for where, t in checked
+                for p in problems_of(t, request.config)]
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("line,problem", [
+    ("torchchaos campaign --quiet --runs 20 --out /runs/x/campaign", None),
+    ("torchchaos campaign --quiet --rnus 20 --out /runs/x/campaign", "--rnus"),
+    ("torchchaos battery --nproc two", "expected an integer, got 'two'"),
+    ("sudo env PATH=x torchchaos batery --out r", "invalid choice: 'batery'"),
+    ("torchchaos battery targets/ddp_lm2.py --steps 20", "no script targets/ddp_lm2.py"),
+    ("docker compose run --rm trainer torchchaos crashpoints --cap 5 --moed kill", "--moed"),
+    ("python -m pytest -ra -m gpu --junitxml out.xml", None),
+    ("python -m pytest -ra -m gpus", "unknown marker 'gpus'"),
+    ("torchchaos suite -m 'chaos_kills or chaos_storage' --chaos-nproc 2", None),
+    ("torchchaos suite -m chaos_kill --chaos-dir d", "unknown marker 'chaos_kill'"),
+    ("torchchaos suite --chaos-nprocs 2", "unknown option '--chaos-nprocs'"),
+])
+def test_the_check_catches_a_misspelt_line(request: pytest.FixtureRequest, line: str,
+                                           problem: str | None) -> None:
+    (tokens,) = command_lines(line)
+    problems = problems_of(tokens, request.config)
+    if problem is None:
+        assert problems == []
+    else:
+        assert any(problem in p for p in problems), problems
+
+
+def test_command_lines_survive_the_file_syntax() -> None:
+    compose = "out=/runs/$${NIGHTLY_ID}\ntorchchaos campaign --runs $${RUNS:-20} --out $$out || s=1"
+    assert list(command_lines(compose))[1] == ["torchchaos", "campaign", "--runs", "20",
+                                               "--out", "x"]
+    workflow = "docker compose run --rm trainer torchchaos battery --out /runs/${{ env.ID }}/b"
+    (tokens,) = command_lines(workflow)
+    assert tool_args(tokens, "torchchaos") == ["battery", "--out", "/runs/x/b"]
+
+
+# -- docker-compose.yml --------------------------------------------------------------------
+
+def mounts(service: dict[str, Any]) -> dict[str, str]:
+    """Container path -> volume name or host path."""
+    pairs = [m.rsplit(":", 1) for m in service.get("volumes", [])]  # ${VAR:-x}:/path
+    return {inside: outside for outside, inside in pairs}
+
+
+def test_compose_keeps_toxiproxy_and_the_cpu_service() -> None:
+    services = load(COMPOSE)["services"]
+    assert services["toxiproxy"]["image"].startswith("ghcr.io/shopify/toxiproxy:")
+    cpu = services["torchchaos"]
+    assert cpu["build"] == "." and cpu["privileged"] is True
+    assert cpu["environment"]["TORCHCHAOS_TOXIPROXY"] == "http://toxiproxy:8474"
+    assert cpu["command"][-1] == "tests/test_toxiproxy.py"
+
+
+def test_compose_trainer_has_every_gpu_and_shares_runs_with_the_report() -> None:
+    doc = load(COMPOSE)
+    trainer, report = doc["services"]["trainer"], doc["services"]["report"]
+    devices = trainer["deploy"]["resources"]["reservations"]["devices"]
+    assert {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]} in devices
+    assert trainer["privileged"] is True and "toxiproxy" in trainer["depends_on"]
+    assert trainer["environment"]["TORCHCHAOS_TOXIPROXY"] == "http://toxiproxy:8474"
+    assert trainer["environment"]["TORCHCHAOS_TOXIPROXY_UPSTREAM"] == "trainer"
+    dockerfile = REPO / trainer["build"]["dockerfile"]
+    assert "torch==2.13.0" in dockerfile.read_text()
+    # the runs the trainer writes are the runs the report step reads
+    assert mounts(trainer)["/runs"] == mounts(report)["/runs"] == "runs"
+    assert "runs" in doc["volumes"] and "/reports" in mounts(report)
+    script = trainer["command"][2]
+    assert script.count("--out $$out/") >= 3 and "out=/runs/" in script
+    assert "-m gpu" in script  # the GPU tests, which the default addopts leave out
+    assert "cd /runs/" in report["command"][2] and "/reports/" in report["command"][2]
+
+
+# -- .github/workflows/chaos.yml -----------------------------------------------------------
+
+def steps_of(job: dict[str, Any]) -> list[dict[str, Any]]:
+    return job["steps"]
+
+
+def uploads(job: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in steps_of(job) if str(s.get("uses", "")).startswith(
+        "actions/upload-artifact@")]
+
+
+def test_workflow_triggers_and_jobs() -> None:
+    doc = load(WORKFLOW)
+    assert "pull_request" in doc["on"] and doc["on"]["schedule"][0]["cron"]
+    jobs = doc["jobs"]
+    cpu, gpu = jobs["cpu-battery"], jobs["gpu-nightly"]
+    assert cpu["runs-on"].startswith("ubuntu") and "schedule" in cpu["if"]
+    assert {"self-hosted", "gpu"} <= set(gpu["runs-on"]) and "schedule" in gpu["if"]
+    cpu_runs = "\n".join(s.get("run", "") for s in steps_of(cpu))
+    assert "sudo apt-get install -y -qq fuse3 nftables iproute2" in cpu_runs
+    assert ("pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+            in cpu_runs)
+    assert "pip install -e '.[test]'" in cpu_runs
+    assert "torchchaos battery" in cpu_runs and "targets/ddp_lm.py" in cpu_runs
+    assert "docker compose run --rm trainer" in "\n".join(s.get("run", "")
+                                                           for s in steps_of(gpu))
+
+
+def test_workflow_uploads_even_when_the_checks_fail() -> None:
+    jobs = load(WORKFLOW)["jobs"]
+    for name, job in jobs.items():
+        (upload,) = uploads(job)
+        assert upload["if"] == "always()", name
+    assert uploads(jobs["cpu-battery"])[0]["with"]["path"] == "torchchaos-runs/"
+    # the nightly uploads the folder the report service writes to
+    gpu = jobs["gpu-nightly"]
+    assert gpu["env"]["TORCHCHAOS_REPORTS"].endswith("/torchchaos-reports")
+    assert uploads(gpu)[0]["with"]["path"] == "torchchaos-reports/"
+    collect = next(s for s in steps_of(gpu) if "run --rm report" in s.get("run", ""))
+    assert collect["if"] == "always()"
+
+
+def test_workflow_runs_only_services_compose_defines() -> None:
+    services = set(load(COMPOSE)["services"])
+    for step in steps_of(load(WORKFLOW)["jobs"]["gpu-nightly"]):
+        for tokens in command_lines(step.get("run", "")):
+            if tokens[:3] == ["docker", "compose", "run"]:
+                named = [t for t in tokens[3:] if not t.startswith("-")][0]
+                assert named in services, step
+            if tokens[:3] == ["docker", "compose", "build"]:
+                assert set(tokens[3:]) <= services, step
