@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from chaos import multinode
 from chaos.errors import CannotJudge, ChaosError, UsageError
 
 if TYPE_CHECKING:
@@ -143,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                                " default all)")
     _add_optional_script(campaign)
     _add_exploration_commands(sub)
+    multinode.add_commands(sub, _positive_int, _positive_seconds)
     _add_export_command(sub)
     report = sub.add_parser("report", help="print the verdict table of a finished run")
     report.add_argument("out", type=Path, metavar="DIR", help="a --out directory of `run`")
@@ -618,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         commands = {"run": cmd_run, "battery": cmd_battery, "crashpoints": cmd_crashpoints,
                     "campaign": cmd_campaign, "report": cmd_report, "replay": cmd_replay,
                     "search": cmd_search, "shrink": cmd_shrink,
-                    "faults": cmd_faults, "export": cmd_export}
+                    "faults": cmd_faults, "export": cmd_export, **multinode.COMMANDS}
         return commands[ns.command](ns)
     except ChaosError as exc:
         print(f"torchchaos: error: {exc}", file=sys.stderr)
