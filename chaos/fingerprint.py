@@ -2,6 +2,9 @@
 
 - CPU tensors: their raw bytes go straight into xxh3-128 (no copy for
   contiguous tensors); that runs at memory bandwidth, about 20 GB/s per core.
+  A plain contiguous tensor's bytes are read in place through its data
+  pointer: with no torch call in between, a small tensor costs about 1 us
+  instead of 3 (a step of a small model digests hundreds of them).
 - Tensors on an accelerator: their bits are viewed as integers of the same
   width and reduced on the device with exact integer arithmetic (a plain sum
   and a position-weighted sum, chunked so int64 cannot overflow); only the
@@ -14,6 +17,7 @@ bit, the weighted sum when elements trade places, the hash with both.
 
 from __future__ import annotations
 
+import ctypes
 import pickle
 import random
 import sys
@@ -27,6 +31,8 @@ _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _CHUNK = 1 << 24
 _WEIGHT_PERIOD = 251  # weights 1..251 keep x*w well inside int64
 _weights: dict[tuple[torch.device, int], torch.Tensor] = {}
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # not a subclass such as DTensor
+_headers: dict[tuple[torch.dtype, torch.Size], bytes] = {}
 
 
 def _weights_for(device: torch.device, n: int) -> torch.Tensor:
@@ -85,15 +91,40 @@ def _host_sums(device_tensors: list[torch.Tensor]) -> list[list[int]]:
     return result
 
 
+def _header(t: torch.Tensor) -> bytes:
+    key = (t.dtype, t.shape)
+    header = _headers.get(key)
+    if header is None:
+        if len(_headers) > 4096:  # shapes that keep changing (a growing sequence)
+            _headers.clear()
+        header = _headers[key] = f"{t.dtype}{t.shape};".encode()
+    return header
+
+
+def _bytes_in_place(t: torch.Tensor) -> ctypes.Array[ctypes.c_char] | None:
+    """The raw bytes of a plain, dense, contiguous CPU tensor, read where they lie.
+
+    The same bytes `_flat(t).view(torch.uint8).numpy()` gives, without the
+    torch calls. None for anything else (a view with lazy conj/neg bits, a
+    subclass, another device or layout), which takes the general path."""
+    if (type(t) not in _PLAIN or not t.is_cpu or t.layout != torch.strided
+            or not t.is_contiguous() or t.is_conj() or t.is_neg()):
+        return None
+    return (ctypes.c_char * t.nbytes).from_address(t.data_ptr())
+
+
 def digest_tensors(tensors: Iterable[torch.Tensor]) -> str:
     """A 32-hex-digit digest of an ordered collection of tensors."""
-    flats = [(t, _flat(t)) for t in tensors]
-    remote = [flat for _, flat in flats if not flat.is_cpu]
+    items = [(t, _bytes_in_place(t)) for t in tensors]
+    flats = [(t, raw if raw is not None else _flat(t)) for t, raw in items]
+    remote = [flat for _, flat in flats if isinstance(flat, torch.Tensor) and not flat.is_cpu]
     sums = iter(_host_sums(remote))
     h = xxhash.xxh3_128()
     for t, flat in flats:
-        h.update(f"{t.dtype}{t.shape};".encode())
-        if flat.is_cpu:
+        h.update(_header(t))
+        if not isinstance(flat, torch.Tensor):
+            h.update(flat)
+        elif flat.is_cpu:
             h.update(flat.view(torch.uint8).numpy())
         else:
             h.update(repr(next(sums)).encode())
