@@ -7,7 +7,12 @@ harness's environment says so. Armed, it
   reference run's table, so step 31 means the same thing in every process;
 - fingerprints each step: at the step's first top-level forward (state the
   step starts from: parameters, optimizer state, learning rates, RNGs, the
-  batch) and after the optimizer step (gradients, parameters, optimizer state);
+  batch) and after the optimizer step (gradients, parameters, optimizer state).
+  A chaos run takes all of them only where a resume or a fault can first
+  show (`FULL_WINDOW` steps after a process starts, after a load and after
+  a fault fires); on the steps between ("light" steps) it digests the
+  parameters, the learning rates and the batch, which still pins down every
+  divergence, for about a fifth of the cost;
 - watches checkpoint I/O under the run directory (`chaos.iowatch`) and groups
   the file events into checkpoint saves (`chaos.saves`: between two steps, or
   one background writer's events plus their commit);
@@ -52,6 +57,10 @@ from chaos.schedule import ResolvedFault
 
 STARTED_AT = "_torchchaos_started_at_step"  # set on every thread the target starts
 RESTORED = ("params_start", "optim_start", "lr")  # what a restore sets up (and rng.*)
+# Steps fingerprinted in full after a process starts, after a load and after a fault
+# fires: a resume that restored something wrong shows at its first step, and the
+# components say what. Outside these windows a chaos run's steps are light.
+FULL_WINDOW = 5
 
 
 class ReferenceTable:
@@ -84,6 +93,10 @@ class ReferenceTable:
 class Agent:
     def __init__(self, environ: dict[str, str]) -> None:
         self.pid = os.getpid()
+        # Hooks run in forked children too (DataLoader workers), where they must do
+        # nothing; a flag set at fork saves a getpid() call on every module call.
+        self.forked = False
+        os.register_at_fork(after_in_child=self._after_fork)
         self.rank = int(environ.get("RANK", "0"))
         self.local_rank = int(environ.get("LOCAL_RANK", "0"))
         self.node = int(environ.get("GROUP_RANK", "0"))
@@ -109,6 +122,11 @@ class Agent:
             self.weights_at = self.reference.final_step if flips else -1
         # A process started after a failure (a restart, or a relaunch of the job).
         self.recovering = launch != 0 or attempt != 0
+        # The reference fingerprints every step in full: any of its steps may be the one
+        # a restore restored (looked up by the start-of-step digests).
+        self.always_full = self.reference is None or environ.get(env.FULL_FINGERPRINTS) == "1"
+        self.full_until = FULL_WINDOW  # local steps up to this one are fingerprinted in full
+        self.full = True  # whether the step under way is
         self.stop_after = int(environ.get(env.STOP_AFTER) or 0)
         self.snapshot_after = int(environ.get(env.SNAPSHOT_AFTER_SAVE) or 0)
         self.written: set[str] = set()  # top-level entries of the run dir the saves wrote
@@ -131,6 +149,9 @@ class Agent:
         self._backward_changes: list[Callable[[torch.Tensor], Any]] = []
         self._step_actions: list[Callable[[int], bool]] = []
         self.keep_weights: bool | None = None  # decided at the first step (model size)
+
+    def _after_fork(self) -> None:
+        self.forked = True
 
     def _mine(self, fault: ResolvedFault) -> bool:
         # harness kinds too: the rank that sees the trigger asks the harness to act
@@ -191,7 +212,7 @@ class Agent:
         def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if tensor.numel() == 1:
                 agent.loss = tensor.detach()
-                if agent._backward_changes and os.getpid() == agent.pid:
+                if agent._backward_changes and not agent.forked:
                     gradient = agent._backward_changes.pop(0)(tensor)
                     if gradient is not None and not args and "gradient" not in kwargs:
                         kwargs["gradient"] = gradient
@@ -255,17 +276,25 @@ class Agent:
     def _lr_fp(self) -> str:
         return digest_object([[g.get("lr") for g in opt.param_groups] for opt in self.optimizers])
 
+    def _full_window(self) -> None:
+        """The step under way and the next FULL_WINDOW ones are fingerprinted in full."""
+        self.full_until = max(self.full_until, self.local_steps + 1 + FULL_WINDOW)
+
     def _begin_step(self) -> None:
         loaded = self.in_load
         self._close_io_groups()
         self.step_open = True
         self.heartbeat.progress("forward", self.global_step())
-        self.fp = {
-            "params_start": digest_tensors(self.params()),
-            "optim_start": self._optim_fp(),
-            "lr": self._lr_fp(),
-            **{f"rng.{name}": value for name, value in digest_rng().items()},
-        }
+        if loaded:
+            self._full_window()
+        self.full = self.always_full or self.local_steps < self.full_until
+        self.fp = {"lr": self._lr_fp()}
+        if self.full:
+            self.fp.update({
+                "params_start": digest_tensors(self.params()),
+                "optim_start": self._optim_fp(),
+                **{f"rng.{name}": value for name, value in digest_rng().items()},
+            })
         if self.local_steps == 0:
             self._restore_point()
         elif loaded:
@@ -297,7 +326,7 @@ class Agent:
             self._check_step_triggers(0)  # faults that act during step 1
 
     def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
-        if os.getpid() != self.pid:
+        if self.forked:
             return
         if self.depth == 0:
             if all(ref() is not module for ref in self._roots):
@@ -308,29 +337,32 @@ class Agent:
         self.depth += 1
 
     def _forward_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if os.getpid() == self.pid:
+        if not self.forked:
             self.depth = max(self.depth - 1, 0)
 
     def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if os.getpid() != self.pid or _initialising_optimizer_state():
+        if self.forked or _initialising_optimizer_state():
             return
         self.track(opt)
         if not self.step_open:
             self._begin_step()
-        grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
-        self.fp["grads"] = digest_tensors(grads)
+        if self.full:
+            grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
+            self.fp["grads"] = digest_tensors(grads)
 
     def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if os.getpid() != self.pid or _initialising_optimizer_state():
+        if self.forked or _initialising_optimizer_state():
             return
         self.local_steps += 1
         self.fp["batch"] = digest_tensors(self.batch)
         self.fp["params"] = digest_tensors(self.params())
-        self.fp["optim"] = self._optim_fp()
+        if self.full:
+            self.fp["optim"] = self._optim_fp()
         loss = float(self.loss) if self.loss is not None else None
         # An unaligned process (its restored state is no reference step) counts from 0.
         self.history.record("step", step=self.global_step(), aligned=self.aligned,
-                            local=self.local_steps, loss=loss, fp=self.fp)
+                            local=self.local_steps, loss=loss, fp=self.fp,
+                            **({} if self.full else {"light": True}))
         self.batch, self.loss, self.fp, self.step_open, self.depth = [], None, {}, False, 0
         self.heartbeat.progress("step", self.global_step())
         self._keep_weights()
@@ -395,7 +427,7 @@ class Agent:
         self.history.record("snapshot", entries=sorted(self.written), step=self.global_step())
 
     def _file_event(self, op: str, path: str) -> None:
-        if os.getpid() != self.pid:
+        if self.forked:
             return
         rel = os.path.relpath(path, self.layout.run_dir)
         self.last_path = path
@@ -445,6 +477,7 @@ class Agent:
     def fire(self, fault: ResolvedFault) -> None:
         if not self._claim(fault):
             return
+        self._full_window()
         self.history.record("fault", id=fault.id, kind=fault.kind, spec=fault.spec,
                             target=f"{fault.target_type}:{fault.index}", step=self.global_step(),
                             params=fault.params)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaos import hangs, sdc
-from chaos.components import cause_rank, diverging_component, same_state
+from chaos.components import cause_rank, diverging_component, is_light, same_state
 from chaos.evidence import Evidence, Recovery
 from chaos.history import Event
 
@@ -176,6 +176,9 @@ def deterministic_resume(ev: Evidence) -> CheckResult:
                      and (d[0]["launch"], d[0]["attempt"]) == (first["launch"], first["attempt"])]
         e, component = min(same_step, key=lambda d: cause_rank(d[1]))
         what = f"{component} not restored"
+        if component == "unknown" and is_light(e["fp"]):
+            what = ("the weights differ on a lightly fingerprinted step (run with"
+                    " --full-fingerprints to name what was not restored)")
         if component == "gradients":  # every input of the step matched on every rank
             what = ("gradients differ although weights, optimizer, lr, RNG and batch matched:"
                     " the gradient all-reduce summed in another order (with 3+ ranks, DDP's"

@@ -5,6 +5,9 @@ RUN_ID = "TORCHCHAOS_RUN_ID"  # marks every process of a run, so none escapes re
 REFERENCE = "TORCHCHAOS_REFERENCE"  # run dir of the reference run (absent in the reference)
 LAUNCH = "TORCHCHAOS_LAUNCH"  # how many times the runner relaunched the whole job
 T0 = "TORCHCHAOS_T0"  # time.monotonic() when the job first started, for time= triggers
+# "1": every step of a chaos run is fingerprinted in full, not only around restores
+# and faults (Scenario.full_fingerprints)
+FULL_FINGERPRINTS = "TORCHCHAOS_FULL_FINGERPRINTS"
 STOP_AFTER = "TORCHCHAOS_STOP_AFTER"  # a recovered rank stops this many steps after its restore
 AGENT_PID = "TORCHCHAOS_AGENT_PID"  # set by an armed agent; children that inherit it stay inert
 # rank 0 copies what its saves wrote into _chaos/snapshot/ once this save ended (crash

@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -40,6 +41,18 @@ from chaos.schedule import ResolvedFault
 INJECT_DIR = Path(__file__).resolve().parent / "_inject"
 PACKAGE_ROOT = Path(chaos.__file__).resolve().parent.parent
 POLL_SECONDS = 0.1
+# Set to stop every Job of this process that is waiting (runs on threads of a parallel
+# sweep, which a Ctrl-C in the main thread does not reach): each raises
+# KeyboardInterrupt in its own thread, so its `finally` heals and reaps as usual.
+_CANCELLED = threading.Event()
+
+
+def cancel_all() -> None:
+    _CANCELLED.set()
+
+
+def reset_cancel() -> None:
+    _CANCELLED.clear()
 STORE_PORT = 29400  # the rendezvous store's port on node 0 (torchrun's usual one)
 ERROR_LINE = re.compile(r"\b\w+(Error|Exception)\b: ")
 COLLATERAL = re.compile(r"Connection (reset|closed|refused)|Broken pipe|DistNetworkError")
@@ -138,6 +151,8 @@ def job_environment(scenario: Scenario, run_dir: Path, run_id: str, launch: int,
         environ[env.REFERENCE] = str(reference)
         if scenario.stop_after:
             environ[env.STOP_AFTER] = str(scenario.stop_after)
+        if scenario.full_fingerprints:
+            environ[env.FULL_FINGERPRINTS] = "1"
     return environ
 
 
@@ -276,6 +291,8 @@ class Job:
         hung or the deadline passed. Returns the exit codes and "exited", "stopped",
         "deadline" or the hang."""
         while True:
+            if _CANCELLED.is_set():
+                raise KeyboardInterrupt("cancelled")
             codes = [p.poll() for p in self.nodes]
             if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
                 return codes, "exited"

@@ -43,6 +43,9 @@ class Scenario:
     # End the chaos run this many steps after a recovery instead of at the last step
     # (crash points: what matters is the restore and the first steps after it).
     stop_after: int | None = None
+    # Fingerprint every step of the chaos run in full, not only around restores and faults
+    # (a divergence that first shows on a light step is then attributed to a component).
+    full_fingerprints: bool = False
     # A folder copied into the chaos run's directory before it starts (crash points start
     # from the checkpoints there were before the save under test); never the reference's.
     start_from: str | None = None
