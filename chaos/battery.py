@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos import html_report
+from chaos import html_report, runner
 from chaos.engine import run_scenario
 from chaos.errors import CannotJudge
 from chaos.history import History
@@ -88,32 +90,73 @@ def _power_losses(history: History, writer: int) -> list[Entry]:
 
 
 def run_battery(base: Scenario, out_dir: Path, cache_dir: Path,
-                progress: Progress) -> list[Entry]:
+                progress: Progress, jobs: int = 1) -> list[Entry]:
     return run_entries(plan(base, cache_dir, progress), base, out_dir, cache_dir, progress,
-                       title="torchchaos battery")
+                       title="torchchaos battery", jobs=jobs)
 
 
 def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: Path,
-                progress: Progress, title: str = "torchchaos runs") -> list[Entry]:
-    """One chaos run per entry (its fault on the base scenario), in out_dir/NN; the
-    index page out_dir/index.html is rewritten after each, so a cut-short sweep has one."""
+                progress: Progress, title: str = "torchchaos runs", jobs: int = 1) -> list[Entry]:
+    """One chaos run per entry (its fault on the base scenario), in out_dir/NN, `jobs`
+    of them at a time; the index page out_dir/index.html is rewritten after each, so a
+    cut-short sweep has one."""
     started = time.monotonic()
-    for number, entry in enumerate(entries, 1):
-        progress(f"[{number}/{len(entries)}] {entry.name}: {entry.fault}")
-        scenario = dataclasses.replace(base, faults=[parse_fault_spec(entry.fault)])
-        if entry.seed is not None:
-            scenario.seed = entry.seed
-        if entry.start_from is not None:
-            scenario.start_from = entry.start_from
-        try:
-            entry.report = run_scenario(scenario, out_dir / f"{number:02d}", cache_dir, progress)
-        except CannotJudge as exc:
-            progress(f"could not judge {entry.name}: {exc}")
+    finished: list[int] = []
+
+    def run(number: int) -> None:
+        _run_entry(entries[number - 1], number, len(entries), base, out_dir, cache_dir,
+                   progress)
+
+    def after(number: int) -> None:
+        finished.append(number)
+        entry = entries[number - 1]
         verdict = entry.report.verdict.upper() if entry.report else "ERROR"
         progress(f"[{number}/{len(entries)}] {verdict:<5} "
-                 f"{progress_bar(number, len(entries), time.monotonic() - started)}")
-        write_index(entries[:number], out_dir, title)
+                 f"{progress_bar(len(finished), len(entries), time.monotonic() - started)}")
+        write_index([entries[n - 1] for n in sorted(finished)], out_dir, title)
+
+    numbers = range(1, len(entries) + 1)
+    if jobs <= 1:
+        for number in numbers:
+            run(number)
+            after(number)
+    else:
+        _in_parallel(run, after, numbers, jobs)
     return entries
+
+
+def _run_entry(entry: Entry, number: int, total: int, base: Scenario, out_dir: Path,
+               cache_dir: Path, progress: Progress) -> None:
+    progress(f"[{number}/{total}] {entry.name}: {entry.fault}")
+    scenario = dataclasses.replace(base, faults=[parse_fault_spec(entry.fault)])
+    if entry.seed is not None:
+        scenario.seed = entry.seed
+    if entry.start_from is not None:
+        scenario.start_from = entry.start_from
+    try:
+        entry.report = run_scenario(scenario, out_dir / f"{number:02d}", cache_dir, progress)
+    except CannotJudge as exc:
+        progress(f"could not judge {entry.name}: {exc}")
+
+
+def _in_parallel(run: Callable[[int], None], after: Callable[[int], None],
+                 numbers: range, jobs: int) -> None:
+    """Runs on `jobs` threads (each run is its own process tree; the threads only wait).
+    On Ctrl-C every run still going is cancelled, heals its faults and reaps its
+    processes in its own thread before the interrupt goes on."""
+    runner.reset_cancel()
+    with ThreadPoolExecutor(jobs, thread_name_prefix="torchchaos-run") as pool:
+        futures = {pool.submit(run, number): number for number in numbers}
+        try:
+            for future in as_completed(futures):
+                future.result()
+                after(futures[future])
+        except BaseException:
+            runner.cancel_all()
+            for future in futures:
+                future.cancel()
+            wait(futures)
+            raise
 
 
 def progress_bar(done: int, total: int, elapsed: float, width: int = 20) -> str:

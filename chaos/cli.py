@@ -59,6 +59,14 @@ def _add_optional_script(parser: argparse.ArgumentParser) -> None:
                         help="arguments for the script")
 
 
+def _add_parallel(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                        help="chaos runs at a time (default 1). Each run is a whole job"
+                             " (NPROC x NODES processes): raise it where cores are left over;"
+                             " runs that share cores are slower, and timing bounds (lost"
+                             " seconds, hang detection) noisier")
+
+
 def _positive_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -98,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         " cached fault-free reference. With no SCRIPT, runs the bundled reference target"
         " (targets/ddp_lm.py --steps 20 --ckpt-every 5).")
     _add_job_options(battery)
+    _add_parallel(battery)
     _add_optional_script(battery)
     points = sub.add_parser(
         "crashpoints", help="crash the job at every file event of one checkpoint save",
@@ -110,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         " takes it); every point ends a few steps after its recovery. With no SCRIPT, runs the"
         " bundled reference target.")
     _add_job_options(points)
+    _add_parallel(points)
     points.add_argument("--save", type=_positive_int, default=2, metavar="K",
                         help="which checkpoint save to enumerate (default 2: the first one"
                              " that has an earlier checkpoint to fall back to)")
@@ -135,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         " reference target without its defences (--no-sdc-defences); pass the target and"
         " its flags to measure a defended one. Exit 0 once every run was judged.")
     _add_job_options(campaign)
+    _add_parallel(campaign)
     campaign.add_argument("--runs", type=_positive_int, default=20, metavar="N",
                           help="how many flips (default 20)")
     campaign.add_argument("--tensor", action="append", default=None, metavar="KIND",
@@ -296,6 +307,10 @@ def _add_job_options(run: argparse.ArgumentParser) -> None:
                      help="times the whole job is requeued after it died (default 2)")
     run.add_argument("--reference-runs", type=int, default=1, choices=(1, 2),
                      help="2 also proves the target deterministic without faults")
+    run.add_argument("--full-fingerprints", action="store_true",
+                     help="fingerprint every step of the chaos run in full (default: in full"
+                          " for 5 steps after each start, load and fault, parameters, learning"
+                          " rates and batch on the steps between)")
     run.add_argument("--mtbf", type=float, default=3.0, metavar="HOURS",
                      help="mean time between failures for the report's Young/Daly checkpoint"
                           " interval (default 3: a large job's interruption rate)")
@@ -329,6 +344,7 @@ def _scenario(ns: argparse.Namespace, script: str, args: list[str], faults: list
         max_detect_steps=ns.max_detect_steps, hang_timeout=ns.hang_timeout, seed=ns.seed,
         timeout=ns.timeout, max_restarts=ns.max_restarts, max_relaunches=ns.max_relaunches,
         reference_runs=ns.reference_runs, mtbf_hours=ns.mtbf,
+        full_fingerprints=ns.full_fingerprints,
     )
 
 
@@ -388,7 +404,8 @@ def cmd_battery(ns: argparse.Namespace) -> int:
 
     base, out, cache = _battery_base(ns)
     prepare_out_dir(out)
-    return _print_battery(battery.run_battery(base, out, cache, _progress(ns.quiet)), out)
+    entries = battery.run_battery(base, out, cache, _progress(ns.quiet), jobs=ns.jobs)
+    return _print_battery(entries, out)
 
 
 def cmd_crashpoints(ns: argparse.Namespace) -> int:
@@ -405,7 +422,8 @@ def cmd_crashpoints(ns: argparse.Namespace) -> int:
     base.stop_after = ns.steps_after_resume or None
     progress(f"{len(entries)} of {total} crash point(s) in save {ns.save}")
     started = time.monotonic()
-    battery.run_entries(entries, base, out, cache, progress, title="torchchaos crash points")
+    battery.run_entries(entries, base, out, cache, progress, title="torchchaos crash points",
+                        jobs=ns.jobs)
     minutes = (time.monotonic() - started) / 60
     failed = sum(1 for e in entries if e.report and e.report.verdict == "fail")
     return _print_battery(entries, out, f"{len(entries)} of {total} points run, {failed} broke"
@@ -425,7 +443,8 @@ def cmd_campaign(ns: argparse.Namespace) -> int:
     entries = campaign.plan(base, cache, progress, ns.runs, ns.seed,
                             ns.tensor or list(campaign.TENSORS), ns.bit or list(BIT_CLASSES))
     prepare_out_dir(out)
-    battery.run_entries(entries, base, out, cache, progress, title="torchchaos bit-flip campaign")
+    battery.run_entries(entries, base, out, cache, progress, title="torchchaos bit-flip campaign",
+                        jobs=ns.jobs)
     print(campaign.table(entries))
     print(f"runs: {out} (details: {campaign.write(entries, out)};"
           f" pages: {out / 'index.html'})")
