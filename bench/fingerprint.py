@@ -35,15 +35,23 @@ def per_step() -> None:
           f" fingerprints {fp_s * 1e3:.2f} ms per step ({fp_s / step_s:.1%} of a step)")
 
 
-def throughput() -> None:
-    x = torch.randn(16 * 1024 * 1024)  # 64 MiB of float32
-    sum_s = timed(lambda: x.sum(), 20)
-    fp_s = timed(lambda: digest_tensors([x]), 10)
+def throughput(device: str) -> None:
+    x = torch.randn(16 * 1024 * 1024, device=device)  # 64 MiB of float32
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def reduce() -> None:
+        x.sum()
+        sync()
+
+    sum_s = timed(reduce, 20)
+    fp_s = timed(lambda: digest_tensors([x]), 10)  # ends with the sums on the host
     gbs = x.numel() * 4 / 1e9
-    print(f"64 MiB float32: torch.sum {gbs / sum_s:.1f} GB/s, digest_tensors"
+    print(f"64 MiB float32 on {device}: torch.sum {gbs / sum_s:.1f} GB/s, digest_tensors"
           f" {gbs / fp_s:.2f} GB/s ({sum_s / fp_s:.1%} of the sum bound)")
 
 
 if __name__ == "__main__":
     per_step()
-    throughput()
+    throughput("cpu")
+    if torch.cuda.is_available():
+        throughput("cuda")

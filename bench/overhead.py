@@ -1,16 +1,19 @@
-"""Wall time of a fault-free run under the harness vs plain torchrun, side by side.
+"""The agent's cost per training step with no fault firing, vs plain torchrun.
 
-Alternates plain and harness runs of the same script and arguments (so drift
-in machine load hits both alike) and prints the medians and their ratio. The
-harness run is exactly what a chaos run does minus the faults: the agent in
-every rank (step hooks, fingerprints, I/O watch, history) and the runner.
+Alternates plain `torchrun` and harness runs (the agent in every rank, the
+runner, the history: exactly a chaos run minus the faults) of
+`bench/train_ddp.py`, which times its own steps inside its training loop, so
+start-up and rendezvous drop out of the comparison. For each model size it
+prints the median step time of rank 0 both ways and their ratio, and the
+whole-run wall times for reference.
 
-    python bench/overhead.py --repeats 5 -- targets/ddp_lm.py --steps 200
+    python bench/overhead.py --sizes small large --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -22,51 +25,68 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from chaos.history import History  # noqa: E402
 from chaos.runner import Job  # noqa: E402
 from chaos.scenario import Scenario  # noqa: E402
 
+SCRIPT = str(REPO / "bench" / "train_ddp.py")
+STEPS = {"small": 300, "large": 40}
 
-def plain_run(script: str, args: list[str], nproc: int) -> float:
+
+def plain_run(args: list[str], nproc: int) -> tuple[float, list[float]]:
     with tempfile.TemporaryDirectory() as run_dir:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": run_dir,
                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
         start = time.monotonic()
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc-per-node", str(nproc), "--monitor-interval", "0.1",
-                        str(Path(script).resolve()), *args],
-                       cwd=run_dir, env=env, check=True, capture_output=True)
-        return time.monotonic() - start
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               "--nproc-per-node", str(nproc), "--monitor-interval", "0.1",
+                               SCRIPT, *args],
+                              cwd=run_dir, env=env, capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"plain torchrun failed ({done.returncode}): {done.stderr[-2000:]}")
+        wall = time.monotonic() - start
+        return wall, json.loads((Path(run_dir) / "step_times.json").read_text())
 
 
-def harness_run(script: str, args: list[str], nproc: int) -> tuple[float, float]:
+def harness_run(args: list[str], nproc: int, reference: Path | None) -> tuple[float, list[float]]:
+    """A chaos run with no fault (given the reference), or the reference run itself."""
     with tempfile.TemporaryDirectory() as run_dir:
-        scenario = Scenario(script=script, args=args, nproc=nproc)
-        outcome = Job(scenario, Path(run_dir), faults=[]).run()
+        outcome = Job(Scenario(script=SCRIPT, args=args, nproc=nproc), Path(run_dir),
+                      faults=[], reference=reference).run()
         assert outcome.completed, outcome.log_tail()
-        steps = History.of_run(Path(run_dir)).steps(rank=0)
-        per_step = (steps[-1]["t"] - steps[0]["t"]) / max(len(steps) - 1, 1)
-        return outcome.wall_seconds, per_step
+        return outcome.wall_seconds, json.loads((Path(run_dir) / "step_times.json").read_text())
+
+
+def measure(size: str, repeats: int, nproc: int) -> None:
+    args = ["--size", size, "--steps", str(STEPS[size])]
+    step: dict[str, list[float]] = {"plain": [], "harness": []}
+    wall: dict[str, list[float]] = {"plain": [], "harness": []}
+    with tempfile.TemporaryDirectory() as reference:
+        # what a chaos run compares against (its agent loads the step table); made once
+        assert Job(Scenario(script=SCRIPT, args=args, nproc=nproc), Path(reference),
+                   faults=[]).run().completed
+        for number in range(repeats):
+            for side, run in (("plain", lambda: plain_run(args, nproc)),
+                              ("harness", lambda: harness_run(args, nproc, Path(reference)))):
+                seconds, times = run()
+                wall[side].append(seconds)
+                step[side].append(statistics.median(times))
+            print(f"  {size} round {number + 1}: step plain {step['plain'][-1] * 1e3:.2f} ms,"
+                  f" harness {step['harness'][-1] * 1e3:.2f} ms; wall plain"
+                  f" {wall['plain'][-1]:.2f} s, harness {wall['harness'][-1]:.2f} s", flush=True)
+    ps, hs = statistics.median(step["plain"]), statistics.median(step["harness"])
+    pw, hw = statistics.median(wall["plain"]), statistics.median(wall["harness"])
+    print(f"{size}: median step {ps * 1e3:.2f} ms plain, {hs * 1e3:.2f} ms under the harness,"
+          f" ratio {hs / ps:.3f}; wall {pw:.2f} s vs {hw:.2f} s, ratio {hw / pw:.3f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sizes", nargs="+", choices=sorted(STEPS), default=["small", "large"])
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("script")
-    parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args()
-    args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
-    plain, harness, steps = [], [], []
-    for number in range(ns.repeats):
-        plain.append(plain_run(ns.script, args, ns.nproc))
-        wall, per_step = harness_run(ns.script, args, ns.nproc)
-        harness.append(wall)
-        steps.append(per_step)
-        print(f"round {number + 1}: plain {plain[-1]:.2f} s, harness {wall:.2f} s", flush=True)
-    p, h = statistics.median(plain), statistics.median(harness)
-    print(f"median plain torchrun {p:.2f} s, under the harness {h:.2f} s, ratio {h / p:.3f}")
-    print(f"median step time under the harness (rank 0): {statistics.median(steps) * 1e3:.1f} ms")
+    for size in ns.sizes:
+        measure(size, ns.repeats, ns.nproc)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,33 @@ def test_deterministic_resume_names_the_first_divergent_step_and_component(compo
     assert f"at step 11 on rank 0: {component} not restored" in result.detail
 
 
+def light(prints: dict[str, str]) -> dict[str, str]:
+    """What the agent keeps of a step outside its full windows."""
+    return {key: prints[key] for key in ("lr", "batch", "params")}
+
+
+def test_light_steps_that_match_pass():
+    lights = {step: light(fp(step)) for step in range(16, 21)}  # after the 5-step window
+    result = checkers.deterministic_resume(evidence(killed_and_resumed(fps=lights).history()))
+    assert result.ok is True and "all 44 steps matched" in result.detail
+
+
+def test_a_divergence_first_seen_on_a_light_step_is_caught_without_a_culprit():
+    lights = {step: light(fp(step)) for step in range(16, 21)}
+    lights[18] = light(fp(18, params="different"))
+    result = checkers.deterministic_resume(evidence(killed_and_resumed(fps=lights).history()))
+    assert result.ok is False and result.data["divergent_step"] == 18
+    assert result.data["component"] == "unknown"
+    assert "lightly fingerprinted step" in result.detail and "--full-fingerprints" in result.detail
+
+
+def test_a_light_step_still_names_the_data_or_lr_when_those_differ():
+    lights = {step: light(fp(step, batch="different", params="different"))
+              for step in range(16, 21)}
+    result = checkers.deterministic_resume(evidence(killed_and_resumed(fps=lights).history()))
+    assert result.ok is False and result.data["component"] == "data"
+
+
 def test_when_ranks_diverge_together_the_rank_whose_own_state_was_wrong_is_named():
     # Rank 0 resumed with the wrong RNG; rank 1 only got its averaged gradients.
     timeline = Timeline()

@@ -1,0 +1,66 @@
+"""The GPU path end to end: NCCL, one rank per GPU, CUDA tensors, CUDA bit flips.
+
+Marked `gpu` (deselected by default; `pytest -m gpu` on a GPU runner, as the
+nightly `trainer` service in docker-compose.yml does). Each test uses as many
+ranks as the machine has GPUs, up to 2: the bundled target binds rank
+LOCAL_RANK to cuda:LOCAL_RANK and picks NCCL when CUDA is there, so these are
+the same scenarios the CPU tests run with gloo. Tests that need two ranks on
+two GPUs say so and skip on a one-GPU machine. The spinning-kernel hangs are
+in tests/test_e2e_hang.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chaos.history import History
+
+TARGET = str(Path(__file__).resolve().parent.parent / "targets" / "ddp_lm.py")
+STEPS = ["--steps", "16", "--ckpt-every", "4"]
+
+
+def gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(gpus() == 0, reason="needs an NVIDIA GPU (CUDA, NCCL)")]
+TWO_GPUS = pytest.mark.skipif(gpus() < 2, reason="2 NCCL ranks need 2 GPUs")
+
+
+def nproc() -> int:
+    return min(gpus(), 2)
+
+
+def test_a_killed_nccl_rank_resumes_bitwise_on_cuda(chaos_run):
+    report = chaos_run(TARGET, faults=["kill:rank=0,step=6"], args=STEPS, nproc=nproc(),
+                       expect="pass")
+    assert report.checks["deterministic_resume"]["ok"] is True
+    assert report.checks["atomic_recovery"]["ok"] is True
+
+
+def test_the_agent_fingerprints_cuda_tensors_and_their_rng(chaos_run):
+    report = chaos_run(TARGET, faults=["kill:rank=0,step=6"], args=STEPS, nproc=nproc(),
+                       expect="pass")
+    steps = History.of_run(Path(report.run_dir)).steps(rank=0)
+    assert steps and all("params" in e["fp"] for e in steps)
+    full = [e for e in steps if not e.get("light")]
+    assert full and all("rng.cuda" in e["fp"] for e in full)  # CUDA's generator is tracked
+
+
+@pytest.mark.parametrize("tensor", ["param", "grad"])
+def test_a_cuda_bit_flip_is_caught_by_the_defended_target(chaos_run, tensor):
+    report = chaos_run(TARGET, faults=[f"bitflip:rank=0,step=6,tensor={tensor},bit=exp_high"],
+                       args=STEPS, nproc=nproc(), expect="pass")
+    assert report.checks["sdc_detected"]["ok"] is True
+
+
+@TWO_GPUS
+def test_a_cuda_bit_flip_in_one_replica_breaks_the_undefended_target(chaos_run):
+    report = chaos_run(TARGET, faults=["bitflip:rank=1,step=6,tensor=param,bit=exp_high"],
+                       args=[*STEPS, "--no-sdc-defences"], nproc=2, expect="fail")
+    assert report.checks["sdc_detected"]["ok"] is False
