@@ -372,6 +372,10 @@ def gather(run_dir: Path, reference: Path | None, checks: list[str] | None, wait
     run_dir = run_dir.resolve()
     if not run_dir.is_dir():
         raise UsageError(f"no run directory {run_dir}")
+    if not RunLayout(run_dir).chaos_dir.is_dir():  # the shared directory itself, likely
+        runs = sorted(p.parent.name for p in run_dir.glob(f"*/{RunLayout(run_dir).chaos_dir.name}"))
+        raise UsageError(f"{run_dir} is not a run directory of torchchaos node"
+                         + (f"; its runs: {', '.join(runs)}" if runs else ""))
     reference = (reference or run_dir.parent / REFERENCE_ID).resolve()
     nodes = wait_for_nodes(run_dir, wait, progress)
     _check_finished(nodes, run_dir, "run")
