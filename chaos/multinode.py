@@ -376,9 +376,11 @@ def gather(run_dir: Path, reference: Path | None, checks: list[str] | None, wait
         runs = sorted(p.parent.name for p in run_dir.glob(f"*/{RunLayout(run_dir).chaos_dir.name}"))
         raise UsageError(f"{run_dir} is not a run directory of torchchaos node"
                          + (f"; its runs: {', '.join(runs)}" if runs else ""))
-    reference = (reference or run_dir.parent / REFERENCE_ID).resolve()
     nodes = wait_for_nodes(run_dir, wait, progress)
     _check_finished(nodes, run_dir, "run")
+    # the one the nodes looked restored states up in, else the shared directory's
+    used = nodes[0].get("reference")
+    reference = (reference or (Path(used) if used else run_dir.parent / REFERENCE_ID)).resolve()
     ref_nodes = _reference_nodes(reference, wait, progress)
     if reference == run_dir:
         progress("judging the fault-free run against itself: it completes and leaves nothing")
@@ -459,7 +461,8 @@ def add_commands(sub: Any, count: Callable[[str], int], seconds: Callable[[str],
         "gather", help="judge a multi-node run once every node finished",
         description="Waits for every node's done marker in DIR (a run directory in the"
         " shared directory), merges the nodes' histories and judges them against the"
-        f" fault-free run (--reference, default DIR/../{REFERENCE_ID}); prints the verdict"
+        " fault-free run (--reference; default: the one the nodes used, else"
+        f" DIR/../{REFERENCE_ID}); prints the verdict"
         " table and writes DIR/report.json. Exit status as for `run`.")
     gather_cmd.add_argument("run_dir", type=Path, metavar="DIR")
     gather_cmd.add_argument("--reference", type=Path, default=None, metavar="DIR")
