@@ -124,8 +124,14 @@ class Agent:
         self.recovering = launch != 0 or attempt != 0
         # The reference fingerprints every step in full: any of its steps may be the one
         # a restore restored (looked up by the start-of-step digests).
-        self.always_full = self.reference is None or environ.get(env.FULL_FINGERPRINTS) == "1"
+        self.always_full = (self.reference is None or environ.get(env.FULL_FINGERPRINTS) == "1"
+                            or any(f.trigger.step is None for f in every_fault))
         self.full_until = FULL_WINDOW  # local steps up to this one are fingerprinted in full
+        # Every rank takes the steps after a scheduled fault in full, not only the rank
+        # it hits: which replica went wrong first is told by comparing them. A fault
+        # whose step is not known in advance (phase, time, p=) makes every step full.
+        self.fault_steps = sorted({get_kind(f.kind).fire_after_step(f) for f in every_fault
+                                   if f.trigger.step is not None})
         self.full = True  # whether the step under way is
         self.stop_after = int(environ.get(env.STOP_AFTER) or 0)
         self.snapshot_after = int(environ.get(env.SNAPSHOT_AFTER_SAVE) or 0)
@@ -280,6 +286,10 @@ class Agent:
         """The step under way and the next FULL_WINDOW ones are fingerprinted in full."""
         self.full_until = max(self.full_until, self.local_steps + 1 + FULL_WINDOW)
 
+    def _near_a_fault(self) -> bool:
+        coming = (self.global_step() or 0) + 1
+        return any(after < coming <= after + FULL_WINDOW for after in self.fault_steps)
+
     def _begin_step(self) -> None:
         loaded = self.in_load
         self._close_io_groups()
@@ -287,7 +297,8 @@ class Agent:
         self.heartbeat.progress("forward", self.global_step())
         if loaded:
             self._full_window()
-        self.full = self.always_full or self.local_steps < self.full_until
+        self.full = (self.always_full or self.local_steps < self.full_until
+                     or self._near_a_fault())
         self.fp = {"lr": self._lr_fp()}
         if self.full:
             self.fp.update({

@@ -15,6 +15,7 @@ import hashlib
 import json
 import shutil
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import chaos
@@ -47,13 +48,22 @@ def _source_digest(script: Path) -> str:
     return h.hexdigest()
 
 
-def cache_key(scenario: Scenario) -> str:
-    import torch
+def _torch_version() -> str:
+    """torch's version without importing torch: the harness process itself never needs
+    torch (its jobs do), and importing it costs over a second per command."""
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:  # a build from source without metadata
+        import torch
 
+        return torch.__version__
+
+
+def cache_key(scenario: Scenario) -> str:
     blob = {
         "script": _source_digest(Path(scenario.script)),
         "args": scenario.args, "nproc": scenario.nproc, "nodes": scenario.nodes,
-        "env": scenario.env, "torch": torch.__version__, "torchchaos": chaos.__version__,
+        "env": scenario.env, "torch": _torch_version(), "torchchaos": chaos.__version__,
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:20]
 

@@ -177,7 +177,9 @@ def replica_divergence(ev: Evidence, after: float,
         for group in groups:
             present = [r for r in group if r in row]
             for key in ("params_start", "params"):
-                values = {row[r]["fp"].get(key) for r in present}
+                if any(key not in row[r]["fp"] for r in present):
+                    continue  # a light step of some replica: compare what all of them took
+                values = {row[r]["fp"][key] for r in present}
                 if len(values) > 1:
                     return Divergence(step, _odd_ones(row, present, key, reference, step),
                                       "weights")

@@ -7,8 +7,13 @@ that names it; verdicts repeat run after run.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import PLAIN, TARGET, cases
+
+from chaos.agent import FULL_WINDOW
+from chaos.history import History
 
 STEPS = ["--steps", "20", "--ckpt-every", "5"]
 
@@ -36,6 +41,23 @@ def test_reference_target_passes_every_check(chaos_run, fault):
     assert report.restarts >= 1 and report.faults[0]["fired"]
     if "SIGTERM" in fault:
         assert report.lost_steps == [0], "a preempted run saves before it exits"
+    assert_light_only_between_windows(History.of_run(Path(report.run_dir)))
+
+
+def assert_light_only_between_windows(history: History) -> None:
+    """Full fingerprints for 5 steps after each process starts and after a scheduled
+    fault's step on every rank; light (parameters, lr, batch) on the steps between."""
+    fault_steps = [e["step"] for e in history.of("fault") if e.get("step") is not None]
+    by_process: dict[tuple, list] = {}
+    for e in history.steps():
+        by_process.setdefault((e["rank"], e["launch"], e["attempt"]), []).append(e)
+    for steps in by_process.values():
+        for e in steps:
+            near_fault = any(s < e["step"] <= s + FULL_WINDOW for s in fault_steps)
+            full = e["local"] <= FULL_WINDOW or near_fault
+            assert e.get("light", False) is not full, e
+            assert ("grads" in e["fp"]) is full and "params" in e["fp"]
+    assert any(e.get("light") for e in history.steps()), "a 20-step run has light steps"
 
 
 # bug flag -> (fault that exposes it, failing check, words the diagnosis must hold, bound)
