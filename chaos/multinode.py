@@ -363,29 +363,22 @@ def _reference_nodes(reference: Path, wait: float,
     return nodes
 
 
-def gather(run_dir: Path, reference: Path | None, checks: list[str] | None, wait: float,
-           progress: Progress, max_lost_steps: int | None = None) -> Report:
-    """Judge a finished multi-node run; writes report.json and report.html into it."""
-    for name in checks or []:
-        if name not in CHECKERS:
-            raise UsageError(f"unknown check {name!r} (known: {', '.join(CHECKERS)})")
+def _run_dir(run_dir: Path) -> Path:
     run_dir = run_dir.resolve()
     if not run_dir.is_dir():
         raise UsageError(f"no run directory {run_dir}")
-    if not RunLayout(run_dir).chaos_dir.is_dir():  # the shared directory itself, likely
-        runs = sorted(p.parent.name for p in run_dir.glob(f"*/{RunLayout(run_dir).chaos_dir.name}"))
+    chaos_dir = RunLayout(run_dir).chaos_dir
+    if not chaos_dir.is_dir():  # the shared directory itself, likely
+        runs = sorted(p.parent.name for p in run_dir.glob(f"*/{chaos_dir.name}"))
         raise UsageError(f"{run_dir} is not a run directory of torchchaos node"
                          + (f"; its runs: {', '.join(runs)}" if runs else ""))
-    nodes = wait_for_nodes(run_dir, wait, progress)
-    _check_finished(nodes, run_dir, "run")
-    # the one the nodes looked restored states up in, else the shared directory's
-    used = nodes[0].get("reference")
-    reference = (reference or (Path(used) if used else run_dir.parent / REFERENCE_ID)).resolve()
-    ref_nodes = _reference_nodes(reference, wait, progress)
-    if reference == run_dir:
-        progress("judging the fault-free run against itself: it completes and leaves nothing")
+    return run_dir
+
+
+def _evidence(run_dir: Path, nodes: list[dict[str, Any]], reference: Path,
+              ref_nodes: list[dict[str, Any]], max_lost_steps: int | None) -> Evidence:
     reference_history = merged_history(reference, ref_nodes)
-    evidence = Evidence(
+    return Evidence(
         chaos=merged_history(run_dir, nodes), reference=reference_history,
         completed=all(n["completed"] for n in nodes),
         deadline_hit=any(n["deadline_hit"] for n in nodes), exit_codes=_exit_codes(nodes),
@@ -398,8 +391,27 @@ def gather(run_dir: Path, reference: Path | None, checks: list[str] | None, wait
         # no harness hang detector here: the bound a target's own reaction is held to
         hang_timeout=default_timeout(reference_history),
     )
+
+
+def gather(run_dir: Path, reference: Path | None, checks: list[str] | None, wait: float,
+           progress: Progress, max_lost_steps: int | None = None) -> Report:
+    """Judge a finished multi-node run; writes report.json and report.html into it."""
+    # imported here: the CLI imports this module for its parsers, and stays quick to start
     from chaos.engine import judge, write_html
 
+    for name in checks or []:
+        if name not in CHECKERS:
+            raise UsageError(f"unknown check {name!r} (known: {', '.join(CHECKERS)})")
+    run_dir = _run_dir(run_dir)
+    nodes = wait_for_nodes(run_dir, wait, progress)
+    _check_finished(nodes, run_dir, "run")
+    # the one the nodes looked restored states up in, else the shared directory's
+    used = nodes[0].get("reference")
+    reference = (reference or (Path(used) if used else run_dir.parent / REFERENCE_ID)).resolve()
+    ref_nodes = _reference_nodes(reference, wait, progress)
+    if reference == run_dir:
+        progress("judging the fault-free run against itself: it completes and leaves nothing")
+    evidence = _evidence(run_dir, nodes, reference, ref_nodes, max_lost_steps)
     report = judge(evidence, schedule.load(RunLayout(run_dir).schedule_file), checks,
                    run_dir=str(run_dir), reference_dir=str(reference),
                    wall_seconds=evidence.wall_seconds, command=nodes[0]["command"],
