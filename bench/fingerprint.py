@@ -1,8 +1,10 @@
 """Cost of the agent's fingerprints: per training step, and raw throughput.
 
 1. Per step, for the bundled reference model (TinyLM + AdamW): the time of one
-   training step without fingerprints vs the fingerprints the agent takes per
-   step (parameters twice, optimizer state twice, gradients, RNG, batch).
+   training step without fingerprints vs the fingerprints the agent takes on a
+   full step (parameters twice, optimizer state twice, learning rates,
+   gradients, RNG, batch) and on a light one (parameters, learning rates,
+   batch).
 2. Throughput of `digest_tensors` vs `torch.sum` over the same 64 MiB tensor
    (the memory-bandwidth bound it is measured against).
 
@@ -21,18 +23,28 @@ def per_step() -> None:
     training = ReferenceTraining.create()
     params, optim = training.params, training.optim
 
-    def fingerprints() -> None:
+    def lr() -> None:
+        digest_object([[g.get("lr") for g in optim.param_groups]])
+
+    def full() -> None:
         for _ in range(2):  # start of step and after the optimizer step
             digest_tensors(params)
             digest_object(optim.state_dict()["state"])
+        lr()
         digest_tensors([p.grad for p in params])
         digest_rng()
         digest_tensors([training.tokens])
 
-    step_s, fp_s = timed(training.step), timed(fingerprints)
+    def light() -> None:  # what a chaos run takes between its full windows
+        lr()
+        digest_tensors([training.tokens])
+        digest_tensors(params)
+
+    step_s, full_s, light_s = timed(training.step), timed(full), timed(light)
     count = sum(p.numel() for p in params)
     print(f"reference model: {count} parameters; training step {step_s * 1e3:.2f} ms,"
-          f" fingerprints {fp_s * 1e3:.2f} ms per step ({fp_s / step_s:.1%} of a step)")
+          f" full fingerprints {full_s * 1e3:.2f} ms ({full_s / step_s:.1%} of a step),"
+          f" light {light_s * 1e3:.3f} ms ({light_s / step_s:.1%})")
 
 
 def throughput(device: str) -> None:
