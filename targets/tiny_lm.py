@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import TensorDataset
 
 VOCAB, SEQ, BATCH, D_MODEL, HEADS, FF, LAYERS = 64, 16, 8, 32, 2, 64, 2
 WARMUP = 5
@@ -88,6 +89,18 @@ def make_batch(
     seq = torch.roll(seq, shifts=random.randint(0, 3), dims=1)
     inputs = torch.where(noisy, noise, seq[:, :-1])
     return inputs.to(device), seq[:, 1:].to(device)
+
+
+def token_dataset(seed: int, n: int) -> TensorDataset:
+    """`n` fixed (inputs, targets) sequences for targets that read data through a
+    DataLoader (the framework targets): strided token runs with 10% noise."""
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randint(0, VOCAB, (n, 1), generator=g)
+    stride = torch.randint(1, 4, (n, 1), generator=g)
+    seq = (start + stride * torch.arange(SEQ + 1)) % VOCAB
+    noisy = torch.rand(n, SEQ, generator=g) < 0.1
+    inputs = torch.where(noisy, torch.randint(0, VOCAB, (n, SEQ), generator=g), seq[:, :-1])
+    return TensorDataset(inputs, seq[:, 1:])
 
 
 def loss_of(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
