@@ -27,13 +27,18 @@ class CheckResult:
         return {"ok": self.ok, "detail": self.detail, **self.data}
 
 
+
+def _secs(seconds: float) -> str:
+    """Seconds for a detail line: 10, 14.1, 1800 (not 14.1154 or 1.8e+03)."""
+    return f"{round(seconds, 1):g}"
+
 def completes(ev: Evidence) -> CheckResult:
     target = ev.reference.final_step()
     reached = ev.chaos.final_step()
     launches = len(ev.exit_codes)
     if ev.hang is not None:
         return CheckResult(False, f"job hung at step {reached} of {target}: no progress for"
-                                  f" {ev.hang['seconds']:g} s; the harness tore it down")
+                                  f" {_secs(ev.hang['seconds'])} s; the harness tore it down")
     if ev.deadline_hit:
         return CheckResult(False, f"deadline of the run passed at step {reached} of {target}")
     if not ev.completed:
@@ -357,19 +362,20 @@ def hang_detected(ev: Evidence) -> CheckResult:
         cause = hangs.describe_cuts(hangs.cuts_in_force(ev.chaos, seen), seen)
         why = ("the ranks' timeouts fired but the job could not start again"
                if ev.hang.get("between_attempts") else "no watchdog or collective timeout fired")
-        return CheckResult(False, f"hung for {ev.hang['seconds']:g} s{cause}, {why}"
-                                  f" (bound {ev.hang_timeout:g} s):"
+        return CheckResult(False, f"hung for {_secs(ev.hang['seconds'])} s{cause}, {why}"
+                                  f" (bound {_secs(ev.hang_timeout)} s):"
                                   f" {hangs.describe_hang(ev.hang)}; stacks in"
                                   f" {ev.hang['stacks_dir']}/",
                            {"hang": ev.hang, **straggler})
     found = hangs.reaction(ev.chaos)
     if found is None and not straggler:
         return CheckResult(None, f"no hang was injected, and no rank went"
-                                 f" {ev.hang_timeout:g} s without progress")
+                                 f" {_secs(ev.hang_timeout)} s without progress")
     if found is None:
         return CheckResult(True, _straggler_text(straggler), straggler)
     data = {"reaction_seconds": found.seconds, **straggler}
-    reacted = f"{found.how} {found.seconds:.1f} s after the hang began (bound {ev.hang_timeout:g}"
+    bound = _secs(ev.hang_timeout)
+    reacted = f"{found.how} {found.seconds:.1f} s after the hang began (bound {bound}"
     if not ev.completed:
         return CheckResult(False, f"{reacted} s), but the job did not complete", data)
     return CheckResult(True, f"{reacted} s); the job then completed", data)

@@ -51,6 +51,12 @@ class _WatchedFile:
         for line in lines:
             self.write(line)
 
+    def written_through_fd(self) -> None:
+        """Bytes went in by its descriptor (os.sendfile from shutil.copyfile)."""
+        if not self._reported:
+            self._reported = True
+            self._watch.emit("write", self._path)
+
     def fileno(self) -> int:
         fd = self._raw.fileno()
         self._watch.track_fd(fd, self)
@@ -163,7 +169,7 @@ class IOWatch:
     def _wrap_os(self) -> None:
         real = {name: getattr(os, name) for name in
                 ("open", "write", "fsync", "rename", "replace", "remove", "unlink",
-                 "rmdir", "mkdir", "close")}
+                 "rmdir", "mkdir", "close", "sendfile")}
 
         def os_open(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
             fd = real["open"](path, flags, mode, dir_fd=dir_fd)
@@ -179,6 +185,17 @@ class IOWatch:
             owner = self._fds.get(fd)
             if isinstance(owner, str) and fd not in self._os_written:
                 self._os_written.add(fd)
+                self.emit("write", owner)
+            return n
+
+        def os_sendfile(out_fd: int, in_fd: int, *args: Any, **kwargs: Any) -> int:
+            # shutil.copyfile (a checkpoint copied onto its final name) writes this way
+            n = real["sendfile"](out_fd, in_fd, *args, **kwargs)
+            owner = self._fds.get(out_fd)
+            if isinstance(owner, _WatchedFile):
+                owner.written_through_fd()
+            elif isinstance(owner, str) and out_fd not in self._os_written:
+                self._os_written.add(out_fd)
                 self.emit("write", owner)
             return n
 
@@ -224,6 +241,7 @@ class IOWatch:
 
         os.open = os_open
         os.write = os_write
+        os.sendfile = os_sendfile
         os.fsync = os_fsync
         os.close = os_close
         os.rename = mover("rename")

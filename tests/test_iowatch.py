@@ -144,3 +144,28 @@ def test_safetensors_writes_from_rust_are_seen_as_one_save(tmp_path):
     assert json.loads(result.stdout) == [["open", "model.safetensors"],
                                          ["write", "model.safetensors"],
                                          ["read", "model.safetensors"]]
+
+
+COPY = textwrap.dedent("""
+    import json, os, shutil, sys
+    from chaos.iowatch import IOWatch
+    root = sys.argv[1]
+    seen = []
+    IOWatch(root, os.path.join(root, "_chaos"),
+            lambda op, path: seen.append([op, os.path.relpath(path, root)])).install()
+    os.makedirs(os.path.join(root, "_chaos"))
+    staged = os.path.join(root, "_chaos", "staged.ckpt")   # written outside the watch
+    with open(staged, "wb") as f:
+        f.write(b"x" * 100000)
+    shutil.copyfile(staged, os.path.join(root, "step-1.ckpt"))   # os.sendfile on Linux
+    print(json.dumps(seen))
+""")
+
+
+def test_a_copy_onto_a_checkpoint_name_is_an_open_and_a_write(tmp_path):
+    # Lightning Fabric stages a save in $TMPDIR and moves it over: across filesystems
+    # the move is shutil.copyfile, whose bytes go through os.sendfile.
+    result = subprocess.run([sys.executable, "-c", COPY, str(tmp_path)], capture_output=True,
+                            text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [["open", "step-1.ckpt"], ["write", "step-1.ckpt"]]
