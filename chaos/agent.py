@@ -8,11 +8,13 @@ harness's environment says so. Armed, it
 - fingerprints each step: at the step's first top-level forward (state the
   step starts from: parameters, optimizer state, learning rates, RNGs, the
   batch) and after the optimizer step (gradients, parameters, optimizer state).
-  A chaos run takes all of them only where a resume or a fault can first
-  show (`FULL_WINDOW` steps after a process starts, after a load and after
-  a fault fires); on the steps between ("light" steps) it digests the
-  parameters, the learning rates and the batch, which still pins down every
-  divergence, for about a fifth of the cost;
+  Each step's loss is part of them. A chaos run takes all of them only where
+  a resume or a fault can first show (`FULL_WINDOW` steps after a process
+  starts, after a load and after a fault fires); on the steps between
+  ("light" steps) it takes the loss, the learning rates and the batch, and
+  the parameters on every `PARAMS_EVERY`-th step and the reference's last.
+  A divergence of the weights changes the next step's loss, so light steps
+  still catch it within a step or two, for a few percent of the cost;
 - watches checkpoint I/O under the run directory (`chaos.iowatch`) and groups
   the file events into checkpoint saves (`chaos.saves`: between two steps, or
   one background writer's events plus their commit);
@@ -61,6 +63,9 @@ RESTORED = ("params_start", "optim_start", "lr")  # what a restore sets up (and 
 # fires: a resume that restored something wrong shows at its first step, and the
 # components say what. Outside these windows a chaos run's steps are light.
 FULL_WINDOW = 5
+# Light steps digest the parameters (the bulk of their cost: memory bandwidth) on every
+# PARAMS_EVERY-th global step; the loss, taken on every step, covers the ones between.
+PARAMS_EVERY = 4
 
 
 class ReferenceTable:
@@ -286,6 +291,13 @@ class Agent:
         """The step under way and the next FULL_WINDOW ones are fingerprinted in full."""
         self.full_until = max(self.full_until, self.local_steps + 1 + FULL_WINDOW)
 
+    def _params_due(self) -> bool:
+        """A light step's parameters: every PARAMS_EVERY-th step, and from the reference's
+        last step on (the final weights are always compared)."""
+        step = self.global_step() or 0
+        final = self.reference.final_step if self.reference is not None else 0
+        return step % PARAMS_EVERY == 0 or step >= final
+
     def _near_a_fault(self) -> bool:
         coming = (self.global_step() or 0) + 1
         return any(after < coming <= after + FULL_WINDOW for after in self.fault_steps)
@@ -366,10 +378,13 @@ class Agent:
             return
         self.local_steps += 1
         self.fp["batch"] = digest_tensors(self.batch)
-        self.fp["params"] = digest_tensors(self.params())
+        if self.full or self._params_due():
+            self.fp["params"] = digest_tensors(self.params())
         if self.full:
             self.fp["optim"] = self._optim_fp()
         loss = float(self.loss) if self.loss is not None else None
+        if loss is not None:
+            self.fp["loss"] = loss.hex()  # exact: a weight that differs changes it
         # An unaligned process (its restored state is no reference step) counts from 0.
         self.history.record("step", step=self.global_step(), aligned=self.aligned,
                             local=self.local_steps, loss=loss, fp=self.fp,

@@ -23,12 +23,15 @@ STATE = (
     ("params", "weights"),
 )
 STATE_KEYS = tuple(key for key, _ in STATE)
+# Compared, but never the culprit: the loss is what the weights, batch and RNG made.
+COMPARED_KEYS = (*STATE_KEYS, "loss")
 
 
 def same_state(a: dict[str, str], b: dict[str, str]) -> bool:
-    """Equal in every component both took (a light step has parameters, lr and batch)."""
-    shared = [key for key in STATE_KEYS if key in a and key in b]
-    return "params" in shared and all(a[key] == b[key] for key in shared)
+    """Equal in every component both took (a light step: loss, lr, batch, and the
+    parameters on some steps)."""
+    shared = [key for key in COMPARED_KEYS if key in a and key in b]
+    return bool(shared) and all(a[key] == b[key] for key in shared)
 
 
 def is_light(fp: dict[str, str]) -> bool:

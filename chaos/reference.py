@@ -48,6 +48,11 @@ def _source_digest(script: Path) -> str:
     return h.hexdigest()
 
 
+# What a reference step's fingerprints hold; a change makes older cached runs unusable.
+# 2: the loss joined them (light steps of a chaos run compare it).
+FINGERPRINT_FORMAT = 2
+
+
 def _torch_version() -> str:
     """torch's version without importing torch: the harness process itself never needs
     torch (its jobs do), and importing it costs over a second per command."""
@@ -64,6 +69,7 @@ def cache_key(scenario: Scenario) -> str:
         "script": _source_digest(Path(scenario.script)),
         "args": scenario.args, "nproc": scenario.nproc, "nodes": scenario.nodes,
         "env": scenario.env, "torch": _torch_version(), "torchchaos": chaos.__version__,
+        "fingerprints": FINGERPRINT_FORMAT,
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:20]
 

@@ -8,7 +8,7 @@ from chaos.evidence import Evidence
 from chaos.history import History
 
 COMPONENT_KEYS = ("params_start", "optim_start", "lr", "rng.torch", "rng.python", "batch",
-                  "grads", "optim", "params")
+                  "grads", "optim", "params", "loss")
 
 
 def fp(step: int, **changed: str) -> dict[str, str]:

@@ -128,9 +128,9 @@ def test_deterministic_resume_names_the_first_divergent_step_and_component(compo
     assert f"at step 11 on rank 0: {component} not restored" in result.detail
 
 
-def light(prints: dict[str, str]) -> dict[str, str]:
+def light(prints: dict[str, str], params: bool = True) -> dict[str, str]:
     """What the agent keeps of a step outside its full windows."""
-    return {key: prints[key] for key in ("lr", "batch", "params")}
+    return {key: prints[key] for key in ("lr", "batch", "loss", *(["params"] if params else []))}
 
 
 def test_light_steps_that_match_pass():
@@ -146,6 +146,14 @@ def test_a_divergence_first_seen_on_a_light_step_is_caught_without_a_culprit():
     assert result.ok is False and result.data["divergent_step"] == 18
     assert result.data["component"] == "unknown"
     assert "lightly fingerprinted step" in result.detail and "--full-fingerprints" in result.detail
+
+
+def test_a_light_step_without_parameters_catches_a_divergence_by_its_loss():
+    lights = {step: light(fp(step), params=step % 4 == 0) for step in range(16, 21)}
+    lights[17] = light(fp(17, loss="different"), params=False)
+    result = checkers.deterministic_resume(evidence(killed_and_resumed(fps=lights).history()))
+    assert result.ok is False and result.data["divergent_step"] == 17
+    assert "lightly fingerprinted step" in result.detail
 
 
 def test_a_light_step_still_names_the_data_or_lr_when_those_differ():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import PLAIN, TARGET, cases
 
-from chaos.agent import FULL_WINDOW
+from chaos.agent import FULL_WINDOW, PARAMS_EVERY
 from chaos.history import History
 
 STEPS = ["--steps", "20", "--ckpt-every", "5"]
@@ -46,7 +46,8 @@ def test_reference_target_passes_every_check(chaos_run, fault):
 
 def assert_light_only_between_windows(history: History) -> None:
     """Full fingerprints for 5 steps after each process starts and after a scheduled
-    fault's step on every rank; light (parameters, lr, batch) on the steps between."""
+    fault's step on every rank; light on the steps between (loss, lr, batch, and the
+    parameters every 4th step and at the last)."""
     fault_steps = [e["step"] for e in history.of("fault") if e.get("step") is not None]
     by_process: dict[tuple, list] = {}
     for e in history.steps():
@@ -56,7 +57,9 @@ def assert_light_only_between_windows(history: History) -> None:
             near_fault = any(s < e["step"] <= s + FULL_WINDOW for s in fault_steps)
             full = e["local"] <= FULL_WINDOW or near_fault
             assert e.get("light", False) is not full, e
-            assert ("grads" in e["fp"]) is full and "params" in e["fp"]
+            assert ("grads" in e["fp"]) is full and "loss" in e["fp"]
+            params_due = full or e["step"] % PARAMS_EVERY == 0 or e["step"] >= 20
+            assert ("params" in e["fp"]) is params_due, e
     assert any(e.get("light") for e in history.steps()), "a 20-step run has light steps"
 
 
