@@ -27,10 +27,10 @@ class CheckResult:
         return {"ok": self.ok, "detail": self.detail, **self.data}
 
 
-
 def _secs(seconds: float) -> str:
     """Seconds for a detail line: 10, 14.1, 1800 (not 14.1154 or 1.8e+03)."""
     return f"{round(seconds, 1):g}"
+
 
 def completes(ev: Evidence) -> CheckResult:
     target = ev.reference.final_step()

@@ -115,8 +115,8 @@ def _bytes_in_place(t: torch.Tensor) -> ctypes.Array[ctypes.c_char] | None:
 
 def digest_tensors(tensors: Iterable[torch.Tensor]) -> str:
     """A 32-hex-digit digest of an ordered collection of tensors."""
-    items = [(t, _bytes_in_place(t)) for t in tensors]
-    flats = [(t, raw if raw is not None else _flat(t)) for t, raw in items]
+    # (an empty tensor's zero bytes take the general path too: the same digest)
+    flats = [(t, _bytes_in_place(t) or _flat(t)) for t in tensors]
     remote = [flat for _, flat in flats if isinstance(flat, torch.Tensor) and not flat.is_cpu]
     sums = iter(_host_sums(remote))
     h = xxhash.xxh3_128()

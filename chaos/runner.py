@@ -41,10 +41,15 @@ from chaos.schedule import ResolvedFault
 INJECT_DIR = Path(__file__).resolve().parent / "_inject"
 PACKAGE_ROOT = Path(chaos.__file__).resolve().parent.parent
 POLL_SECONDS = 0.1
+STORE_PORT = 29400  # the rendezvous store's port on node 0 (torchrun's usual one)
+ERROR_LINE = re.compile(r"\b\w+(Error|Exception)\b: ")
+COLLATERAL = re.compile(r"Connection (reset|closed|refused)|Broken pipe|DistNetworkError")
 # Set to stop every Job of this process that is waiting (runs on threads of a parallel
 # sweep, which a Ctrl-C in the main thread does not reach): each raises
 # KeyboardInterrupt in its own thread, so its `finally` heals and reaps as usual.
 _CANCELLED = threading.Event()
+
+Progress = Callable[[str], None]
 
 
 def cancel_all() -> None:
@@ -53,11 +58,6 @@ def cancel_all() -> None:
 
 def reset_cancel() -> None:
     _CANCELLED.clear()
-STORE_PORT = 29400  # the rendezvous store's port on node 0 (torchrun's usual one)
-ERROR_LINE = re.compile(r"\b\w+(Error|Exception)\b: ")
-COLLATERAL = re.compile(r"Connection (reset|closed|refused)|Broken pipe|DistNetworkError")
-
-Progress = Callable[[str], None]
 
 
 @dataclass
