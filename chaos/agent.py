@@ -155,6 +155,7 @@ class Agent:
         self.save_tracker = SaveTracker()
         self.loads = self.load_events = 0
         self.in_load = False
+        self.raised = False  # an uncaught exception reached sys.excepthook
         self.last_path: str | None = None  # the file of the latest file event
         self._roots: list[weakref.ref[torch.nn.Module]] = []  # modules run at the top level
         self._backward_changes: list[Callable[[torch.Tensor], Any]] = []
@@ -213,7 +214,9 @@ class Agent:
         self.history.record("detection", what=what, step=self.global_step(), details=details)
 
     def _at_exit(self) -> None:
-        self._end_save(self.save_tracker.finish())
+        # A save still open at exit was cut short when the process died of an
+        # exception (a peer gone, the disk failing): it is not a finished checkpoint.
+        self._end_save(self.save_tracker.finish(), "exception" if self.raised else "exit")
         self.history.record("exit", step=self.global_step())
 
     def _wrap_backward(self) -> None:
@@ -247,6 +250,7 @@ class Agent:
         real_hook = sys.excepthook
 
         def hook(kind: type, value: BaseException, tb: Any) -> None:
+            self.raised = True
             self.history.record(
                 "exception", type=kind.__name__, message=str(value)[:500],
                 step=self.global_step(), before_first_step=self.local_steps == 0,
@@ -429,13 +433,15 @@ class Agent:
     # -- checkpoint I/O ------------------------------------------------------
     def _close_io_groups(self) -> None:
         """A step begins: it ends the save that is over (see `chaos.saves`) and any load."""
-        self._end_save(self.save_tracker.step_begins())
+        self._end_save(self.save_tracker.step_begins(), "step")
         self.in_load = False
 
-    def _end_save(self, save: Save | None) -> None:
+    def _end_save(self, save: Save | None, ended: str) -> None:
+        """Record the end of `save`: `ended` says how ("step": the rank went on to
+        train; "next_save": its writer thread began the next one; "exit", "exception")."""
         if save is not None:
             self.history.record("save_end", save=save.number, events=save.events,
-                                last_step=save.last_step)
+                                last_step=save.last_step, ended=ended)
             if save.number == self.snapshot_after and self.rank == 0 and self.reference is None:
                 self._snapshot()  # in the reference run: the chaos runs start from it
 
@@ -475,7 +481,7 @@ class Agent:
         writer = None if thread is threading.main_thread() else thread
         save, closed = self.save_tracker.event(writer, self.global_step(),
                                                getattr(thread, STARTED_AT, None))
-        self._end_save(closed)
+        self._end_save(closed, "next_save")
         if save.events == 1:
             self.history.record("save_begin", save=save.number, after_step=save.after_step,
                                 background=writer is not None)

@@ -51,6 +51,10 @@ def completes(ev: Evidence) -> CheckResult:
                                  f" ({launches} launch(es), {len(ev.recoveries)} recovery(ies))")
     if aligned and reached < target:
         return CheckResult(False, f"job exited 0 but stopped at step {reached} of {target}")
+    if aligned and reached > target:
+        return CheckResult(False, f"job ran {reached - target} step(s) more than the reference"
+                                  f" (reached step {reached} of {target}): a resume repeated"
+                                  " work (data replayed, or the step count not restored)")
     if not aligned:
         return CheckResult(True, "exited 0; the final step is unknown because a restore"
                                  " matched no reference step")
@@ -61,39 +65,63 @@ def completes(ev: Evidence) -> CheckResult:
 def _failed_resume(ev: Evidence) -> str | None:
     """How the first failed resume died, if one did.
 
-    A failed resume is a worker, started after a fault, that read the
-    checkpoint and died before its first step, in an attempt where no fault
-    fired (a fault there would explain the death). Its exception is in the
-    history when the agent saw it; a target that prints its traceback and
-    exits with os._exit leaves only the log, so the log's first error stands in.
+    A failed resume is a worker, started after a fault, that died before its
+    first step, in an attempt where no fault fired and no harness fault (a
+    partition) was in force: a fault there would explain the death. Whatever
+    it read, or did not read: a framework may inspect a half-written folder
+    and reject it before opening a file. Its exception is in the history when
+    the agent saw it; a target that prints its traceback and exits with
+    os._exit leaves only the log, so the log's first error stands in.
     """
     first = ev.first_fault_time()
     if first is None:
         return None
     faulted = {(e["launch"], e["attempt"]) for e in ev.chaos.faults()}
+    last = max(((e["launch"], e["attempt"]) for e in ev.chaos.events if "launch" in e
+                and "rank" in e), default=None)
+    dead = []
     for pid, events in ev.processes().items():
         head = events[0]
-        if head["t"] < first or (head["launch"], head["attempt"]) in faulted:
+        key = (head["launch"], head["attempt"])
+        if (head["t"] < first or key in faulted or hangs.cuts_in_force(ev.chaos, head["t"])
+                or {e["ev"] for e in events} & {"restore", "step"}):
             continue
-        kinds = {e["ev"] for e in events}
-        if "load" not in kinds or kinds & {"restore", "step"}:
-            continue
-        raised = [e for e in events if e["ev"] == "exception"]
-        why = (f"{raised[0]['type']}: {raised[0]['message'].splitlines()[0]}" if raised
-               else f"last output: {ev.log_tail}" if ev.log_tail else "no error was recorded")
-        return (f"resume failed on rank {head['rank']} (pid {pid}): it read the checkpoint and"
-                f" died before its first step; {why}")
-    return None
+        if key == last and (ev.hang is not None or ev.deadline_hit):
+            continue  # torn down by the harness while it waited: the hang check says why
+        dead.append((pid, events))
+    if not dead:
+        return None
+    # the worker that raised is the cause; its peers died of its death
+    pid, events = min(dead, key=lambda d: (not any(e["ev"] == "exception" for e in d[1]),
+                                           d[1][0]["t"]))
+    raised = [e for e in events if e["ev"] == "exception"]
+    why = (f"{raised[0]['type']}: {raised[0]['message'].splitlines()[0]}" if raised
+           else f"last output: {ev.log_tail}" if ev.log_tail else "no error was recorded")
+    read = [e["path"] for e in events if e["ev"] == "load"]
+    what = f"it read {read[-1]} and" if read else "it"
+    return (f"resume failed on rank {events[0]['rank']} (pid {pid}): {what} died before its"
+            f" first step; {why}")
+
+
+def _resumed(ev: Evidence) -> set[int]:
+    """Processes that read a checkpoint before their first step. Their steps are a
+    recovery's (a run started from a snapshot is one), never proof that the
+    target is nondeterministic: a difference there is a resume that failed."""
+    return {e["pid"] for e in ev.chaos.of("restore") if e.get("loads", 0)}
 
 
 def _before_faults(ev: Evidence) -> list[tuple[dict[str, Any], dict[str, str]]]:
-    """Each step completed before the first fault, with the reference's fingerprints."""
+    """Each step that fresh processes (no checkpoint read) completed before the first
+    fault, with the reference's fingerprints."""
     reference = ev.reference_steps()
     first_fault = ev.first_fault_time()
+    resumed = _resumed(ev)
     pairs = []
     for e in ev.chaos.steps():
         if first_fault is not None and e["t"] >= first_fault:
             break
+        if e["pid"] in resumed:
+            continue
         ref = reference.get((e["rank"], e["step"]))
         if ref is not None:
             pairs.append((e, ref["fp"]))
@@ -103,14 +131,16 @@ def _before_faults(ev: Evidence) -> list[tuple[dict[str, Any], dict[str, str]]]:
 def nondeterminism(ev: Evidence) -> str | None:
     """Why the target is not deterministic without faults, if it shows it is not.
 
-    Proof comes from two fault-free reference runs that differ, a first run
-    that starts from a state the reference never had, or a step that differs
-    from the reference before any fault fired.
+    Proof comes only from fault-free runs of the same path: two reference runs
+    that differ, a fresh start (no checkpoint read) from a state the reference
+    never had, or a fresh process's step that differs from the reference
+    before any fault fired.
     """
     if ev.reference_deterministic is False:
         return ev.reference_detail
     for event in ev.chaos.of("restore"):
-        if (event["launch"], event["attempt"]) == (0, 0) and event["restored"] is None:
+        if ((event["launch"], event["attempt"]) == (0, 0) and event["restored"] is None
+                and not event.get("loads", 0)):
             return (f"rank {event['rank']} started from a state the reference run never had"
                     " (is it seeded from its arguments?)")
     for e, ref in _before_faults(ev):
@@ -141,15 +171,62 @@ def atomic_recovery(ev: Evidence) -> CheckResult:
                 return CheckResult(False, f"after the failure at step {rec.failed_step}, rank"
                                           f" {rank} restored a state that matches no step of"
                                           " the reference (torn, partial or mixed checkpoint)")
+    mixed = _mixed_restore(ev)
+    if mixed:
+        return CheckResult(False, f"{mixed}: the job's checkpoint was torn, its replicas now"
+                                  " hold different states")
     steps = [r.restored_step for r in recoveries]
     return CheckResult(True, f"{len(recoveries)} recovery(ies), each restored a consistent"
                              f" checkpoint (steps {steps})", {"restored_steps": steps})
 
 
-def _noisy_generators(ev: Evidence) -> frozenset[str]:
-    """RNG keys that differ from the reference even before any fault: never seeded."""
-    return frozenset(k for e, ref in _before_faults(ev) for k, v in e["fp"].items()
-                     if k.startswith("rng.") and ref.get(k) != v)
+def _mixed_restore(ev: Evidence) -> str | None:
+    """The first recovery whose ranks restored different steps, in words."""
+    for rec in ev.recoveries:
+        if len(set(rec.restored.values())) > 1:
+            each = ", ".join(f"rank {rank} step {step}" for rank, step in
+                             sorted(rec.restored.items()))
+            return (f"after the failure at step {rec.failed_step} the ranks restored"
+                    f" different checkpoints ({each})")
+    return None
+
+
+def _inert_generators(ev: Evidence) -> frozenset[str]:
+    """RNG keys that cannot name a culprit: never seeded (they differ from the reference
+    even before any fault) or never drawn from during training (the reference's state
+    of them is the same at every step, so they fed no step)."""
+    noisy = {k for e, ref in _before_faults(ev) for k, v in e["fp"].items()
+             if k.startswith("rng.") and ref.get(k) != v}
+    seen: dict[tuple[int, str], set[str]] = {}
+    for e in ev.reference.steps():
+        for key, value in e["fp"].items():
+            if key.startswith("rng."):
+                seen.setdefault((e["rank"], key), set()).add(value)
+    drawn = {key for (_, key), values in seen.items() if len(values) > 1}
+    unused = {key for _, key in seen} - drawn
+    return frozenset(noisy | unused)
+
+
+def _replayed_batch(ev: Evidence, step: Event) -> int | None:
+    """The other reference step whose batch this step was given, if any: the data
+    position was not restored (an epoch replayed or skipped)."""
+    batch = step["fp"].get("batch")
+    return next((e["step"] for e in ev.reference.steps(step["rank"])
+                 if e["fp"].get("batch") == batch and e["step"] != step["step"]), None)
+
+
+def _what_was_not_restored(ev: Evidence, step: Event, ref: dict[str, str],
+                           component: str) -> str:
+    """The cause of a divergence in the user's words."""
+    batch_differs = step["fp"].get("batch") != ref.get("batch")
+    if component.startswith("rng"):
+        names = component[component.find("(") + 1:-1]
+        tail = "; the data order depends on it" if batch_differs else ""
+        return f"RNG not restored ({names}{tail})"
+    if component == "data" and (other := _replayed_batch(ev, step)) is not None:
+        return (f"data position not restored: step {step['step']} was given the batch of"
+                f" step {other} (data replayed or skipped)")
+    return f"{component} not restored"
 
 
 def deterministic_resume(ev: Evidence) -> CheckResult:
@@ -160,7 +237,7 @@ def deterministic_resume(ev: Evidence) -> CheckResult:
         return CheckResult(None, "a bit flip changed the training state on purpose, so steps"
                                  " after it are not resume errors; sdc_detected judges it")
     reference = ev.reference_steps()
-    noisy = _noisy_generators(ev)
+    noisy = _inert_generators(ev)
     compared = 0
     divergent: list[tuple[Event, str]] = []
     for e in ev.chaos.steps():
@@ -180,15 +257,15 @@ def deterministic_resume(ev: Evidence) -> CheckResult:
         same_step = [d for d in divergent if d[0]["step"] == first["step"]
                      and (d[0]["launch"], d[0]["attempt"]) == (first["launch"], first["attempt"])]
         e, component = min(same_step, key=lambda d: cause_rank(d[1]))
-        what = f"{component} not restored"
+        what = _what_was_not_restored(ev, e, reference[(e["rank"], e["step"])]["fp"],
+                                      component)
         if component == "unknown" and is_light(e["fp"]):
             what = ("the weights differ on a lightly fingerprinted step (run with"
                     " --full-fingerprints to name what was not restored)")
-        if component == "gradients":  # every input of the step matched on every rank
-            what = ("gradients differ although weights, optimizer, lr, RNG and batch matched:"
-                    " the gradient all-reduce summed in another order (with 3+ ranks, DDP's"
-                    " buckets differ in a resumed process's first step unless it never"
-                    " rebuilds them, e.g. find_unused_parameters=True)")
+        if component == "gradients":  # every input of the step matched on its rank
+            what = _gradients_differ(ev)
+        if mixed := _mixed_restore(ev):
+            what = f"{component} differ because {mixed}"
         return CheckResult(False, f"diverged from the reference at step {e['step']} on rank"
                                   f" {e['rank']}: {what}",
                            {"divergent_step": e["step"], "rank": e["rank"],
@@ -197,6 +274,17 @@ def deterministic_resume(ev: Evidence) -> CheckResult:
         return CheckResult(None, f"job did not complete; the {compared} steps it ran matched")
     end = "up to the stop after the recovery" if ev.stopped else "final parameters equal"
     return CheckResult(True, f"all {compared} steps matched the reference bitwise, {end}")
+
+
+def _gradients_differ(ev: Evidence) -> str:
+    """Why a step's gradients differ when everything it started from matched."""
+    if len(ev.reference.ranks()) >= 3:
+        return ("gradients differ although weights, optimizer, lr, RNG and batch matched:"
+                " the gradient all-reduce summed in another order (with 3+ ranks, DDP's"
+                " buckets differ in a resumed process's first step unless it never"
+                " rebuilds them, e.g. find_unused_parameters=True)")
+    return ("gradients differ although this rank's weights, optimizer, lr, RNG and batch"
+            " matched: another rank's state or batch was not restored")
 
 
 def _seconds_lost(rec: Recovery) -> float | None:
@@ -234,15 +322,18 @@ def bounded_lost_work(ev: Evidence) -> CheckResult:
             return _undecidable(reason)
         return CheckResult(None, "a restore matched no reference step; lost work unknown", data)
     if bound is None:
+        if any(steps for steps in lost):  # a restart that began again from step 0
+            return CheckResult(False, f"the job saves no checkpoint (none in the reference"
+                                      f" run): its restarts began again from step 0 and"
+                                      f" redid {max(lost)} step(s); pass --max-lost-steps if"
+                                      " that is acceptable", data)
         return CheckResult(None, f"lost steps {lost}, but the reference made no checkpoint;"
                                  " pass --max-lost-steps to set a bound", data)
     bounds = [bound * (1 + _checkpoints_destroyed(ev, rec)) for rec in recoveries]
     data["bound_steps"] = bounds if len(set(bounds)) > 1 else bound
     for rec, steps, limit in zip(recoveries, lost, bounds):
         if steps is not None and steps > limit:
-            return CheckResult(False, f"redid {steps} steps after the failure at step"
-                                      f" {rec.failed_step} (resumed from step"
-                                      f" {rec.restored_step}); bound is"
+            return CheckResult(False, f"{_why_work_was_lost(ev, rec, steps)}; bound is"
                                       f" {_bound_text(limit, bound)}", data)
     slow = [s for s in seconds if s is not None and ev.max_lost_seconds is not None
             and s > ev.max_lost_seconds]
@@ -255,6 +346,36 @@ def bounded_lost_work(ev: Evidence) -> CheckResult:
                              f" seconds lost [{secs}]{ettr_text}", data)
 
 
+def _why_work_was_lost(ev: Evidence, rec: Recovery, steps: int) -> str:
+    """A recovery that redid too many steps, and what it did wrong if the history shows it."""
+    text = (f"redid {steps} steps after the failure at step {rec.failed_step} (resumed from"
+            f" step {rec.restored_step})")
+    committed = [s for s in _finished_checkpoints(ev, rec.failed_at)
+                 if s > (rec.restored_step or 0)]
+    if rec.restored_step == 0 and committed:
+        text = (f"did not resume: started again from step 0 although the checkpoint of step"
+                f" {max(committed)} was committed; {text}")
+    if overwritten := _overwritten_checkpoint(ev, rec):
+        text += f"; {overwritten}"
+    return text
+
+
+def _overwritten_checkpoint(ev: Evidence, rec: Recovery) -> str | None:
+    """A save after this recovery that wrote over a file of a newer checkpoint."""
+    after = {(e["pid"], e["save"]): e.get("after_step") for e in ev.chaos.of("save_begin")}
+    newest: dict[str, int] = {}  # path -> the newest step a save before the recovery wrote
+    for e in ev.chaos.of("file"):
+        step = after.get((e["pid"], e.get("save")))
+        if step is None or e["op"] not in ("open", "write", "rename"):
+            continue
+        if e["t"] < rec.started:
+            newest[e["path"]] = max(step, newest.get(e["path"], 0))
+        elif newest.get(e["path"], 0) > step:
+            return (f"a restart overwrote the newer checkpoint of step {newest[e['path']]}"
+                    f" with an older state (step {step}) in {e['path']}")
+    return None
+
+
 def _bound_text(limit: int, bound: int) -> str:
     """A lost-work bound, saying why when bit rot raised it above the interval."""
     if limit > bound:
@@ -262,12 +383,41 @@ def _bound_text(limit: int, bound: int) -> str:
     return str(limit)
 
 
-def _completed_saves(ev: Evidence, before: float) -> list[int]:
-    """`after_step` of every checkpoint save that a rank finished (it went on to
-    train, or exited) before time `before`."""
-    begins = {(e["pid"], e["save"]): e.get("after_step") for e in ev.chaos.of("save_begin")}
-    return [begins[key] for e in ev.chaos.of("save_end") if e["t"] < before
-            and (key := (e["pid"], e["save"])) in begins and begins[key] is not None]
+# How a save ended when the rank was done with it (chaos.agent._end_save): it went on
+# to train, or its writer thread moved on to the next save. A save cut short by an
+# exception or a death is no finished checkpoint, nor is one open at exit.
+FINISHED = ("step", "next_save")
+
+
+def _finished_checkpoints(ev: Evidence, before: float) -> list[int]:
+    """`after_step` of every checkpoint the job had finished by time `before`.
+
+    A checkpoint is the saves of one step's state on every rank that writes it
+    (the ranks whose saves hold that step in the reference run). It is finished
+    once each of those ranks ended its part and went on (`FINISHED`) before
+    `before`; one rank's part alone is not the job's checkpoint.
+    """
+    writers: dict[int, set[int]] = {}
+    for e in ev.reference.of("save_begin"):
+        if e.get("after_step") is not None:
+            writers.setdefault(e["after_step"], set()).add(e["rank"])
+    begins = {(e["pid"], e["save"]): e for e in ev.chaos.of("save_begin")}
+    done: dict[int, set[int]] = {}
+    for end in ev.chaos.of("save_end"):
+        begin = begins.get((end["pid"], end["save"]))
+        if (begin is None or begin.get("after_step") is None or end["t"] >= before
+                or end.get("ended", "step") not in FINISHED):
+            continue
+        done.setdefault(begin["after_step"], set()).add(begin["rank"])
+    return sorted(step for step, ranks in done.items()
+                  if ranks >= writers.get(step, {ev.reference.checkpoint_writer()}))
+
+
+def _fired_at(ev: Evidence, effect: Event) -> float:
+    """When a fault's effect happened: when its fault fired in the rank, not when the
+    harness got round to recording what it did (after the job had reacted)."""
+    fired = [e["t"] for e in ev.chaos.faults() if e.get("id") == effect.get("fault")]
+    return min(fired, default=effect["t"])
 
 
 def durable_checkpoints(ev: Evidence) -> CheckResult:
@@ -276,7 +426,7 @@ def durable_checkpoints(ev: Evidence) -> CheckResult:
     if not losses:
         return CheckResult(None, "no power loss in this run, durability not tested")
     for loss in losses:
-        saved = _completed_saves(ev, loss["t"])
+        saved = _finished_checkpoints(ev, _fired_at(ev, loss))
         after = [r for r in ev.recoveries if r.started > loss["t"]]
         if not saved or not after or after[0].restored_step is None:
             continue  # nothing finished yet, or the resume failed: other checks say why

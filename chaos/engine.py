@@ -55,6 +55,26 @@ def _never_fired(summary: list[dict]) -> str:
             " from what the spec assumes)")
 
 
+def _touched_nothing(faults: list[ResolvedFault], history: History) -> str:
+    """A storage fault over a folder the job never wrote nor read, or bit rot that found
+    no file to rot: the run tested nothing, so its pass is no pass."""
+    paths = [Path(e["path"]) for e in history.of("file", "load") if e.get("path")]
+    for fault in faults:
+        if fault.kind != "storage" or fault.params.get("via") == "agent":
+            continue
+        folder = Path(str(fault.params.get("dir", "ckpt")))
+        if not any(folder == Path(".") or folder in p.parents for p in paths):
+            seen = sorted({p.parts[0] for p in paths if not p.is_absolute()})
+            where = f" (it uses {', '.join(seen)}: pass dir=...)" if seen else ""
+            return (f"{fault.spec} touched nothing: the job wrote and read no file under"
+                    f" {folder}/{where}")
+    rot = [e for e in history.of("fs_bitrot") if not e.get("file")]
+    if rot:
+        return ("bit rot found no durable checkpoint file to corrupt (does the job fsync"
+                " its checkpoints?)")
+    return ""
+
+
 def _undecided_by_nondeterminism(checks: dict[str, CheckResult]) -> str:
     for check in checks.values():
         if check.data.get("nondeterministic"):
@@ -77,7 +97,8 @@ def judge(evidence: Evidence, faults: list[ResolvedFault], checks: list[str] | N
     summary = _fault_summary(faults, evidence.chaos)
     report = Report.from_checks(results, faults=summary, restarts=len(evidence.recoveries),
                                 **fields)
-    reason = _never_fired(summary) or _undecided_by_nondeterminism(results)
+    reason = (_never_fired(summary) or _touched_nothing(faults, evidence.chaos)
+              or _undecided_by_nondeterminism(results))
     if reason and report.verdict == "pass":  # a pass that tested nothing is no pass
         report.verdict, report.reason = "error", reason
     return report

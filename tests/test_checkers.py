@@ -114,18 +114,22 @@ def test_atomic_recovery_flags_a_restore_matching_no_step():
     assert result.ok is False and "matches no step" in result.detail
 
 
-@pytest.mark.parametrize("component,key", [
-    ("weights", "params_start"), ("optimizer", "optim_start"), ("lr_schedule", "lr"),
-    ("rng (torch)", "rng.torch"), ("data", "batch"),
+@pytest.mark.parametrize("component,key,words", [
+    ("weights", "params_start", "weights not restored"),
+    ("optimizer", "optim_start", "optimizer not restored"),
+    ("lr_schedule", "lr", "lr_schedule not restored"),
+    ("rng (torch)", "rng.torch", "RNG not restored (torch)"),
+    ("data", "batch", "data not restored"),
 ])
-def test_deterministic_resume_names_the_first_divergent_step_and_component(component, key):
+def test_deterministic_resume_names_the_first_divergent_step_and_component(component, key,
+                                                                          words):
     wrong = {step: fp(step, **{key: "different", "params": "different"}) for step in
              range(11, 21)}  # the culprit, and the weights it spoiled
     ev = evidence(killed_and_resumed(fps=wrong).history())
     result = checkers.deterministic_resume(ev)
     assert result.ok is False
     assert result.data["divergent_step"] == 11 and result.data["component"] == component
-    assert f"at step 11 on rank 0: {component} not restored" in result.detail
+    assert f"at step 11 on rank 0: {words}" in result.detail
 
 
 def light(prints: dict[str, str], params: bool = True) -> dict[str, str]:
@@ -256,15 +260,23 @@ def test_bounded_lost_work_obeys_explicit_bounds():
     assert slow.ok is False and "bound is 0.5 s" in slow.detail
 
 
-def test_bounded_lost_work_undecided_without_failures_or_checkpoints():
+def test_bounded_lost_work_undecided_without_failures():
     plain = Timeline()
     plain.train(2, range(1, 21))
     assert checkers.bounded_lost_work(evidence(plain.history())).ok is None
+
+
+def test_a_job_without_checkpoints_that_starts_over_is_never_a_pass():
+    """Defect 7 (issue 17): a job that saves nothing and restarts from step 0 read PASS."""
     never_saves = Timeline()
     never_saves.train(2, range(1, 21), save_every=0)
     no_bound = checkers.bounded_lost_work(evidence(killed_and_resumed(0, 12).history(),
                                                    never_saves.history()))
-    assert no_bound.ok is None and "--max-lost-steps" in no_bound.detail
+    assert no_bound.ok is False
+    assert "saves no checkpoint" in no_bound.detail and "redid 12 step(s)" in no_bound.detail
+    allowed = checkers.bounded_lost_work(evidence(killed_and_resumed(0, 12).history(),
+                                                  never_saves.history(), max_lost_steps=12))
+    assert allowed.ok is True
 
 
 def test_no_orphans():
@@ -298,3 +310,204 @@ def test_split_brain_is_two_nodes_publishing_different_contents_while_cut():
     assert same.ok is True and "(2 file(s) published while the network was cut)" in same.detail
     no_cut = checkers.no_split_brain(evidence(killed_and_resumed().history()))
     assert no_cut.ok is None
+
+
+# -- issue 17: verdicts on training code written by other people -----------------------
+
+def per_rank_saves(ranks: int = 2, steps: int = 20, every: int = 10) -> Timeline:
+    """Every rank writes its own part of each checkpoint (per-rank files + a pointer)."""
+    timeline = Timeline()
+    timeline.train(ranks, range(1, steps + 1), save_every=0)
+    for e in list(timeline.events):
+        if e["ev"] == "step" and e["step"] % every == 0:
+            save = e["step"] // every
+            timeline.events.append({**e, "ev": "save_begin", "save": save,
+                                    "after_step": e["step"], "t": e["t"] + 0.1})
+            timeline.events.append({**e, "ev": "save_end", "save": save, "ended": "step",
+                                    "t": e["t"] + 0.2})
+    return timeline
+
+
+def power_loss_in_save_2(rank_0_ended: str, rank_1_done: bool, loss_before_ends: bool
+                         ) -> Timeline:
+    """Both ranks write their part of the step-20 checkpoint; the power goes out on rank 1.
+
+    Rank 0 ends its part as `rank_0_ended`; rank 1 ends its part (and goes on) only if
+    `rank_1_done`. The harness records the power loss (fs_crash) after the job reacted.
+    """
+    timeline = per_rank_saves(steps=19)
+    timeline.train(2, range(20, 21), save_every=0)
+    for rank in (0, 1):
+        timeline.add("save_begin", save=2, after_step=20, **timeline.proc(rank))
+    def fire() -> None:
+        timeline.add("fault", id="f0-storage", kind="storage", step=20,
+                     spec="storage:mode=lose_unsynced", **timeline.proc(1))
+
+    if loss_before_ends:
+        fire()
+    if rank_0_ended == "exception":
+        timeline.add("exception", type="RuntimeError", message="Connection closed by peer",
+                     **timeline.proc(0))
+    timeline.add("save_end", save=2, ended=rank_0_ended, **timeline.proc(0))
+    if rank_1_done:
+        timeline.add("save_end", save=2, ended="step", **timeline.proc(1))
+    if not loss_before_ends:
+        fire()
+    timeline.add("fs_crash", lose_unsynced=True, fault="f0-storage",
+                 removed=["ckpt/step000020-rank1.pt"])
+    timeline.train(2, range(11, 21), attempt=1, restored=10, save_every=0)
+    return timeline
+
+
+@pytest.mark.parametrize("rank_0_ended,rank_1_done,loss_before_ends,ok", [
+    ("exception", False, True, True),  # rank 0's save died with its peer: not finished
+    ("step", False, True, True),  # rank 1's part never finished: no job checkpoint
+    ("step", True, True, True),  # both ended after the fault fired, recorded before fs_crash
+    ("step", True, False, False),  # both finished and went on, then the power went out
+])
+def test_durability_counts_only_checkpoints_every_writer_finished_before_the_loss(
+        rank_0_ended, rank_1_done, loss_before_ends, ok):
+    """Defect 1: a correct per-rank-files job read FAIL because rank 0's save, aborted
+    when its peer died, counted as finished, and the loss counted from when the
+    harness recorded it rather than when it fired."""
+    ref = per_rank_saves().history()
+    chaos = power_loss_in_save_2(rank_0_ended, rank_1_done, loss_before_ends).history()
+    result = checkers.durable_checkpoints(evidence(chaos, ref))
+    assert result.ok is ok, result.detail
+    if not ok:
+        assert "step 20 was finished before the power loss" in result.detail
+
+
+def snapshot_start(fps: dict[int, dict[str, str]]) -> Timeline:
+    """A crash-point run: it starts from the reference's copy of the step-10 checkpoint
+    (so its first process reads a checkpoint), crashes in its first save, recovers."""
+    timeline = Timeline()
+    timeline.train(2, range(11, 13), restored=10, fps=fps, save_every=0)
+    for e in timeline.events:
+        if e["ev"] == "restore":
+            e["loads"] = 1
+    timeline.fault(0, 12)
+    timeline.train(2, range(11, 21), attempt=1, restored=10, fps=fps, save_every=0)
+    for e in timeline.events:
+        if e["ev"] == "restore":
+            e.setdefault("loads", 1)
+    return timeline
+
+
+def test_a_run_started_from_a_snapshot_is_a_recovery_not_proof_of_nondeterminism():
+    """Defect 3: a resume that does not restore the RNG, started from a snapshot, read
+    ERROR "the target is not deterministic without faults"."""
+    wrong = {step: fp(step, **{"rng.torch": "other", "batch": "other", "params": "x"})
+             for step in range(11, 21)}
+    ev = evidence(snapshot_start(wrong).history())
+    assert checkers.nondeterminism(ev) is None
+    result = checkers.deterministic_resume(ev)
+    assert result.ok is False, result.detail
+    assert "RNG not restored (torch; the data order depends on it)" in result.detail
+
+
+def test_a_generator_the_reference_never_draws_from_is_never_the_culprit():
+    """Defect 7: "rng" was blamed where the data was replayed."""
+    ref = Timeline()
+    ref.train(2, range(1, 21), fps={s: fp(s, **{"rng.python": "seeded"}) for s in range(21)})
+    replayed = {step: fp(step, **{"rng.python": "unseeded", "batch": f"batch@{step - 4}",
+                                  "params": "x"}) for step in range(11, 21)}
+    ev = evidence(killed_and_resumed(fps=replayed).history(), ref.history())
+    result = checkers.deterministic_resume(ev)
+    assert result.ok is False
+    assert "data position not restored: step 11 was given the batch of step 7" in result.detail
+
+
+def test_a_restart_that_dies_before_its_first_step_without_reading_is_a_failed_recovery():
+    """Defect 5: a framework that rejects the half-written folder before opening a file."""
+    timeline = Timeline()
+    timeline.train(2, range(1, 13))
+    timeline.fault(0, 12)
+    for rank in (0, 1):
+        timeline.add("boot", **timeline.proc(rank, attempt=1))
+    timeline.add("exception", type="ValueError",
+                 message="Can't find a valid checkpoint at out/checkpoint-20",
+                 **timeline.proc(0, attempt=1))
+    ev = evidence(timeline.history(), completed=False, exit_codes=[[1]])
+    result = checkers.atomic_recovery(ev)
+    assert result.ok is False
+    assert "Can't find a valid checkpoint at out/checkpoint-20" in result.detail
+
+
+def test_ranks_that_restore_different_steps_are_a_torn_job_checkpoint():
+    """Defect 6: rank 0 restored step 10, rank 1 step 20, and atomic_recovery passed."""
+    timeline = Timeline()
+    timeline.train(2, range(1, 21))
+    timeline.fault(0, 20)
+    timeline.train(2, range(11, 21), attempt=1, restored=10)
+    for e in timeline.events:
+        if e["ev"] == "restore" and e["attempt"] == 1 and e["rank"] == 1:
+            e["restored"] = 20
+    ev = evidence(timeline.history())
+    result = checkers.atomic_recovery(ev)
+    assert result.ok is False
+    assert "rank 0 step 10, rank 1 step 20" in result.detail
+    assert "3+ ranks" not in checkers.deterministic_resume(ev).detail
+
+
+def test_a_run_with_more_steps_than_the_reference_does_not_complete():
+    """Defect 7: "reached step 24 of 20" read PASS."""
+    timeline = killed_and_resumed()
+    timeline.train(2, range(21, 25), attempt=1, restored=None, save_every=0)
+    result = checkers.completes(evidence(timeline.history()))
+    assert result.ok is False and "reached step 24 of 20" in result.detail
+
+
+def test_a_restart_from_zero_despite_a_committed_checkpoint_is_named():
+    timeline = Timeline()
+    timeline.train(2, range(1, 13))
+    for e in list(timeline.events):
+        if e["ev"] == "save_begin":
+            timeline.events.append({**e, "ev": "save_end", "ended": "step", "t": e["t"] + .5})
+            timeline.events.append({**e, "ev": "file", "op": "rename", "index": 1,
+                                    "path": f"ckpt/step-{e['after_step']}.pt",
+                                    "t": e["t"] + .2})
+    timeline.fault(1, 12)
+    timeline.train(2, range(1, 21), attempt=1, restored=0)
+    restart = [e for e in timeline.events if e["ev"] == "save_begin" and e["attempt"] == 1]
+    timeline.events.append({**restart[0], "ev": "file", "op": "rename", "index": 1,
+                            "path": "ckpt/step-10.pt", "t": restart[0]["t"] + .2})
+    result = checkers.bounded_lost_work(evidence(timeline.history()))
+    assert result.ok is False
+    assert ("did not resume: started again from step 0 although the checkpoint of step 10"
+            " was committed") in result.detail
+    assert ("a restart overwrote the newer checkpoint of step 10 with an older state (step 5)"
+            " in ckpt/step-10.pt") in result.detail
+
+
+def judged(spec: str, chaos: Timeline):
+    from chaos import engine, schedule
+    from chaos.spec import parse_fault_spec
+
+    faults = schedule.resolve([parse_fault_spec(spec)], 0, 2, 1)
+    for e in chaos.events:
+        if e["ev"] == "fault":
+            e["id"] = faults[0].id
+    return engine.judge(evidence(chaos.history()), faults, None)
+
+
+def test_a_storage_fault_over_a_folder_the_job_never_uses_is_no_pass():
+    """Defect 7: a power loss on the default ckpt/ of a job saving to out/ read PASS."""
+    timeline = killed_and_resumed()
+    timeline.add("file", op="rename", path="out/ckpt.pt", save=1, index=1,
+                 **timeline.proc(0))
+    timeline.add("fs_crash", lose_unsynced=True, fault="f0-storage")
+    report = judged("storage:mode=lose_unsynced,rank=0,step=12", timeline)
+    assert report.verdict == "error"
+    assert "touched nothing" in report.reason and "it uses out" in report.reason
+    report = judged("storage:mode=lose_unsynced,rank=0,step=12,dir=out", timeline)
+    assert "touched nothing" not in report.reason
+
+
+def test_bit_rot_that_found_no_file_is_no_pass():
+    timeline = killed_and_resumed()
+    timeline.add("file", op="rename", path="ckpt/step-10.pt", save=1, index=1,
+                 **timeline.proc(0))
+    timeline.add("fs_bitrot", file=None, pattern="*")
+    report = judged("storage:mode=bitrot,rank=0,step=12", timeline)
+    assert report.verdict == "error" and "no durable checkpoint file" in report.reason
