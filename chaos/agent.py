@@ -196,6 +196,7 @@ class Agent:
         atexit.register(self._at_exit)
         self.stop_marker.unlink(missing_ok=True)  # left by an attempt that failed after it
         api._record = self._detection
+        api._committed = self._committed
         self.history.record("boot", node=self.node, local_rank=self.local_rank)
         self._dump_stacks_on_request()
         self.heartbeat.start()
@@ -212,6 +213,9 @@ class Agent:
 
     def _detection(self, what: str, details: dict[str, Any]) -> None:
         self.history.record("detection", what=what, step=self.global_step(), details=details)
+
+    def _committed(self, step: int) -> None:
+        self.history.record("committed", step=step)
 
     def _at_exit(self) -> None:
         # A save still open at exit was cut short when the process died of an

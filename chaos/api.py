@@ -18,6 +18,7 @@ from typing import Any
 
 # Set by the agent when it arms in this process.
 _record: Callable[..., Any] | None = None
+_committed: Callable[[int], Any] | None = None
 
 
 def report_detection(what: str, **details: Any) -> None:
@@ -25,3 +26,11 @@ def report_detection(what: str, **details: Any) -> None:
     and is acting on it (rolling back, stopping). `details` must be JSON-serialisable."""
     if _record is not None:
         _record(what, details)
+
+
+def report_checkpoint_committed(step: int) -> None:
+    """The checkpoint of `step` is committed: every rank's part is written and published,
+    and a restart must resume from it (or a later one). Without this call, a checkpoint
+    counts as committed once every rank that writes it went on to the next step."""
+    if _committed is not None:
+        _committed(int(step))

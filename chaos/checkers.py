@@ -99,8 +99,18 @@ def _failed_resume(ev: Evidence) -> str | None:
            else f"last output: {ev.log_tail}" if ev.log_tail else "no error was recorded")
     read = [e["path"] for e in events if e["ev"] == "load"]
     what = f"it read {read[-1]} and" if read else "it"
-    return (f"resume failed on rank {events[0]['rank']} (pid {pid}): {what} died before its"
-            f" first step; {why}")
+    failed = (f"resume failed on rank {events[0]['rank']} (pid {pid}): {what} died before its"
+              f" first step; {why}")
+    if read and _written_in_place(ev, read[-1]):
+        return (f"the checkpoint is written in place: a crash in the middle of the write"
+                f" left no loadable checkpoint ({failed})")
+    return failed
+
+
+def _written_in_place(ev: Evidence, path: str) -> bool:
+    """Did the saves write `path` itself (opened for writing, never renamed onto)?"""
+    ops = {e["op"] for e in ev.chaos.of("file") if e["path"] == path and e.get("save")}
+    return bool(ops & {"open", "write"}) and "rename" not in ops
 
 
 def _resumed(ev: Evidence) -> set[int]:
@@ -395,7 +405,8 @@ def _finished_checkpoints(ev: Evidence, before: float) -> list[int]:
     A checkpoint is the saves of one step's state on every rank that writes it
     (the ranks whose saves hold that step in the reference run). It is finished
     once each of those ranks ended its part and went on (`FINISHED`) before
-    `before`; one rank's part alone is not the job's checkpoint.
+    `before`, or once the target said so (`chaos.api.report_checkpoint_committed`);
+    one rank's part alone is not the job's checkpoint.
     """
     writers: dict[int, set[int]] = {}
     for e in ev.reference.of("save_begin"):
@@ -409,8 +420,9 @@ def _finished_checkpoints(ev: Evidence, before: float) -> list[int]:
                 or end.get("ended", "step") not in FINISHED):
             continue
         done.setdefault(begin["after_step"], set()).add(begin["rank"])
-    return sorted(step for step, ranks in done.items()
-                  if ranks >= writers.get(step, {ev.reference.checkpoint_writer()}))
+    said = {e["step"] for e in ev.chaos.of("committed") if e["t"] < before}
+    return sorted(said | {step for step, ranks in done.items()
+                          if ranks >= writers.get(step, {ev.reference.checkpoint_writer()})})
 
 
 def _fired_at(ev: Evidence, effect: Event) -> float:

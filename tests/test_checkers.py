@@ -75,6 +75,19 @@ def test_atomic_recovery_flags_a_resume_that_dies_without_a_recorded_exception()
     assert result.ok is False and "last output: EOFError: Ran out of input" in result.detail
 
 
+def test_a_failed_resume_of_a_checkpoint_written_in_place_says_so():
+    timeline = killed_then_reading(0)
+    for op, index in (("open", 1), ("write", 2)):
+        timeline.add("file", op=op, path="ckpt/step-10.pt", save=2, index=index,
+                     **timeline.proc(0))
+    timeline.add("exception", type="UnpicklingError", message="invalid load key",
+                 **timeline.proc(0, attempt=1))
+    result = checkers.atomic_recovery(evidence(timeline.history(), completed=False))
+    assert result.ok is False
+    assert result.detail.startswith("the checkpoint is written in place: a crash in the"
+                                     " middle of the write left no loadable checkpoint")
+
+
 def test_atomic_recovery_does_not_blame_a_resume_cut_short_by_another_fault():
     timeline = killed_then_reading(0)
     timeline.fault(1, 0, attempt=1)  # e.g. a kill during checkpoint_load on the peer
@@ -511,3 +524,13 @@ def test_bit_rot_that_found_no_file_is_no_pass():
     timeline.add("fs_bitrot", file=None, pattern="*")
     report = judged("storage:mode=bitrot,rank=0,step=12", timeline)
     assert report.verdict == "error" and "no durable checkpoint file" in report.reason
+
+
+def test_a_checkpoint_the_target_reported_committed_counts_as_finished():
+    ref = per_rank_saves().history()
+    timeline = power_loss_in_save_2("exception", False, True)
+    fired = next(e for e in timeline.events if e["ev"] == "fault")
+    timeline.events.append({"ev": "committed", "step": 20, "t": fired["t"] - 0.5,
+                            **timeline.proc(0)})
+    result = checkers.durable_checkpoints(evidence(timeline.history(), ref))
+    assert result.ok is False and "step 20 was finished" in result.detail

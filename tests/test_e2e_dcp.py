@@ -62,7 +62,7 @@ BUGS = {
     "no_fsync": ("storage:mode=lose_unsynced,rank=0,step=13", "durable_checkpoints",
                  "did not survive it: resumed from step 0"),
     "rank0_metadata": ("kill:rank=1,step=13", "deterministic_resume",
-                       "on rank 1: rng (numpy, python, torch) not restored"),
+                       "on rank 1: RNG not restored (numpy, python, torch"),
 }
 
 

@@ -71,7 +71,7 @@ BUGS = {
     "early_pointer": ("kill:rank=0,phase=checkpoint_save,save=2,event=4",
                       "atomic_recovery", "resume failed on rank", None),
     "skip_rng": ("kill:rank=1,step=12", "deterministic_resume",
-                 "rng (numpy, python, torch) not restored", None),
+                 "RNG not restored (numpy, python, torch", None),
     "skip_optim": ("kill:rank=1,step=12", "deterministic_resume",
                    "optimizer not restored", None),
     "skip_sched": ("kill:rank=1,step=12", "deterministic_resume",
