@@ -87,6 +87,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    """How many of something to do: 0 would start a reference run for nothing."""
+    value = _positive_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a value >= 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="torchchaos", description="Inject faults into a real torchrun"
                      " training job and judge its recovery against a fault-free reference.")
@@ -120,12 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
         " bundled reference target.")
     _add_job_options(points)
     _add_parallel(points)
-    points.add_argument("--save", type=_positive_int, default=2, metavar="K",
+    points.add_argument("--save", type=_count, default=2, metavar="K",
                         help="which checkpoint save to enumerate (default 2: the first one"
                              " that has an earlier checkpoint to fall back to)")
     points.add_argument("--mode", action="append", default=None, metavar="MODE",
                         help="kill, lose_unsynced, torn (repeatable; default all three)")
-    points.add_argument("--cap", type=_positive_int, default=50, metavar="N",
+    points.add_argument("--cap", type=_count, default=50, metavar="N",
                         help="run at most N points, sampled with --seed (default 50)")
     points.add_argument("--steps-after-resume", type=_positive_int, default=3, metavar="N",
                         help="end each point N steps after its recovery: the restore and"
@@ -146,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         " its flags to measure a defended one. Exit 0 once every run was judged.")
     _add_job_options(campaign)
     _add_parallel(campaign)
-    campaign.add_argument("--runs", type=_positive_int, default=20, metavar="N",
+    campaign.add_argument("--runs", type=_count, default=20, metavar="N",
                           help="how many flips (default 20)")
     campaign.add_argument("--tensor", action="append", default=None, metavar="KIND",
                           help="param, grad, optim, activation (repeatable; default all)")
@@ -193,9 +201,9 @@ def _add_exploration_commands(sub: Any) -> None:
     search.add_argument("--kind", action="append", default=None, metavar="KIND",
                         help="kill, preempt, node_kill, save_kill, power_loss, bitflip, hang"
                              " (repeatable; default kill, preempt, save_kill)")
-    search.add_argument("--max-faults", type=_positive_int, default=3, metavar="N",
+    search.add_argument("--max-faults", type=_count, default=3, metavar="N",
                         help="faults per schedule at most (default 3)")
-    search.add_argument("--examples", type=_positive_int, default=20, metavar="N",
+    search.add_argument("--examples", type=_count, default=20, metavar="N",
                         help="schedules Hypothesis draws before it gives up (default 20)")
     search.add_argument("--shrink-runs", type=_positive_int, default=10, metavar="N",
                         help="runs Hypothesis may spend shrinking the first failure to"
@@ -266,12 +274,15 @@ def _add_search_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=_positive_int, default=2, metavar="N",
                         help="runs of a failing schedule before its failure is trusted"
                              " (default 2)")
-    parser.add_argument("--max-runs", type=_positive_int, default=40, metavar="N",
+    parser.add_argument("--max-runs", type=_count, default=40, metavar="N",
                         help="chaos runs at most, repeats included (default 40)")
 
 
 def _add_job_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--nproc", type=_positive_int, default=2, help="ranks per node (default 2)")
+    run.add_argument("--force", action="store_true",
+                     help="run even with more than 4 ranks (--nproc x --nodes) per core of"
+                          " this machine")
     run.add_argument("--nodes", type=_positive_int, default=1,
                      help="simulated nodes, one torchrun agent each (default 1)")
     run.add_argument("--network", choices=("auto", "netns", "host"), default="auto",
@@ -337,7 +348,7 @@ def _scenario(ns: argparse.Namespace, script: str, args: list[str], faults: list
     from chaos.scenario import Scenario
 
     args = args[1:] if args[:1] == ["--"] else args
-    return Scenario.build(
+    scenario = Scenario.build(
         script, faults=faults, args=args, nproc=ns.nproc, nodes=ns.nodes, network=ns.network,
         min_nodes=ns.min_nodes, checks=ns.check,
         max_lost_steps=ns.max_lost_steps, max_lost_seconds=ns.max_lost_seconds,
@@ -346,6 +357,8 @@ def _scenario(ns: argparse.Namespace, script: str, args: list[str], faults: list
         reference_runs=ns.reference_runs, mtbf_hours=ns.mtbf,
         full_fingerprints=ns.full_fingerprints,
     )
+    scenario.check_machine(ns.force)
+    return scenario
 
 
 def _dirs(ns: argparse.Namespace) -> tuple[Path, Path]:

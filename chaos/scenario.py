@@ -5,6 +5,7 @@ Python (pytest), the CLI and (later) YAML files all build this one object.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from chaos.registry import get_kind
 from chaos.spec import FaultSpec, parse_fault_spec
 
 NETWORKS = ("auto", "netns", "host")
+PROCESSES_PER_CORE = 4  # beyond this many ranks per core a run only measures the scheduler
 
 
 @dataclass
@@ -74,14 +76,15 @@ class Scenario:
             raise UsageError(f"--network netns: {netns.unavailable_reason()}")
         if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
             raise UsageError(f"--min-nodes must be between 1 and --nodes ({self.nodes})")
-        for spec in self.faults:
-            get_kind(spec.kind).check_job(spec.params, self.nodes, self.network_kind)
+        self._check_faults()
         if self.timeout <= 0:
             raise UsageError("--timeout must be > 0 seconds")
         if self.hang_timeout is not None and self.hang_timeout <= 0:
             raise UsageError("--hang-timeout must be > 0 seconds")
         if self.max_lost_steps is not None and self.max_lost_steps < 0:
             raise UsageError("--max-lost-steps must be >= 0")
+        if self.max_lost_seconds is not None and not self.max_lost_seconds >= 0:
+            raise UsageError("--max-lost-seconds must be >= 0")
         if self.max_detect_steps is not None and self.max_detect_steps < 0:
             raise UsageError("--max-detect-steps must be >= 0")
         if self.stop_after is not None and self.stop_after < 1:
@@ -93,6 +96,41 @@ class Scenario:
         for name in self.checks or []:
             if name not in CHECKERS:
                 raise UsageError(f"unknown check {name!r} (known: {', '.join(CHECKERS)})")
+
+    def _check_faults(self) -> None:
+        """Each fault against the job's shape, then each kind's faults together."""
+        by_kind: dict[str, list[dict[str, object]]] = {}
+        for spec in self.faults:
+            get_kind(spec.kind).check_job(spec.params, self.nodes, self.network_kind)
+            self._check_target(spec)
+            by_kind.setdefault(spec.kind, []).append(spec.params)
+        for name, params in by_kind.items():
+            # optional: a kind whose faults share a resource (storage: one mount per folder)
+            together = getattr(get_kind(name), "check_together", None)
+            if together is not None:
+                together(params)
+
+    def _check_target(self, spec: FaultSpec) -> None:
+        """A rank or node index the job has (symbolic targets are drawn from those)."""
+        if not spec.target.isdigit():
+            return
+        size = self.world_size if spec.target_type == "rank" else self.nodes
+        if int(spec.target) >= size:
+            raise UsageError(f"fault {spec.text!r}: {spec.target_type} {spec.target} does not"
+                             f" exist (the job has {size} {spec.target_type}s)")
+
+    def check_machine(self, force: bool = False) -> None:
+        """Refuse (unless forced) a job with far more ranks than this machine has cores:
+        every simulated node runs here, and such a run judges only the scheduler. The
+        CLI's job options call it (they have --force); not part of validate(), so that a
+        scenario file recorded on a bigger machine still replays."""
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+        if force or self.world_size <= PROCESSES_PER_CORE * cores:
+            return
+        raise UsageError(f"--nproc {self.nproc} x --nodes {self.nodes} = {self.world_size}"
+                         f" ranks on {cores} core(s), more than {PROCESSES_PER_CORE} per core:"
+                         " pass --force to run anyway")
 
     @property
     def world_size(self) -> int:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import UsageError
+from chaos.layout import CHAOS_DIR
 from chaos.registry import FaultKind, FireContext, TrainingView, register
 from chaos.schedule import ResolvedFault
 from faults.params import choice, non_negative_int, run_relative_dir
@@ -39,9 +40,13 @@ DURING_STEP = ("grad", "activation", "loss")  # these act inside step N, the oth
 
 
 def _bit(value: str) -> int | str:
-    from faults.bits import BIT_CLASSES
+    from faults.bits import BIT_CLASSES, MAX_WIDTH
 
     if value.isdigit():
+        # the dtype is known only when the flip happens; no dtype has a bit past these
+        if int(value) >= MAX_WIDTH:
+            raise ValueError(f"bit {value} does not exist in any float dtype (at most"
+                             f" {MAX_WIDTH} bits: 0-{MAX_WIDTH - 1})")
         return int(value)
     if value not in BIT_CLASSES:
         raise ValueError(f"{value!r} is neither a bit index nor one of {', '.join(BIT_CLASSES)}")
@@ -62,6 +67,11 @@ class BitFlip(FaultKind):
         if params.get("tensor") == "checkpoint" and ("value" in params or "name" in params):
             raise UsageError("bitflip tensor=checkpoint flips a bit of a file: it takes bit="
                              " (0-7), file= and dir=, not value= or name=")
+        bit = params.get("bit")
+        if params.get("tensor") == "checkpoint" and bit is not None and not (
+                isinstance(bit, int) and bit < 8):
+            raise UsageError(f"bitflip tensor=checkpoint flips a bit of a seeded byte: bit= is"
+                             f" 0-7, got {bit}")
         if params.get("tensor", "param") != "checkpoint" and ("dir" in params
                                                                or "file" in params):
             raise UsageError("dir= and file= apply to bitflip tensor=checkpoint only")
@@ -243,8 +253,10 @@ def _flip_checkpoint_file(fault: ResolvedFault, ctx: FireContext, rng: random.Ra
 
     folder = Path(ctx.run_dir) / str(fault.params.get("dir", "ckpt"))
     pattern = str(fault.params.get("file", "*"))
+    harness = Path(ctx.run_dir) / CHAOS_DIR  # dir=. holds it: never the harness's files
     files = [p for p in folder.rglob("*") if p.is_file() and p.stat().st_size
-             and fnmatch.fnmatchcase(str(p.relative_to(folder)), pattern)]
+             and fnmatch.fnmatchcase(str(p.relative_to(folder)), pattern)
+             and harness not in p.parents]
     if not files:
         ctx.record("bitflip", id=fault.id, tensor="checkpoint", error=f"no file in {folder}")
         return

@@ -23,6 +23,8 @@ LAYOUT: dict[torch.dtype, tuple[int, int]] = {
     torch.float16: (5, 10),
     torch.bfloat16: (8, 7),
 }
+# the widest float dtype: a bit index from here up exists in none
+MAX_WIDTH = max(exponent + mantissa + 1 for exponent, mantissa in LAYOUT.values())
 _SIGNED = {8: torch.int64, 4: torch.int32, 2: torch.int16}
 BIT_CLASSES = ("sign", "exp_high", "exp_low", "mant_high", "mant_low")
 VALUES = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}

@@ -18,6 +18,10 @@ Modes (`mode=`):
 
 Where (`dir=`, default `ckpt`): the checkpoint directory, relative to the run
 directory; the harness mounts the fault filesystem there for the chaos run.
+`dir=.` is the run directory itself (the target's working directory, for a
+script that saves there): the harness's own `_chaos/` in it passes through
+outside the fault model. Storage faults on nested folders (`.` and `ckpt`)
+cannot be combined: one mount would sit on the other.
 The fault fires at its trigger in the chosen rank: at once for
 `lose_unsynced` and `bitrot`, while the other modes arm the filesystem for
 the next matching operations. A crash takes down every process of the run
@@ -34,9 +38,10 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from chaos.errors import UsageError
-from chaos.layout import RunLayout
+from chaos.layout import CHAOS_DIR, RunLayout
 from chaos.registry import FaultKind, FireContext, JobContext, JobResource, register
 from chaos.schedule import ResolvedFault
 from faults.faultfs.armed import OPS
@@ -78,6 +83,26 @@ class Storage(FaultKind):
             raise UsageError("storage via=agent supports mode=torn only (the others need"
                              " the fault filesystem)")
 
+    def check_job(self, params: dict[str, object], nodes: int, network: str) -> None:
+        if params.get("via", "fuse") != "fuse":
+            return
+        from faults.faultfs.mount import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:  # known now, not after a reference run
+            raise UsageError(f"storage faults need the fault filesystem: {reason}"
+                             " (or mode=torn,via=agent)")
+
+    def check_together(self, faults: list[dict[str, object]]) -> None:
+        """Raise UsageError if the mounts of these faults (their params) would nest."""
+        dirs = sorted({Path(str(p.get("dir", "ckpt"))) for p in faults
+                       if p.get("via", "fuse") == "fuse"}, key=lambda d: len(d.parts))
+        for number, outer in enumerate(dirs):
+            for inner in dirs[number + 1:]:
+                if outer == Path(".") or outer in inner.parents:
+                    raise UsageError(f"storage faults on dir={outer} and dir={inner} cannot be"
+                                     " combined: one folder is inside the other")
+
     def setup_job(self, faults: list[ResolvedFault], ctx: JobContext) -> JobResource:
         from faults.faultfs.mount import Mount  # the harness side only
 
@@ -87,10 +112,13 @@ class Storage(FaultKind):
         layout = RunLayout(ctx.run_dir)
         try:
             for number, folder in enumerate(dirs):
-                slug = f"{number}-{re.sub(r'[^A-Za-z0-9_.-]', '_', folder)}"
+                mountpoint = _mountpoint(ctx.run_dir, folder)
+                slug = _slug(number, folder)
                 state = layout.chaos_dir / "faultfs" / slug
                 history = layout.history_dir / f"faultfs-{slug}.jsonl"
-                mount = Mount(ctx.run_dir / folder, state, history, ctx.run_id)
+                # over the whole run dir, the harness's own folder stays out of the model
+                private = (CHAOS_DIR,) if mountpoint == ctx.run_dir.resolve() else ()
+                mount = Mount(mountpoint, state, history, ctx.run_id, private)
                 resource.mounts.append(mount)
                 mount.start()
         except BaseException:
@@ -120,6 +148,29 @@ class Storage(FaultKind):
                                                                 "duration")}}
         reply = request(socket_path, {**command, "fault_id": fault.id})
         ctx.record("fault_applied", id=fault.id, reply=reply)  # not reached after a crash
+
+
+def _slug(number: int, folder: str) -> str:
+    """The name of a mount's state folder and history stream: unique by number,
+    readable by folder (`0-ckpt`, `1-rundir` for `.`)."""
+    name = "rundir" if folder == "." else re.sub(r"[^A-Za-z0-9_.-]", "_", folder)
+    return f"{number}-{name}"
+
+
+def _mountpoint(run_dir: Path, folder: str) -> Path:
+    """The folder to mount over, created if missing; UsageError if it cannot be one
+    (a file is there, or a symlink leads out of the run directory or into `_chaos/`)."""
+    path = run_dir / folder
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"storage dir={folder}: cannot be used as a folder in the run"
+                         f" directory: {exc.strerror or exc}") from None
+    real, top = path.resolve(), run_dir.resolve()
+    if real != top and (top not in real.parents or (top / CHAOS_DIR) in (real, *real.parents)):
+        raise UsageError(f"storage dir={folder}: leads to {real}, outside the run directory"
+                         " or into the harness's own folder")
+    return real
 
 
 def _tear_in_process(ctx: FireContext, keep: float) -> None:

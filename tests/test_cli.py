@@ -48,6 +48,45 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, reason):
     assert list(tmp_path.iterdir()) == [], "bad input must not write anything"
 
 
+TOO_MANY = str(4 * len(os.sched_getaffinity(0)) + 1)  # ranks: more than 4 per core
+NODE = ["node", "--node-rank", "0", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"]
+
+
+@pytest.mark.parametrize("args,reason", [
+    (["run", "--fault", "bitflip:rank=0,step=3,bit=64"], "bit 64 does not exist in any float"),
+    (["run", "--fault", "bitflip:rank=0,step=3,tensor=checkpoint,bit=8"], "bit= is 0-7, got 8"),
+    (["run", "--nproc", "2", "--fault", "kill:rank=5,step=3"], "rank 5 does not exist"),
+    (["run", "--nodes", "2", "--network", "host", "--fault", "kill:node=3,step=3"],
+     "node 3 does not exist (the job has 2 nodes)"),
+    ([*NODE, "--fault", "kill:node=3,step=3"], "node 3 does not exist (the job has 2 nodes)"),
+    ([*NODE, "--nproc", "2", "--fault", "kill:rank=4,step=3"], "rank 4 does not exist"),
+    (["run", "--nproc", TOO_MANY], "pass --force to run anyway"),
+    (["battery", "--nproc", TOO_MANY], "pass --force to run anyway"),
+    (["crashpoints", "--nodes", "2", "--nproc", TOO_MANY], "pass --force to run anyway"),
+    (["run", "--fault", "storage:mode=lose_unsynced,rank=0,step=3,dir=.",
+      "--fault", "storage:mode=eio,rank=0,step=4,dir=ckpt"], "cannot be combined"),
+    (["run", "--fault", "storage:mode=eio,rank=0,step=4,dir=../elsewhere"],
+     "inside the run directory"),
+    (["run", "--max-lost-seconds", "-1"], "--max-lost-seconds must be >= 0"),
+    (["crashpoints", "--save", "0"], "expected a value >= 1, got 0"),
+    (["campaign", "--runs", "0"], "expected a value >= 1, got 0"),
+], ids=lambda value: None if isinstance(value, list) else value[:24])
+def test_what_can_be_checked_before_a_run_is_refused_before_it(tmp_path, args, reason):
+    """One line, exit 2, no traceback, and nothing started: no run dir, no reference run
+    (its cache would appear), no process."""
+    where = ["--shared", str(tmp_path / "shared")] if args[0] == "node" else [
+        "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")]
+    started = time.monotonic()
+    result = cli(*args[:1], *where, *args[1:], "--", str(TARGET), cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("torchchaos: error: "), result.stderr
+    assert reason in lines[0] and "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == [], "refused input must not write anything"
+    assert chaos_processes(tmp_path) == []
+    assert time.monotonic() - started < 30  # no job was started and waited for
+
+
 def test_an_existing_output_directory_is_never_touched(tmp_path):
     out = tmp_path / "precious"
     out.mkdir()
@@ -118,8 +157,10 @@ def test_the_battery_passes_the_reference_target_and_prints_one_table(tmp_path, 
                  str(shared_cache), cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line for line in result.stdout.splitlines()
-            if line.startswith(("kill", "preempt", "power loss"))]
-    assert len(rows) == 7 and all(row.endswith("PASS") for row in rows), result.stdout
+            if line.startswith(("kill", "preempt", "power loss", "tear"))]
+    assert len(rows) == 8 and all(row.endswith("PASS") for row in rows), result.stdout
     assert "power loss on rank 0 after a rename in its 2nd save" in result.stdout
+    # the manifest's temporary file, written last: tearing it harms nothing published
+    assert "tear rank 0's last write in its 2nd save" in result.stdout
     assert "mid-write in its 2nd save" in result.stdout
     assert "right after a rename in its 2nd save" in result.stdout

@@ -165,6 +165,105 @@ def test_power_loss_kills_the_given_processes_first(fs):
     assert not (fs.mountpoint / "log").exists()  # never synced
 
 
+def test_files_written_while_mounted_are_at_their_paths_after_unmount(tmp_path):
+    """No backing store: the mount serves the folder itself, so nothing moves."""
+    with Mount(tmp_path / "mnt", tmp_path / "state", tmp_path / "fs.jsonl") as mount:
+        (mount.mountpoint / "sub").mkdir()
+        write(mount.mountpoint / "sub" / "ckpt.pt", b"saved", sync=True)
+        write(mount.mountpoint / "scratch", b"unsynced", sync=False)
+    assert mounts_under(tmp_path) == []
+    assert (tmp_path / "mnt" / "sub" / "ckpt.pt").read_bytes() == b"saved"
+    assert (tmp_path / "mnt" / "scratch").read_bytes() == b"unsynced"
+
+
+# -- over a whole run directory, with the harness's _chaos/ inside ---------------
+@pytest.fixture
+def rundir(tmp_path: Path):
+    """A mount over a run dir, its state and history in the run's own `_chaos/` (as
+    `storage:dir=.` does); `_chaos/early.log` was opened by the "harness" before."""
+    run = tmp_path / "run"
+    (run / "_chaos" / "history").mkdir(parents=True)
+    (run / "snapshot.pt").write_bytes(b"from before")
+    early = open(run / "_chaos" / "early.log", "ab")  # noqa: SIM115
+    mount = Mount(run, run / "_chaos" / "faultfs" / "0-rundir",
+                  run / "_chaos" / "history" / "faultfs-0-rundir.jsonl",
+                  private=("_chaos",)).start()
+    try:
+        yield mount, early
+    finally:
+        mount.close()
+        early.close()
+        assert mounts_under(tmp_path) == []
+
+
+def test_power_loss_over_a_run_dir_spares_the_harness_folder(rundir):
+    mount, early = rundir
+    run = mount.mountpoint
+    write(run / "snapshot.tmp", b"new", sync=False)
+    (run / "_chaos" / "logs").mkdir()
+    write(run / "_chaos" / "logs" / "launch-0.log", b"never synced", sync=False)
+    early.write(b"written through the old descriptor\n")
+    early.flush()
+    reply = power_loss(mount)
+    assert "snapshot.tmp" in reply["removed"]
+    assert not any(p.startswith("_chaos") for key in ("removed", "restored") for p in reply[key])
+    assert sorted(os.listdir(run)) == ["_chaos", "snapshot.pt"]
+    assert (run / "_chaos" / "logs" / "launch-0.log").read_bytes() == b"never synced"
+    assert (run / "_chaos" / "early.log").read_bytes().endswith(b"old descriptor\n")
+
+
+def test_the_harness_folder_is_never_faulted_recorded_or_crossed(rundir):
+    mount, _early = rundir
+    run = mount.mountpoint
+    mount.request({"cmd": "arm", "mode": "eio", "op": "any", "count": 1})
+    write(run / "_chaos" / "marker", b"harness", sync=True)  # untouched by the armed fault
+    with pytest.raises(OSError) as raised:
+        write(run / "model.pt", b"target", sync=False)  # the first target operation is hit
+    assert raised.value.errno == errno.EIO
+    write(run / "model.pt", b"target", sync=True)
+    with pytest.raises(OSError) as crossing:
+        os.rename(run / "model.pt", run / "_chaos" / "model.pt")
+    assert crossing.value.errno == errno.EXDEV  # as between two filesystems
+    from chaos.history import read_stream
+
+    history = run / "_chaos" / "history" / "faultfs-0-rundir.jsonl"
+    paths = {e.get("path", "") for e in read_stream(history) if e["ev"] == "fs"}
+    assert "model.pt" in paths and not any(p.startswith("_chaos") for p in paths)
+
+
+def test_bitrot_over_a_run_dir_never_picks_a_harness_file(rundir):
+    mount, _early = rundir
+    run = mount.mountpoint
+    write(run / "_chaos" / "weights.pt", b"w" * 100000, sync=True)  # big, synced: no target
+    write(run / "snapshot.pt", b"s" * 1000, sync=True)
+    sync_dir(run)
+    reply = mount.request({"cmd": "bitrot", "seed": 1, "bits": 1, "crash": False})
+    assert reply["file"] == "snapshot.pt"
+    assert (run / "_chaos" / "weights.pt").read_bytes() == b"w" * 100000
+
+
+def test_nothing_of_a_run_dir_is_lost_at_unmount(tmp_path, rundir):
+    mount, _early = rundir
+    run = mount.mountpoint
+    write(run / "snapshot.pt", b"step 20", sync=True)
+    write(run / "_chaos" / "fired", b"f0", sync=False)
+    mount.close()
+    assert mounts_under(tmp_path) == []
+    assert (run / "snapshot.pt").read_bytes() == b"step 20"
+    assert (run / "_chaos" / "fired").read_bytes() == b"f0"
+    state = run / "_chaos" / "faultfs" / "0-rundir"
+    assert (state / "daemon.log").exists() and (state / "control.sock").exists()
+    assert (run / "_chaos" / "history" / "faultfs-0-rundir.jsonl").stat().st_size > 0
+
+
+def test_state_inside_the_mount_must_be_private(tmp_path):
+    from faults.faultfs.mount import FaultFSError
+
+    with pytest.raises(FaultFSError, match="outside its private folders"):
+        Mount(tmp_path, tmp_path / "state", tmp_path / "h").start()
+    assert mounts_under(tmp_path) == []
+
+
 # -- armed faults --------------------------------------------------------------
 @pytest.mark.parametrize("mode,code", [("enospc", errno.ENOSPC), ("eio", errno.EIO)])
 def test_errno_fault_hits_the_next_matching_operation_once(fs, mode, code):
@@ -282,17 +381,24 @@ import sys, time
 from pathlib import Path
 from faults.faultfs.mount import Mount
 base = Path(sys.argv[1])
-with Mount(base / "m", base / "s", base / "h"):
+if sys.argv[2] == "rundir":  # state inside the mount, as for storage:dir=.
+    mount = Mount(base, base / "_chaos" / "s", base / "_chaos" / "h", private=("_chaos",))
+else:
+    mount = Mount(base / "m", base / "s", base / "h")
+with mount:
+    (mount.mountpoint / "kept").write_bytes(b"written while mounted")
     print("mounted", flush=True)
     time.sleep(60)
 """
 
 
+@pytest.mark.parametrize("where", ["folder", "rundir"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
-def test_no_mount_survives_its_owner_interrupted_or_killed(tmp_path, sig):
+def test_no_mount_survives_its_owner_interrupted_or_killed(tmp_path, sig, where):
     """Ctrl-C unwinds through close(); after a SIGKILL the daemon sees its parent die
-    and unmounts (and auto_unmount would, were the daemon killed too)."""
-    owner = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)],
+    and unmounts (and auto_unmount would, were the daemon killed too). Either way the
+    files are at their paths."""
+    owner = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path), where],
                              stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(REPO)})
     assert owner.stdout is not None and owner.stdout.readline().strip() == "mounted"
@@ -303,6 +409,8 @@ def test_no_mount_survives_its_owner_interrupted_or_killed(tmp_path, sig):
         time.sleep(0.1)
     assert mounts_under(tmp_path) == []
     assert daemons(tmp_path) == []
+    folder = tmp_path if where == "rundir" else tmp_path / "m"
+    assert (folder / "kept").read_bytes() == b"written while mounted"
 
 
 def daemons(under: Path) -> list[str]:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from conftest import TARGET
 
 from chaos import schedule
 from chaos.errors import UsageError
+from chaos.scenario import Scenario
 from chaos.spec import Trigger, parse_fault_spec
+from faults.params import run_relative_dir
+from faults.storage import _mountpoint, _slug
 
 
 def test_contract_examples_parse():
@@ -50,6 +56,12 @@ def test_contract_examples_parse():
     ("bitflip:rank=0,step=2,dir=ckpt", "tensor=checkpoint only"),
     ("bitflip:rank=0,step=2,tensor=checkpoint,dir=../x", "inside the run directory"),
     ("bitflip:rank=0,step=2,element=-1", "needs an integer >= 0"),
+    ("bitflip:rank=0,step=2,bit=64", "bit 64 does not exist in any float dtype"),
+    ("bitflip:rank=0,step=2,tensor=checkpoint,bit=9", "bit= is 0-7, got 9"),
+    ("bitflip:rank=0,step=2,tensor=checkpoint,bit=sign", "bit= is 0-7, got sign"),
+    ("storage:mode=eio,rank=0,step=2,dir=_chaos/x", "inside the run directory"),
+    ("storage:mode=eio,rank=0,step=2,dir=./_chaos", "inside the run directory"),
+    ("storage:mode=eio,rank=0,step=2,dir=/abs", "inside the run directory"),
 ])
 def test_bad_specs_give_one_line_reasons(text, reason):
     with pytest.raises(UsageError) as info:
@@ -73,3 +85,63 @@ def test_resolved_schedule_round_trips(tmp_path):
     faults = schedule.resolve(specs, seed=1, nproc=2, nodes=1)
     schedule.save(faults, tmp_path / "schedule.json")
     assert schedule.load(tmp_path / "schedule.json") == faults
+
+
+def test_the_widest_bit_and_a_file_byte_bit_parse():
+    assert parse_fault_spec("bitflip:rank=0,step=2,bit=63").params["bit"] == 63
+    assert parse_fault_spec("bitflip:rank=0,step=2,tensor=checkpoint,bit=7").params["bit"] == 7
+
+
+@pytest.mark.parametrize("given,folder,slug", [
+    (".", ".", "0-rundir"), ("./", ".", "0-rundir"), ("ckpt/", "ckpt", "0-ckpt"),
+    ("./out/ckpt", "out/ckpt", "0-out_ckpt"),
+])
+def test_the_run_dir_itself_is_a_storage_folder_with_a_sane_state_name(given, folder, slug):
+    assert run_relative_dir(given) == folder
+    assert parse_fault_spec(f"storage:mode=eio,rank=0,step=2,dir={given}").params["dir"] == folder
+    assert _slug(0, folder) == slug
+
+
+@pytest.mark.parametrize("dirs,ok", [
+    ((".", "ckpt"), False), (("ckpt", "ckpt/sub"), False), (("ckpt", "./ckpt"), True),
+    (("ckpt", "ckpt2"), True), (("a/b", "a/c"), True),
+])
+def test_storage_folders_must_not_nest(dirs, ok):
+    faults = [f"storage:mode=eio,rank=0,step={n + 1},dir={d}" for n, d in enumerate(dirs)]
+    if ok:
+        Scenario.build(str(TARGET), faults=faults)
+        return
+    with pytest.raises(UsageError, match="cannot be combined: one folder is inside the other"):
+        Scenario.build(str(TARGET), faults=faults)
+
+
+def test_a_storage_folder_that_cannot_be_one_is_a_usage_error(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "snapshot.pt").write_bytes(b"a file")
+    with pytest.raises(UsageError, match="dir=snapshot.pt: cannot be used as a folder"):
+        _mountpoint(run, "snapshot.pt")
+    with pytest.raises(UsageError, match="cannot be used as a folder"):
+        _mountpoint(run, "snapshot.pt/ckpt")
+    os.symlink(tmp_path, run / "out")  # e.g. copied in from a start_from folder
+    with pytest.raises(UsageError, match="outside the run directory"):
+        _mountpoint(run, "out")
+    assert _mountpoint(run, ".") == run.resolve()
+    assert _mountpoint(run, "ckpt") == run.resolve() / "ckpt"
+
+
+def test_ranks_and_nodes_are_checked_against_the_job():
+    with pytest.raises(UsageError, match="rank 4 does not exist"):
+        Scenario.build(str(TARGET), faults=["kill:rank=4,step=1"], nproc=2, nodes=2)
+    Scenario.build(str(TARGET), faults=["kill:rank=3,step=1"], nproc=2, nodes=2)
+    with pytest.raises(UsageError, match="node 1 does not exist"):
+        Scenario.build(str(TARGET), faults=["kill:node=1,step=1"])
+
+
+def test_far_more_ranks_than_cores_need_force():
+    ranks = 4 * len(os.sched_getaffinity(0))
+    Scenario(script=str(TARGET), nproc=ranks).check_machine()
+    crowded = Scenario(script=str(TARGET), nproc=ranks + 1)
+    with pytest.raises(UsageError, match="pass --force"):
+        crowded.check_machine()
+    crowded.check_machine(force=True)

@@ -1,9 +1,15 @@
 """The fault filesystem's process: mount, serve, and carry out crashes.
 
 Run as `python -m faults.faultfs` by `faults.faultfs.mount.Mount`, never by
-hand. It mounts `STATE/backing` at MOUNTPOINT (libfuse 3 through mfusepy,
+hand. It mounts itself over MOUNTPOINT (libfuse 3 through mfusepy,
 `auto_unmount`: if this process dies, even by SIGKILL, fusermount3 unmounts)
-and answers commands on a unix socket in its state folder, one JSON object per line:
+and serves the folder that was there before, through a descriptor of it opened
+before the mount (`--root-fd`, inherited from the harness). The harness's
+files may lie inside the mountpoint (a mount over a whole run directory): its
+`--private` folders pass through outside the fault model, and every path of
+this process's own (state, shadow copies) is reached through the descriptor,
+never through its own mount. It answers commands on a unix socket in its
+state folder, one JSON object per line:
 
 - `{"cmd": "arm", "mode": "enospc"|"eio"|"torn"|"slow", ...}`: hit the next
   matching operations (see `armed.Armed`);
@@ -47,13 +53,14 @@ PR_SET_PDEATHSIG = 1
 
 
 class Daemon:
-    def __init__(self, state: Path, log: HistoryWriter, run_id: str | None) -> None:
-        self.backing = state / "backing"
-        self.tracker = DurabilityTracker(self.backing, state / "shadow")
+    def __init__(self, root: Path, state: Path, log: HistoryWriter, run_id: str | None,
+                 private: frozenset[str] = frozenset()) -> None:
+        self.root = root
+        self.tracker = DurabilityTracker(root, state / "shadow", private)
         self.armed = ArmedFaults()
         self.log = log
         self.run_id = run_id
-        self.fs = FaultFS(self.backing, self.tracker, self.armed, log, self._crash_later)
+        self.fs = FaultFS(root, self.tracker, self.armed, log, self._crash_later, private)
         self.busy = threading.Lock()  # held while a crash or bit rot is carried out
 
     # -- commands ------------------------------------------------------------
@@ -108,7 +115,7 @@ class Daemon:
         rng = random.Random(int(request.get("seed", 0)))
         with self.busy, self.fs.mutex:
             files = [p for p in self.tracker.committed_files()
-                     if fnmatch.fnmatch(str(p.relative_to(self.backing)), pattern)
+                     if fnmatch.fnmatch(str(p.relative_to(self.root)), pattern)
                      and p.stat().st_size > 0]
             if not files:
                 self.log.record("fs_bitrot", file=None, pattern=pattern)
@@ -116,7 +123,7 @@ class Daemon:
             victim = newest_big_file(files)
             flipped = seeded_bit_offsets(victim.stat().st_size, rng, int(request.get("bits", 1)))
             flip_file_bits(victim, flipped)
-        rel = str(victim.relative_to(self.backing))
+        rel = str(victim.relative_to(self.root))
         self.log.record("fs_bitrot", file=rel, bits=flipped, fault=request.get("fault_id", ""))
         if request.get("crash", True):
             self.crash(False, None, str(request.get("fault_id", "")))
@@ -159,20 +166,44 @@ def _exit_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def main(argv: list[str] | None = None) -> None:
+def beneath(path: Path, mountpoint: Path, root: Path) -> Path:
+    """`path` as this process must reach it once mounted: through the root descriptor
+    when it lies inside the mountpoint (else the mount would serve itself)."""
+    try:
+        return root / path.relative_to(mountpoint)
+    except ValueError:
+        return path
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m faults.faultfs")
-    parser.add_argument("mountpoint", type=Path)
-    parser.add_argument("--state", type=Path, required=True, help="backing/ and shadow/ live here")
+    parser.add_argument("mountpoint", type=Path, help="an absolute path, symlinks resolved")
+    parser.add_argument("--root-fd", type=int, default=None,
+                        help="a descriptor of MOUNTPOINT opened before the mount"
+                             " (default: open it here, before mounting)")
+    parser.add_argument("--private", action="append", default=[], metavar="NAME",
+                        help="a top-level folder outside the fault model (repeatable)")
+    parser.add_argument("--state", type=Path, required=True, help="shadow/ lives here")
     parser.add_argument("--socket", required=True, help="unix socket (a path) for commands")
     parser.add_argument("--history", type=Path, required=True)
     parser.add_argument("--run-id", default=None, help="a crash kills this run's processes")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
 
     import mfusepy  # loads libfuse3: only in this process
 
     _exit_with_parent()
+    fd = args.root_fd
+    if fd is None:
+        fd = os.open(args.mountpoint, os.O_PATH | os.O_DIRECTORY)
+    root = Path(f"/proc/self/fd/{fd}")
+    # opened (history) and bound (socket) now, before the mount hides their folders
     log = HistoryWriter(args.history, source="faultfs", mount=str(args.mountpoint))
-    daemon = Daemon(args.state, log, args.run_id)
+    daemon = Daemon(root, beneath(args.state, args.mountpoint, root), log, args.run_id,
+                    frozenset(args.private))
     daemon.serve_control(args.socket)
     log.record("fs_mount", pid=os.getpid())
     try:

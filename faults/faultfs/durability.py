@@ -9,9 +9,11 @@ The model is the pessimistic POSIX one that checkpoint protocols must survive:
   removed since then is back, pointing at the same file as before.
 
 Everything present when tracking starts is durable. The tracker lives beside
-the real tree (`root`, the FUSE backing store) and is told about every
-mutation by the filesystem just before it happens. It keeps what a power loss
-would need to bring back in `shadow` (same filesystem as `root`):
+the real tree (`root`, the folder under the mount) and is told about every
+mutation by the filesystem just before it happens. Top-level folders named in
+`private` are no part of the tree: never scanned, rewound or listed. It keeps
+what a power loss would need to bring back in `shadow` (same filesystem as
+`root`; it may lie inside a private folder):
 
 - `shadow/data/<ino>`: the durable content of a file overwritten since its
   last fsync (copied at the first write after a sync; new files need none);
@@ -27,6 +29,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,9 +50,12 @@ class PowerLossReport:
 
 
 class DurabilityTracker:
-    def __init__(self, root: Path, shadow: Path) -> None:
+    def __init__(self, root: Path, shadow: Path, private: frozenset[str] = frozenset()) -> None:
         self.root = root
         self.shadow = shadow
+        self.private = private
+        # stat, not lstat: the root may be a /proc/self/fd link to the folder
+        self.root_ino = os.stat(root).st_ino
         self.durable_dirs: dict[int, Listing] = {}  # dir inode -> entries as of its last fsync
         self.dirty: dict[int, Path | None] = {}  # file inode -> durable content (None: empty)
         self.kept: dict[int, Path] = {}  # inode removed from the tree -> where it is kept
@@ -65,10 +71,25 @@ class DurabilityTracker:
         self.kept.clear()
         self.durable_dirs = self._scan()
 
+    def _walk(self) -> Iterator[tuple[str, list[str], list[str]]]:
+        """os.walk over the tree, without the private folders."""
+        for folder, dirs, files in os.walk(self.root):
+            if folder == str(self.root):
+                dirs[:] = [d for d in dirs if d not in self.private]
+                files = [f for f in files if f not in self.private]
+            yield folder, dirs, files
+
+    def _listing(self, folder: Path | str) -> Listing:
+        """A folder's entries; the root's without the private folders."""
+        found = _listing(Path(folder))
+        if os.stat(folder).st_ino == self.root_ino:
+            found = {name: ino for name, ino in found.items() if name not in self.private}
+        return found
+
     def _scan(self) -> dict[int, Listing]:
         """Every directory under root: inode -> its current listing."""
-        return {os.lstat(folder).st_ino: _listing(Path(folder))
-                for folder, _dirs, _files in os.walk(self.root)}
+        return {os.stat(folder).st_ino: self._listing(folder)
+                for folder, _dirs, _files in self._walk()}
 
     def _durably_named(self, ino: int) -> bool:
         return any(ino in listing.values() for listing in self.durable_dirs.values())
@@ -99,7 +120,7 @@ class DurabilityTracker:
             copy.unlink(missing_ok=True)
 
     def dir_synced(self, path: Path) -> None:
-        self.durable_dirs[os.lstat(path).st_ino] = _listing(path)
+        self.durable_dirs[os.stat(path).st_ino] = self._listing(path)
 
     def remove(self, path: Path) -> None:
         """Remove `path` (unlink or rmdir) on the caller's behalf, keeping it if a
@@ -144,7 +165,7 @@ class DurabilityTracker:
         """Regular files whose data and name are both durable: what a finished,
         correctly published checkpoint consists of."""
         found = []
-        for folder, _dirs, files in os.walk(self.root):
+        for folder, _dirs, files in self._walk():
             for name in files:
                 path = Path(folder) / name
                 st = os.lstat(path)
@@ -161,13 +182,12 @@ class DurabilityTracker:
         self._revert_data(where, report)
         staging = self.shadow / "staging"
         staging.mkdir()
-        root_ino = os.lstat(self.root).st_ino
-        self._build(staging, root_ino, where, self._scan(), Path("."), report)
-        self._report_removed(root_ino, report)
+        self._build(staging, self.root_ino, where, self._scan(), Path("."), report)
+        self._report_removed(self.root_ino, report)
         trash = self.shadow / "trash"
         trash.mkdir()
-        for entry in list(self.root.iterdir()):
-            os.rename(entry, trash / entry.name)
+        for name in self._listing(self.root):
+            os.rename(self.root / name, trash / name)
         for entry in list(staging.iterdir()):
             os.rename(entry, self.root / entry.name)
         self.reset()  # also deletes staging, trash, kept copies and data copies
@@ -176,7 +196,7 @@ class DurabilityTracker:
     def _locate_files(self) -> dict[int, Path]:
         """inode -> one current path, for every non-directory in the tree or kept."""
         where: dict[int, Path] = {}
-        for folder, _dirs, files in os.walk(self.root):
+        for folder, _dirs, files in self._walk():
             for name in files:
                 path = Path(folder) / name
                 where.setdefault(os.lstat(path).st_ino, path)
@@ -214,7 +234,7 @@ class DurabilityTracker:
     def _report_removed(self, root_ino: int, report: PowerLossReport) -> None:
         """Names in the current tree that the durable tree lacks."""
         durable_paths = set(self._durable_paths(root_ino, Path(".")))
-        for folder, dirs, files in os.walk(self.root):
+        for folder, dirs, files in self._walk():
             for name in dirs + files:
                 rel = Path(folder, name).relative_to(self.root)
                 if rel not in durable_paths:

@@ -1,24 +1,36 @@
-"""The fault filesystem's operations: a pass-through to a backing folder.
+"""The fault filesystem's operations: a pass-through to the folder it covers.
 
-Every call maps a mount path to the same path under `backing`, tells the
-durability tracker what is about to change, applies the fault armed for that
-operation (if any) and records the mutation in the run's history. While the
-mount is `down` (a simulated crash is being carried out) every operation but
-`release` fails at once with EIO: a process stuck in a FUSE request that
-never returns cannot even be SIGKILLed, so nothing here may block on the
-crash.
+Every call maps a mount path to the same path under `root`: the mountpoint
+folder itself as it was before the mount, reached through a descriptor the
+daemon opened first (`/proc/self/fd/N`: a path through it never crosses into
+the mount above). Nothing moves anywhere, so every file is back at its own
+path the moment the mount goes, however it goes.
 
-Real fsync is skipped on the backing store: durability is what the tracker
-models, and the backing store's own durability is not under test.
+Each call tells the durability tracker what is about to change, applies the
+fault armed for that operation (if any) and records the mutation in the run's
+history. While the mount is `down` (a simulated crash is being carried out)
+every operation but `release` fails at once with EIO: a process stuck in a
+FUSE request that never returns cannot even be SIGKILLed, so nothing here may
+block on the crash.
+
+`private` names top-level folders that are outside the fault model (the
+harness's own `_chaos/` when the mount covers a whole run directory): plain
+pass-through there, never down, never faulted, tracked or recorded, and a
+rename or hard link across their border fails with EXDEV as between two
+filesystems.
+
+Real fsync is skipped on the folder below: durability is what the tracker
+models, and the real disk's own durability is not under test.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,16 +53,46 @@ def _attrs(st: os.stat_result) -> dict[str, Any]:
     return found
 
 
+class Untracked:
+    """The tracker's interface for private folders: no model, removals are plain."""
+
+    def created(self, path: Path) -> None:
+        pass
+
+    def before_data_change(self, file: Path | int) -> None:
+        pass
+
+    def file_synced(self, file: Path | int) -> None:
+        pass
+
+    def dir_synced(self, path: Path) -> None:
+        pass
+
+    def before_replace(self, path: Path) -> None:
+        pass
+
+    def remove(self, path: Path) -> None:
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.rmdir(path)
+        else:
+            os.unlink(path)
+
+
+UNTRACKED = Untracked()
+
+
 class FaultFS(mfusepy.Operations):
     use_ns = True  # times in nanoseconds (mfusepy's modern interface)
 
-    def __init__(self, backing: Path, tracker: DurabilityTracker, armed: ArmedFaults,
-                 log: HistoryWriter, crash: Crash) -> None:
-        self.backing = backing
+    def __init__(self, root: Path, tracker: DurabilityTracker, armed: ArmedFaults,
+                 log: HistoryWriter, crash: Crash, private: frozenset[str] = frozenset()
+                 ) -> None:
+        self.root = root
         self.tracker = tracker
         self.armed = armed
         self.log = log
         self.crash = crash
+        self.private = private
         self.mutex = threading.RLock()  # one mutation (and tracker update) at a time
         self.down = threading.Event()
 
@@ -65,11 +107,37 @@ class FaultFS(mfusepy.Operations):
 
     # -- helpers -------------------------------------------------------------
     def _real(self, path: str) -> Path:
-        return self.backing / path.lstrip("/")
+        return self.root / path.lstrip("/")
 
-    def _gate(self, op: str) -> Armed | None:
+    @staticmethod
+    def _is_root(path: str) -> bool:
+        """The root is a /proc magic link: calls that would act on a link itself (lstat,
+        lchown) must follow it there."""
+        return path.strip("/") == ""
+
+    def _private(self, path: str) -> bool:
+        return path.lstrip("/").split("/", 1)[0] in self.private
+
+    def _same_side(self, old: str, new: str) -> None:
+        if self._private(old) != self._private(new):
+            raise mfusepy.FuseOSError(errno.EXDEV)
+
+    @contextlib.contextmanager
+    def _changing(self, path: str) -> Iterator[DurabilityTracker | Untracked]:
+        """The tracker to tell about a change to `path`, held for the change; private
+        paths get no model and no lock (a crash's rewind must not stall the harness)."""
+        if self._private(path):
+            yield UNTRACKED
+            return
+        with self.mutex:
+            yield self.tracker
+
+    def _gate(self, op: str, path: str) -> Armed | None:
         """Fail fast while down; return the armed fault that hits `op`, after
-        sleeping if it is a slowdown; raise if it is an errno fault."""
+        sleeping if it is a slowdown; raise if it is an errno fault. Private paths
+        pass untouched."""
+        if self._private(path):
+            return None
         if self.down.is_set():
             raise mfusepy.FuseOSError(errno.EIO)
         fault = self.armed.take(op)
@@ -79,19 +147,24 @@ class FaultFS(mfusepy.Operations):
             time.sleep(fault.delay)
             return None
         if fault.mode in ERRNO_MODES:
-            self._record(op, "", injected=fault.mode, fault=fault.fault_id)
+            self._record(op, path, injected=fault.mode, fault=fault.fault_id)
             raise mfusepy.FuseOSError(ERRNO_MODES[fault.mode])
         return fault
 
     def _record(self, op: str, path: str | None, **fields: Any) -> None:
+        if path and self._private(path):
+            return
         pid = mfusepy.fuse_get_context()[2]
         self.log.record("fs", op=op, path=(path or "").lstrip("/"), pid=pid, **fields)
 
     # -- metadata ------------------------------------------------------------
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-        if self.down.is_set():
+        if self.down.is_set() and not self._private(path):
             raise mfusepy.FuseOSError(errno.EIO)
-        return _attrs(os.fstat(fh) if fh is not None else os.lstat(self._real(path)))
+        if fh is not None:
+            return _attrs(os.fstat(fh))
+        real = self._real(path)
+        return _attrs(os.stat(real) if self._is_root(path) else os.lstat(real))
 
     def access(self, path: str, amode: int) -> int:
         if not os.access(self._real(path), amode):
@@ -99,11 +172,10 @@ class FaultFS(mfusepy.Operations):
         return 0
 
     def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
-        self._gate("readdir")
+        self._gate("readdir", path)
         # with use_ino the inode must be given: an entry with inode 0 is hidden by readdir(3)
         real = self._real(path)
-        entries = [(".", real), ("..", real.parent)]
-        found = [(name, os.lstat(where)) for name, where in entries]
+        found = [(".", os.stat(real)), ("..", os.stat(real / ".."))]
         found += [(e.name, e.stat(follow_symlinks=False)) for e in os.scandir(real)]
         return [(name, {"st_mode": st.st_mode, "st_ino": st.st_ino}, 0) for name, st in found]
 
@@ -117,54 +189,54 @@ class FaultFS(mfusepy.Operations):
             "f_flag", "f_frsize", "f_namemax")}
 
     def chmod(self, path: str, mode: int) -> int:
-        self._gate("chmod")
+        self._gate("chmod", path)
         os.chmod(self._real(path), mode)
         return 0
 
     def chown(self, path: str, uid: int, gid: int) -> int:
-        self._gate("chown")
-        os.chown(self._real(path), uid, gid, follow_symlinks=False)
+        self._gate("chown", path)
+        os.chown(self._real(path), uid, gid, follow_symlinks=self._is_root(path))
         return 0
 
     def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
-        self._gate("utimens")
-        os.utime(self._real(path), ns=times, follow_symlinks=False)
+        self._gate("utimens", path)
+        os.utime(self._real(path), ns=times, follow_symlinks=self._is_root(path))
         return 0
 
     # -- files ---------------------------------------------------------------
     def open(self, path: str, flags: int) -> int:
-        self._gate("open")
+        self._gate("open", path)
         real = self._real(path)
         writing = flags & (os.O_WRONLY | os.O_RDWR)
-        with self.mutex:
+        with self._changing(path) as tracker:
             if flags & os.O_TRUNC:
-                self.tracker.before_data_change(real)
+                tracker.before_data_change(real)
             fd = os.open(real, flags)
         if writing:
             self._record("open", path, trunc=bool(flags & os.O_TRUNC))
         return fd
 
     def create(self, path: str, mode: int, flags: int = os.O_WRONLY) -> int:
-        self._gate("create")
+        self._gate("create", path)
         real = self._real(path)
-        with self.mutex:
+        with self._changing(path) as tracker:
             existed = os.path.lexists(real)
             if existed and flags & os.O_TRUNC:
-                self.tracker.before_data_change(real)
+                tracker.before_data_change(real)
             fd = os.open(real, flags | os.O_CREAT, mode)
             if not existed:
-                self.tracker.created(real)
+                tracker.created(real)
         self._record("create", path)
         return fd
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-        self._gate("read")
+        self._gate("read", path)
         return os.pread(fh, size, offset)
 
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
-        fault = self._gate("write")
-        with self.mutex:
-            self.tracker.before_data_change(fh)
+        fault = self._gate("write", path)
+        with self._changing(path) as tracker:
+            tracker.before_data_change(fh)
             if fault is not None and fault.mode == "torn":
                 kept = os.pwrite(fh, data[: int(len(data) * fault.keep)], offset)
                 self._record("write", path, offset=offset, size=len(data), torn=kept,
@@ -177,25 +249,25 @@ class FaultFS(mfusepy.Operations):
         return written
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
-        self._gate("truncate")
-        with self.mutex:
+        self._gate("truncate", path)
+        with self._changing(path) as tracker:
             target: int | Path = fh if fh is not None else self._real(path)
-            self.tracker.before_data_change(target)
+            tracker.before_data_change(target)
             os.truncate(target, length)
         self._record("truncate", path, length=length)
         return 0
 
     def fsync(self, path: str, datasync: int, fh: int) -> int:
-        self._gate("fsync")
-        with self.mutex:
-            self.tracker.file_synced(fh)
+        self._gate("fsync", path)
+        with self._changing(path) as tracker:
+            tracker.file_synced(fh)
         self._record("fsync", path)
         return 0
 
     def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
-        self._gate("fsyncdir")
-        with self.mutex:
-            self.tracker.dir_synced(self._real(path))
+        self._gate("fsyncdir", path)
+        with self._changing(path) as tracker:
+            tracker.dir_synced(self._real(path))
         self._record("fsyncdir", path)
         return 0
 
@@ -208,10 +280,10 @@ class FaultFS(mfusepy.Operations):
 
     # -- names ---------------------------------------------------------------
     def mkdir(self, path: str, mode: int) -> int:
-        self._gate("mkdir")
-        with self.mutex:
+        self._gate("mkdir", path)
+        with self._changing(path) as tracker:
             os.mkdir(self._real(path), mode)
-            self.tracker.created(self._real(path))
+            tracker.created(self._real(path))
         self._record("mkdir", path)
         return 0
 
@@ -223,31 +295,33 @@ class FaultFS(mfusepy.Operations):
 
     def _remove(self, op: str, path: str) -> int:
         """The tracker removes (or keeps, if a durable listing still names it)."""
-        self._gate(op)
-        with self.mutex:
-            self.tracker.remove(self._real(path))
+        self._gate(op, path)
+        with self._changing(path) as tracker:
+            tracker.remove(self._real(path))
         self._record(op, path)
         return 0
 
     def rename(self, old: str, new: str) -> int:
-        self._gate("rename")
-        with self.mutex:
-            self.tracker.before_replace(self._real(new))
+        self._same_side(old, new)
+        self._gate("rename", old)
+        with self._changing(new) as tracker:
+            tracker.before_replace(self._real(new))
             os.rename(self._real(old), self._real(new))
         self._record("rename", old, to=new.lstrip("/"))
         return 0
 
     def link(self, target: str, source: str) -> int:
-        self._gate("link")
-        with self.mutex:
+        self._same_side(target, source)
+        self._gate("link", target)
+        with self._changing(target):
             os.link(self._real(source), self._real(target))
         self._record("link", target, source=source.lstrip("/"))
         return 0
 
     def symlink(self, target: str, source: str) -> int:
-        self._gate("symlink")
-        with self.mutex:
+        self._gate("symlink", target)
+        with self._changing(target) as tracker:
             os.symlink(source, self._real(target))
-            self.tracker.created(self._real(target))
+            tracker.created(self._real(target))
         self._record("symlink", target)
         return 0

@@ -5,6 +5,14 @@ waits until the kernel shows the mount, sends it commands, and on `close()`
 (also from `__exit__`, so on exceptions and Ctrl-C) unmounts — lazily if a
 process still holds a file open — and stops the daemon. The daemon mounts
 with `auto_unmount`, so even a harness killed with SIGKILL leaves no mount.
+
+The daemon serves the mountpoint's own folder through a descriptor opened
+before the mount, so files never move: whatever ends the mount, they are at
+their paths. The state folder may lie inside the mountpoint (a mount over a
+whole run directory keeps its state in the run's `_chaos/`) if it is under one
+of the `private` folders, which stay outside the fault model. Its control
+socket is then reached through the daemon's descriptor (`/proc/PID/fd/N/...`):
+a unix socket cannot be connected to through a FUSE path.
 """
 
 from __future__ import annotations
@@ -45,40 +53,65 @@ def unavailable_reason() -> str:
 
 
 class Mount:
-    """One fault filesystem over `mountpoint`; its state lives in `state`."""
+    """One fault filesystem over `mountpoint`; its state lives in `state`; the top-level
+    folders named in `private` pass through outside the fault model."""
 
     def __init__(self, mountpoint: Path, state: Path, history: Path,
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, private: tuple[str, ...] = ()) -> None:
         self.mountpoint = mountpoint.resolve()
-        self.state = state
-        self.history = history
+        self.state = state.resolve()
+        self.history = history.resolve()
         self.run_id = run_id
-        self.socket_path = str(state / "control.sock")
+        self.private = private
+        self.socket_path = str(self.state / "control.sock")
         self.daemon: subprocess.Popen[bytes] | None = None
 
-    @property
-    def backing(self) -> Path:
-        return self.state / "backing"
+    def _inside(self, path: Path) -> Path | None:
+        """`path` relative to the mountpoint, or None if it lies outside."""
+        try:
+            return path.relative_to(self.mountpoint)
+        except ValueError:
+            return None
+
+    def _check_own_files(self) -> None:
+        """The daemon's own files may lie in the mount only where nothing is modelled."""
+        for path in (self.state, self.history):
+            rel = self._inside(path)
+            if rel is not None and (not rel.parts or rel.parts[0] not in self.private):
+                raise FaultFSError(f"the fault filesystem's file {path} lies inside its"
+                                   f" mountpoint {self.mountpoint}, outside its private"
+                                   " folders")
 
     def start(self) -> Mount:
         reason = unavailable_reason()
         if reason:
             raise FaultFSError(f"cannot mount the fault filesystem: {reason}")
+        self._check_own_files()
         self.mountpoint.mkdir(parents=True, exist_ok=True)
-        self.backing.mkdir(parents=True, exist_ok=True)
-        # anything already in the mountpoint moves to the backing store, then shows through
-        for entry in list(self.mountpoint.iterdir()):
-            os.rename(entry, self.backing / entry.name)
+        self.state.mkdir(parents=True, exist_ok=True)
+        # the daemon serves this folder through this descriptor once the mount hides it
+        root_fd = os.open(self.mountpoint, os.O_PATH | os.O_DIRECTORY)
+        try:
+            self._spawn(root_fd)
+        finally:
+            os.close(root_fd)  # the daemon holds its own copy, at the same number
+        self._wait_mounted()
+        return self
+
+    def _spawn(self, root_fd: int) -> None:
         cmd = [sys.executable, "-m", "faults.faultfs", str(self.mountpoint),
-               "--state", str(self.state), "--socket", self.socket_path,
-               "--history", str(self.history)]
+               "--root-fd", str(root_fd), "--state", str(self.state),
+               "--socket", str(self.state / "control.sock"), "--history", str(self.history)]
+        cmd += [arg for name in self.private for arg in ("--private", name)]
         if self.run_id:
             cmd += ["--run-id", self.run_id]
         with open(self.state / "daemon.log", "ab") as log:
             self.daemon = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                           stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait_mounted()
-        return self
+                                           stderr=subprocess.STDOUT, start_new_session=True,
+                                           pass_fds=(root_fd,))
+        rel = self._inside(self.state)
+        if rel is not None:  # under the mount: only the daemon's descriptor reaches it
+            self.socket_path = f"/proc/{self.daemon.pid}/fd/{root_fd}/{rel}/control.sock"
 
     def _wait_mounted(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
@@ -89,7 +122,7 @@ class Mount:
                 self.close()
                 raise FaultFSError("the fault filesystem exited at start: "
                                    + (tail.splitlines() or ["(no output)"])[-1])
-            if mounts_under(self.mountpoint) and self._ping():
+            if self.mounted() and self._ping():
                 return
             time.sleep(0.05)
         self.close()
@@ -111,9 +144,13 @@ class Mount:
             self.request({"cmd": "settle"})
 
     # -- teardown ------------------------------------------------------------
+    def mounted(self) -> bool:
+        """The kernel shows a mount at the mountpoint itself (not merely below it)."""
+        return str(self.mountpoint) in mounts_under(self.mountpoint)
+
     def close(self) -> None:
         """Unmount and stop the daemon; safe to call twice, and after a failed start."""
-        if mounts_under(self.mountpoint):
+        if self.mounted():
             done = subprocess.run([FUSERMOUNT, "-u", str(self.mountpoint)],
                                   capture_output=True).returncode == 0
             if not done:  # busy: detach now; files still open there fail from now on
