@@ -14,7 +14,8 @@ Modes (`mode=`):
 - `bitrot`: `bits=` (default 1) bits flip at seeded places in a committed
   checkpoint file (`file=` glob, relative to the directory; default the
   newest of the big files, i.e. the latest checkpoint's data rather than its
-  small manifest), then the job crashes, so that resume reads it back.
+  small manifest; a file not fsynced where the job commits none), then the
+  job crashes, so that resume reads it back.
 
 Where (`dir=`, default `ckpt`): the checkpoint directory, relative to the run
 directory; the harness mounts the fault filesystem there for the chaos run.

@@ -339,8 +339,16 @@ def test_bitrot_flips_bits_in_the_newest_big_committed_file_only(fs):
     assert (fs.mountpoint / "small.pt").read_bytes() == b"s" * 10
 
 
-def test_bitrot_with_no_committed_file_says_so(fs):
-    write(fs.mountpoint / "a", b"x", sync=False)
+def test_bitrot_with_no_committed_file_rots_what_the_kernel_wrote_back(fs):
+    """A job that never fsyncs: its files reach the disk all the same, and rot there
+    (issue 17: bit rot on such a job used to hit nothing and pass)."""
+    write(fs.mountpoint / "a", b"x" * 100, sync=False)
+    reply = fs.request({"cmd": "bitrot", "seed": 3, "bits": 1, "crash": False})
+    assert reply["ok"] and reply["file"] == "a"
+    assert (fs.mountpoint / "a").read_bytes() != b"x" * 100
+
+
+def test_bitrot_with_no_file_says_so(fs):
     reply = fs.request({"cmd": "bitrot", "crash": False})
     assert not reply["ok"] and "no committed file" in reply["error"]
 

@@ -16,7 +16,8 @@ state folder, one JSON object per line:
 - `{"cmd": "crash", "lose_unsynced": bool}`: kill every process of the run,
   then, for a power loss, drop what was not durable;
 - `{"cmd": "bitrot", "file": GLOB, "seed": N, "bits": N, "crash": bool}`:
-  flip bits in a committed file (then crash, so the job must read it back);
+  flip bits in a committed file, or in any file where none is committed (then
+  crash, so the job must read it back);
 - `{"cmd": "settle"}`: answers once no crash is in progress;
 - `{"cmd": "ping"}`.
 
@@ -113,13 +114,19 @@ class Daemon:
     def bitrot(self, request: dict[str, Any]) -> dict[str, Any]:
         pattern = str(request.get("file") or "*")
         rng = random.Random(int(request.get("seed", 0)))
+        def matching(paths: list[Path]) -> list[Path]:
+            return [p for p in paths if fnmatch.fnmatch(str(p.relative_to(self.root)), pattern)
+                    and p.stat().st_size > 0]
+
         with self.busy, self.fs.mutex:
-            files = [p for p in self.tracker.committed_files()
-                     if fnmatch.fnmatch(str(p.relative_to(self.root)), pattern)
-                     and p.stat().st_size > 0]
+            # A job that never fsyncs has no committed file, yet the kernel writes its
+            # files back within seconds: rot those then, rather than test nothing.
+            files = (matching(self.tracker.committed_files())
+                     or matching(self.tracker.files()))
             if not files:
                 self.log.record("fs_bitrot", file=None, pattern=pattern)
-                return {"ok": False, "error": f"no committed file matches {pattern!r}"}
+                return {"ok": False,
+                        "error": f"no committed file (nor any file) matches {pattern!r}"}
             victim = newest_big_file(files)
             flipped = seeded_bit_offsets(victim.stat().st_size, rng, int(request.get("bits", 1)))
             flip_file_bits(victim, flipped)

@@ -164,13 +164,16 @@ class DurabilityTracker:
     def committed_files(self) -> list[Path]:
         """Regular files whose data and name are both durable: what a finished,
         correctly published checkpoint consists of."""
+        return [path for path in self.files() if (ino := os.lstat(path).st_ino)
+                not in self.dirty and self._durably_named(ino)]
+
+    def files(self) -> list[Path]:
+        """Every regular file in the tree, durable or not."""
         found = []
         for folder, _dirs, files in self._walk():
             for name in files:
                 path = Path(folder) / name
-                st = os.lstat(path)
-                if (stat.S_ISREG(st.st_mode) and st.st_ino not in self.dirty
-                        and self._durably_named(st.st_ino)):
+                if stat.S_ISREG(os.lstat(path).st_mode):
                     found.append(path)
         return sorted(found)
 
