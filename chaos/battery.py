@@ -3,9 +3,13 @@
 The fault steps are derived from the fault-free reference run, so the same
 battery fits any training script: kills land mid-interval (between two
 checkpoints), the in-save kills hit the second save of the rank that writes
-checkpoints at its first write and its first rename, a power loss lands
-right after that rename, and the preemption lands where a save is not due
-anyway.
+checkpoints at its first write and its first rename, the file that save
+writes last is torn (cut in half, in the rank, then its node dies), a power
+loss lands right after that rename, and the preemption lands where a save is
+not due anyway. The power loss goes to the folder the save writes in (the
+fault filesystem is mounted there); a job whose save writes in several
+top-level folders of the run directory gets no power-loss row, and a
+progress line says why.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 from chaos import html_report, runner
 from chaos.engine import run_scenario
 from chaos.errors import CannotJudge
-from chaos.history import History
+from chaos.history import Event, History
 from chaos.reference import get_reference
 from chaos.report import MARK, Report
 from chaos.runner import Progress
@@ -54,16 +58,27 @@ def plan(base: Scenario, cache_dir: Path, progress: Progress) -> list[Entry]:
                for rank in sorted({0, last_rank})]
     entries.append(Entry(f"kill node 0 at step {mid}", f"kill:node=0,step={mid}"))
     entries.extend(_in_save_kills(history, writer))
-    entries.extend(_power_losses(history, writer))
+    entries.extend(_torn_last_write(history, writer))
+    entries.extend(_power_losses(history, writer, progress))
     entries.append(Entry(f"preempt rank 0 (SIGTERM) at step {mid}",
                          f"kill:rank=0,step={mid},signal=SIGTERM,grace=30"))
     return entries
 
 
+def dir_param(folder: str) -> str:
+    """`,dir=X` for a storage spec on the fault filesystem; nothing for the default,
+    `ckpt`, so that the specs of jobs writing there read as they always did."""
+    return "" if folder == "ckpt" else f",dir={folder}"
+
+
+def _save_events(history: History, writer: int, save: int) -> list[Event]:
+    return [e for e in history.of("file") if e["rank"] == writer and e.get("save") == save]
+
+
 def _in_save_kills(history: History, writer: int) -> list[Entry]:
     """Kills inside the writer's 2nd save: mid-write (a torn file) and after the first
     rename (a published name), the two crash points that break most protocols."""
-    events = [e for e in history.of("file") if e["rank"] == writer and e.get("save") == 2]
+    events = _save_events(history, writer, 2)
     entries = []
     for op, what in (("write", "mid-write"), ("rename", "right after a rename")):
         index = next((e["index"] for e in events if e["op"] == op), None)
@@ -74,19 +89,42 @@ def _in_save_kills(history: History, writer: int) -> list[Entry]:
     return entries
 
 
-def _power_losses(history: History, writer: int) -> list[Entry]:
+def _torn_last_write(history: History, writer: int) -> list[Entry]:
+    """The newest file of the writer's 2nd save cut in half, then its node killed. An
+    atomic protocol wrote it under a temporary name, so nothing published is harmed;
+    one that overwrites in place has just lost its checkpoint. Torn in the rank
+    (`via=agent`): no fault filesystem, so no folder to choose."""
+    index = next((e["index"] for e in reversed(_save_events(history, writer, 2))
+                  if e["op"] == "write"), None)
+    if index is None:
+        return []
+    return [Entry(f"tear rank {writer}'s last write in its 2nd save",
+                  f"storage:mode=torn,via=agent,rank={writer},phase=checkpoint_save,save=2,"
+                  f"event={index}")]
+
+
+def _power_losses(history: History, writer: int, progress: Progress) -> list[Entry]:
     """A power loss right after the first rename of the writer's 2nd save: the new name
     is published, and only fsyncs of the file and its folder make it (and the save
-    before) survive. Needs the fault filesystem; left out where FUSE is missing."""
+    before) survive. Needs the fault filesystem; left out where FUSE is missing, and
+    where the save does not write in one folder of the run directory to mount it on."""
     from faults.faultfs.mount import unavailable_reason
 
-    events = [e for e in history.of("file") if e["rank"] == writer and e.get("save") == 2]
+    events = _save_events(history, writer, 2)
     index = next((e["index"] for e in events if e["op"] == "rename"), None)
     if index is None or unavailable_reason():
         return []
+    folder = history.checkpoint_dir(2)
+    if folder is None:
+        where = sorted({Path(e["path"]).parts[0] for e in history.of("file")
+                        if e.get("save") == 2 and e.get("path")})
+        shown = ", ".join(where[:4]) + (", ..." if len(where) > 4 else "")
+        progress(f"no power loss in the battery: the 2nd save writes in {shown}, not in one"
+                 " folder of the run directory that the fault filesystem can be mounted over")
+        return []
     return [Entry(f"power loss on rank {writer} after a rename in its 2nd save",
                   f"storage:mode=lose_unsynced,rank={writer},phase=checkpoint_save,save=2,"
-                  f"event={index}")]
+                  f"event={index}{dir_param(folder)}")]
 
 
 def run_battery(base: Scenario, out_dir: Path, cache_dir: Path,

@@ -23,6 +23,10 @@ crash in their first save, and stop a few steps after the recovery
 (`Scenario.stop_after`). `lose_unsynced` points start at step 0: what a power
 loss takes depends on which of the earlier saves' data was fsynced, which a
 copy does not carry (seeded as durable, it would hide a missing fsync).
+
+`lose_unsynced` and `torn` points mount the fault filesystem over the folder
+the save writes in (`History.checkpoint_dir`); a save that writes in several
+top-level folders of the run directory is a usage error for them.
 """
 
 from __future__ import annotations
@@ -32,9 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chaos import env
-from chaos.battery import Entry
+from chaos.battery import Entry, dir_param
 from chaos.errors import CannotJudge, UsageError
-from chaos.history import Event
+from chaos.history import Event, History
 from chaos.layout import RunLayout
 from chaos.reference import get_reference
 from chaos.runner import Progress
@@ -48,6 +52,7 @@ class CrashPoint:
     rank: int
     event: Event  # the reference's file event the crash lands on
     mode: str
+    folder: str = "ckpt"  # where the save writes: the fault filesystem's mount point
 
     @property
     def name(self) -> str:
@@ -59,20 +64,36 @@ class CrashPoint:
         index = self.event["index"]
         if self.mode == "kill":
             return f"kill:{where},event={index}"
+        on = dir_param(self.folder)
         if self.mode == "lose_unsynced":
-            return f"storage:mode=lose_unsynced,{where},event={index}"
-        return f"storage:mode=torn,{where},event={index - 1}"  # armed before this write
+            return f"storage:mode=lose_unsynced,{where},event={index}{on}"
+        return f"storage:mode=torn,{where},event={index - 1}{on}"  # armed before this write
 
 
-def enumerate_points(events: list[Event], modes: list[str]) -> list[CrashPoint]:
-    """Every (event x mode x rank) that makes sense for these file events."""
+def enumerate_points(events: list[Event], modes: list[str],
+                     folder: str = "ckpt") -> list[CrashPoint]:
+    """Every (event x mode x rank) that makes sense for these file events; storage
+    modes act on `folder`."""
     points = []
     for event in sorted(events, key=lambda e: (e["rank"], e["index"])):
         for mode in modes:
             if mode == "torn" and (event["op"] != "write" or event["index"] < 2):
                 continue
-            points.append(CrashPoint(event["rank"], event, mode))
+            points.append(CrashPoint(event["rank"], event, mode, folder))
     return points
+
+
+def storage_folder(history: History, save: int, modes: list[str]) -> str:
+    """The folder the storage modes' fault filesystem goes on: where save `save` writes
+    ("ckpt" when only kills are asked for: no mount)."""
+    if not set(modes) & {"lose_unsynced", "torn"}:
+        return "ckpt"
+    folder = history.checkpoint_dir(save)
+    if folder is None:
+        raise UsageError(f"save {save} writes in several top-level folders of the run"
+                         " directory (or outside it): lose_unsynced and torn points need"
+                         " one folder to mount the fault filesystem on; use --mode kill")
+    return folder
 
 
 def sample(points: list[CrashPoint], cap: int | None, seed: int) -> list[CrashPoint]:
@@ -107,7 +128,7 @@ def plan(base: Scenario, cache_dir: Path, progress: Progress, save: int, modes: 
         saves = max((e.get("save", 0) for e in history.of("file")), default=0)
         raise UsageError(f"the reference run made {saves} checkpoint save(s) with file events;"
                          f" --save {save} does not exist")
-    points = enumerate_points(events, modes)
+    points = enumerate_points(events, modes, storage_folder(history, save, modes))
     start_from = None
     if from_snapshot:
         start_from = RunLayout(reference.run_dir).snapshot_dir

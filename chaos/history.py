@@ -91,7 +91,33 @@ class History:
         saves = self.of("save_begin")
         return saves[0]["rank"] if saves else 0
 
+    def checkpoint_dir(self, save: int) -> str | None:
+        """Where save `save` (of the first launch, on every rank) writes, as the folder of
+        the run directory to mount the fault filesystem over: its top-level folder ("out"
+        for out/ckpt/step-5.pt), "." for files directly in the run directory; None when
+        its file events lie in several top-level folders or outside the run directory,
+        or when it has none."""
+        events = [e for e in self.of("file") if e.get("save") == save
+                  and e.get("launch", 0) == 0 and e.get("path")]
+        written_in = {Path(e["path"]).parts[0] for e in events if len(Path(e["path"]).parts) > 1}
+        places = {_top_folder(e, written_in) for e in events}
+        return places.pop() if len(places) == 1 else None
+
     def save_interval(self) -> int:
         """Steps between the first two checkpoint saves (0 with fewer than two)."""
         saves = self.of("save_begin")
         return saves[1]["after_step"] - saves[0]["after_step"] if len(saves) >= 2 else 0
+
+
+def _top_folder(event: Event, written_in: set[str]) -> str | None:
+    """The top-level folder of the run directory a file event lands in (None: outside).
+    A name directly in the run directory is an entry of the run directory itself,
+    except a folder the save writes in being made (makedirs) or made durable (fsync)."""
+    path = Path(event["path"])
+    if path.is_absolute() or not path.parts or path.parts[0] == "..":
+        return None
+    if len(path.parts) > 1:
+        return path.parts[0]
+    if event.get("op") in ("mkdir", "fsync") and path.parts[0] in written_in:
+        return path.parts[0]
+    return "."

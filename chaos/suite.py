@@ -186,19 +186,22 @@ def _preempt(plan: Plan) -> Entry:
 # -- storage (the fault filesystem over the checkpoint folder) ---------------------------
 
 def _storage_dir(plan: Plan) -> str:
-    """`,dir=X` for the folder the 2nd save writes in, when it is not the default `ckpt`;
-    the fault filesystem is mounted there, so a fault elsewhere would test nothing."""
+    """`,dir=X` for the folder the 2nd save writes in (`History.checkpoint_dir`), when it
+    is not the default `ckpt`; the fault filesystem is mounted there, so a fault
+    elsewhere would test nothing. The battery's and the crash points' storage specs
+    carry it already."""
     from faults.faultfs.mount import unavailable_reason
 
     if unavailable_reason():
         raise NotApplicable(f"storage faults need the fault filesystem: {unavailable_reason()}")
-    tops = {Path(e["path"]).parts[0] for e in plan.save_events() if e.get("path")}
-    if any(Path(top).is_absolute() for top in tops) or len(tops) != 1:
+    events = plan.save_events()
+    folder = plan.history().checkpoint_dir(2)
+    if folder is None:
+        tops = sorted({Path(e["path"]).parts[0] for e in events if e.get("path")})
         raise NotApplicable(f"the 2nd save writes outside one folder of the run directory"
-                            f" ({', '.join(sorted(tops))}); put the checkpoints under"
+                            f" ({', '.join(tops)}); put the checkpoints under"
                             " '{run_dir}/...' in the script's arguments")
-    top = tops.pop()
-    return "" if top == "ckpt" else f",dir={top}"
+    return battery.dir_param(folder)
 
 
 def _first_point(plan: Plan, mode: str, op: str) -> crashpoints.CrashPoint:
@@ -212,24 +215,23 @@ def _first_point(plan: Plan, mode: str, op: str) -> crashpoints.CrashPoint:
 
 @case("power loss after rename in 2nd save")
 def _power_loss_after_rename(plan: Plan) -> Entry:
-    where = _storage_dir(plan)
-    entry = _from_battery(plan, lambda s: s.params.get("mode") == "lose_unsynced",
-                          "the writer's 2nd checkpoint save has no rename event")
-    return Entry(entry.name, entry.fault + where)
+    _storage_dir(plan)  # not applicable where the fault filesystem has nowhere to go
+    return _from_battery(plan, lambda s: s.params.get("mode") == "lose_unsynced",
+                         "the writer's 2nd checkpoint save has no rename event")
 
 
 @case("power loss mid-write in 2nd save")
 def _power_loss_mid_write(plan: Plan) -> Entry:
-    where = _storage_dir(plan)
+    _storage_dir(plan)
     point = _first_point(plan, "lose_unsynced", "write")
-    return Entry(point.name, point.spec(2) + where)
+    return Entry(point.name, point.spec(2))
 
 
 @case("torn write in 2nd save")
 def _torn_write(plan: Plan) -> Entry:
-    where = _storage_dir(plan)
+    _storage_dir(plan)
     point = _first_point(plan, "torn", "write")
-    return Entry(point.name, point.spec(2) + where)
+    return Entry(point.name, point.spec(2))
 
 
 @case("ENOSPC in 2nd save")

@@ -42,6 +42,16 @@ def test_points_become_the_specs_that_crash_there():
         "storage:mode=torn,rank=0,phase=checkpoint_save,save=2,event=1")
 
 
+def test_storage_points_name_the_folder_their_fault_filesystem_goes_on():
+    write = _event(2, "write")
+    points = enumerate_points([write], ["kill", "lose_unsynced", "torn"], folder="out")
+    assert [p.spec(2) for p in points] == [
+        "kill:rank=0,phase=checkpoint_save,save=2,event=2",  # a kill needs no mount
+        "storage:mode=lose_unsynced,rank=0,phase=checkpoint_save,save=2,event=2,dir=out",
+        "storage:mode=torn,rank=0,phase=checkpoint_save,save=2,event=1,dir=out"]
+    assert CrashPoint(0, write, "lose_unsynced", ".").spec(2).endswith("event=2,dir=.")
+
+
 def test_from_a_snapshot_the_save_under_test_is_the_first_of_the_process():
     kill = CrashPoint(1, _event(2, "write", rank=1), "kill")
     power = CrashPoint(1, _event(2, "write", rank=1), "lose_unsynced")

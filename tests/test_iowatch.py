@@ -137,7 +137,7 @@ SAFETENSORS = textwrap.dedent("""
 """)
 
 
-def test_safetensors_writes_from_rust_are_seen_as_one_save(tmp_path):
+def test_safetensors_saves_and_loads_are_seen(tmp_path):
     result = subprocess.run([sys.executable, "-c", SAFETENSORS, str(tmp_path)],
                             capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stderr
