@@ -1,11 +1,13 @@
-"""Real frameworks as targets: Lightning Fabric and Hugging Face Accelerate.
+"""Real frameworks as targets: Lightning Fabric, Hugging Face Accelerate, the Hugging
+Face Trainer, the PyTorch Lightning Trainer, and a nanoGPT-style script of our own.
 
-`targets/fabric_lm.py` and `targets/accelerate_lm.py` checkpoint and resume the
-way each framework's docs show. Each survives a kill (completes, restores a
-whole checkpoint, loses at most an interval) but neither resumes bitwise, and
-each has a storage weakness; every test here pins one such finding to the
-check and the words that flag it (README, "Real frameworks as targets").
-Opt in with `pytest -m frameworks`; each test skips without its framework.
+`targets/fabric_lm.py`, `targets/accelerate_lm.py`, `targets/hf_trainer_lm.py` and
+`targets/lightning_lm.py` checkpoint and resume the way each framework's docs show;
+`targets/gpt_lm.py` the way most single-file GPT trainers do. Each survives a plain
+kill (completes, restores a whole checkpoint, loses at most an interval), but each has
+a resume or storage weakness; every test here pins one such finding to the check and
+the words that flag it, and the `--fix` variant passing (README, "Real frameworks as
+targets"). Opt in with `pytest -m frameworks`; each test skips without its framework.
 
 The jobs run 14 steps with a save every 5, so the kill after step 12 resumes
 from step 10, mid-way through the second epoch (an epoch is 8 steps): that
@@ -127,3 +129,177 @@ def test_fabric_save_across_filesystems_is_a_copy_in_place(chaos_run):
                        args=STEPS, expect="fail", max_restarts=1, max_relaunches=1)
     detail = report.checks["atomic_recovery"]["detail"]
     assert "resume failed" in detail, report.table()
+
+
+# -- the Hugging Face Trainer --------------------------------------------------------------
+
+HF_TRAINER = REPO / "targets" / "hf_trainer_lm.py"
+# Rank 0's 10th file event of its 2nd save (checkpoint-10/): the write of model.safetensors
+# (3 mkdirs, config.json and generation_config.json before it).
+HF_MID_SAVE = "kill:rank=0,phase=checkpoint_save,save=2,event=10"
+POWER_LOSS_OUT = "storage:mode=lose_unsynced,rank=0,step=12,dir=out"
+
+
+def test_hf_trainer_kill_resumes_bitwise(chaos_run):
+    """What holds: the Trainer keeps every rank's RNG states and skips the batches of the
+    epoch already trained on, so a kill mid-epoch resumes bitwise."""
+    pytest.importorskip("transformers")
+    report = chaos_run(HF_TRAINER, faults=[KILL], args=STEPS)
+    assert report.verdict == "pass" and report.lost_steps == [2], report.table()
+    assert "matched the reference bitwise" in report.checks["deterministic_resume"]["detail"]
+
+
+@pytest.mark.parametrize("fix, expect", [([], "fail"), (["--fix", "commit"], "pass")],
+                         ids=["docs", "fixed"])
+def test_hf_trainer_kill_mid_save_leaves_a_folder_resume_crashes_on(chaos_run, fix, expect):
+    """_save_checkpoint writes checkpoint-N/ in place, file by file, and get_last_checkpoint
+    takes the highest N: a kill mid-write leaves a checkpoint-10/ every restart picks and
+    dies on. With --fix commit (a barrier, fsyncs and a COMMITTED marker in on_save; resume
+    from the newest marked folder) the same kill resumes from checkpoint-5, bitwise."""
+    pytest.importorskip("transformers")
+    report = chaos_run(HF_TRAINER, faults=[HF_MID_SAVE], args=[*STEPS, *fix], expect=expect,
+                       max_restarts=1, max_relaunches=0)
+    if expect == "pass":
+        assert report.lost_steps == [5], report.table()
+        return
+    detail = report.checks["atomic_recovery"]["detail"]
+    assert "resume failed" in detail and "checkpoint-10/model.safetensors" in detail, \
+        report.table()
+
+
+@needs_fuse
+@pytest.mark.parametrize("fix, expect", [([], "fail"), (["--fix", "commit"], "pass")],
+                         ids=["docs", "fixed"])
+def test_hf_trainer_power_loss_drops_finished_checkpoints(chaos_run, fix, expect):
+    """The Trainer fsyncs nothing: a power loss after step 12 drops checkpoint-10/ (and
+    checkpoint-5/) and the job starts over. --fix commit fsyncs the files, the folder and
+    out/ before it marks the folder."""
+    pytest.importorskip("transformers")
+    report = chaos_run(HF_TRAINER, faults=[POWER_LOSS_OUT], args=[*STEPS, *fix], expect=expect)
+    detail = report.checks["durable_checkpoints"]["detail"]
+    if expect == "pass":
+        assert report.checks["deterministic_resume"]["ok"] is True, report.table()
+        return
+    assert "did not survive it" in detail and "checkpoint-10" in detail, report.table()
+
+
+# -- the PyTorch Lightning Trainer -----------------------------------------------------------
+
+LIGHTNING = REPO / "targets" / "lightning_lm.py"
+PREEMPT = "kill:rank=0,step=12,signal=SIGTERM,grace=30"
+
+
+def test_lightning_kill_recovers_but_resume_is_not_bitwise(chaos_run):
+    """ModelCheckpoint's checkpoint holds no RNG state, and the resume's new DataLoader
+    iterator draws its base seed from the global RNG at another step."""
+    pytest.importorskip("lightning")
+    report = chaos_run(LIGHTNING, faults=[KILL], args=STEPS, expect="fail")
+    assert_holds(report)
+    detail = report.checks["deterministic_resume"]["detail"]
+    assert "at step 11" in detail and "RNG not restored" in detail, report.table()
+
+
+def test_lightning_preempted_job_exits_0_unfinished(chaos_run):
+    """On SIGTERM Lightning stops every rank with SIGTERMException, a SystemExit with no
+    code: every rank exits 0 at step 12 of 14, so torchrun (and a scheduler) take the
+    job for finished and nothing resumes it."""
+    pytest.importorskip("lightning")
+    report = chaos_run(LIGHTNING, faults=[PREEMPT], args=STEPS, expect="fail")
+    detail = report.checks["completes"]["detail"]
+    assert "exited 0 but stopped at step 12" in detail, report.table()
+
+
+@pytest.mark.parametrize("fix, words", [
+    (["--fix", "rng"], "data position not restored: step 11 was given the batch of step 9"),
+    (["--fix", "rng", "--fix", "data"], "data not restored")], ids=["rng", "rng+data"])
+def test_lightning_with_the_rng_fixed_a_mid_epoch_resume_gets_the_wrong_batches(
+        chaos_run, fix, words):
+    """A plain DataLoader has no position: the resume at step 10 (2 batches into epoch 2)
+    starts epoch 2's batches over. torchdata's StatefulDataLoader, whose state Lightning
+    does checkpoint (the docs' remedy), resumes with batches the uninterrupted run never
+    trained on (also under plain torchrun, without the harness)."""
+    pytest.importorskip("lightning")
+    if "data" in fix:
+        pytest.importorskip("torchdata")
+    report = chaos_run(LIGHTNING, faults=[KILL], args=[*STEPS, *fix], expect="fail")
+    assert_holds(report)
+    detail = report.checks["deterministic_resume"]["detail"]
+    assert "at step 11" in detail and words in detail, report.table()
+
+
+@pytest.mark.parametrize("fault", [KILL, PREEMPT], ids=["kill", "preempt"])
+def test_lightning_fixed_with_saves_at_epoch_ends_resumes_bitwise(chaos_run, fault):
+    """--fix rng (the torch RNG in on_save_checkpoint / on_load_checkpoint, a generator of
+    the DataLoader's own), --fix sigterm (exit 143 on SIGTERMException) and a save at every
+    epoch end (--ckpt-every 8, an epoch is 8 steps), so no resume lands mid-epoch."""
+    pytest.importorskip("lightning")
+    report = chaos_run(LIGHTNING, faults=[fault],
+                       args=["--steps", "14", "--ckpt-every", "8", "--fix", "rng",
+                             "--fix", "sigterm"])
+    if exit_deadlock(report):
+        pytest.skip("torch 2.13's gloo teardown deadlock hit this run")
+    detail = report.checks["deterministic_resume"]["detail"]
+    if "at step 9" in detail and "gradients differ although this rank's weights" in detail:
+        # Lightning steps with optimizer.step(closure): the agent digests the gradients in
+        # the optimizer's pre-step hook, before the closure's backward, i.e. the previous
+        # step's. A resumed process has none there yet (the digest of no tensors) where
+        # the reference has step 8's; every weight after step 9 matches bitwise.
+        pytest.xfail("harness: the grads fingerprint of a closure step is the previous"
+                     " step's (first step after a resume)")
+    assert report.verdict == "pass", report.table()
+    assert report.checks["deterministic_resume"]["ok"] is True, report.table()
+
+
+@needs_fuse
+def test_lightning_power_loss_drops_finished_checkpoints(chaos_run):
+    """ModelCheckpoint's save is atomic (a temp file moved over the name) but never
+    fsynced: a power loss drops the step files and last.ckpt, and the job starts over."""
+    pytest.importorskip("lightning")
+    report = chaos_run(LIGHTNING, faults=["storage:mode=lose_unsynced,rank=0,step=12"],
+                       args=STEPS, expect="fail")
+    detail = report.checks["durable_checkpoints"]["detail"]
+    assert "did not survive it" in detail and "last.ckpt" in detail, report.table()
+
+
+# -- a nanoGPT-style script of our own --------------------------------------------------------
+
+GPT = REPO / "targets" / "gpt_lm.py"
+GPT_FIXED = [*STEPS, "--fix", "atomic", "--fix", "rng"]
+# Rank 0's 2nd file event of its 2nd save: the first write of torch.save into out/ckpt.pt.
+GPT_MID_SAVE = "kill:rank=0,phase=checkpoint_save,save=2,event=2"
+
+
+def test_gpt_kill_mid_save_destroys_the_only_checkpoint(chaos_run):
+    """One ckpt.pt, overwritten in place by torch.save: a kill mid-write leaves a torn file
+    where the previous checkpoint was, and every restart dies loading it."""
+    report = chaos_run(GPT, faults=[GPT_MID_SAVE], args=STEPS, expect="fail",
+                       max_restarts=1, max_relaunches=0)
+    detail = report.checks["atomic_recovery"]["detail"]
+    assert "resume failed" in detail and "out/ckpt.pt" in detail, report.table()
+
+
+def test_gpt_kill_resume_is_not_bitwise(chaos_run):
+    """The checkpoint has no RNG state and every rank reseeds with seed + rank, so the
+    resume draws the batches (torch.randint) and dropout masks of step 1 again."""
+    report = chaos_run(GPT, faults=[KILL], args=STEPS, expect="fail")
+    assert_holds(report)
+    detail = report.checks["deterministic_resume"]["detail"]
+    assert "at step 11" in detail and "RNG not restored" in detail, report.table()
+
+
+@needs_fuse
+def test_gpt_power_loss_drops_the_checkpoint(chaos_run):
+    report = chaos_run(GPT, faults=[POWER_LOSS_OUT], args=STEPS, expect="fail")
+    detail = report.checks["durable_checkpoints"]["detail"]
+    assert "did not survive it" in detail and "ckpt.pt" in detail, report.table()
+
+
+@pytest.mark.parametrize("fault", [GPT_MID_SAVE, KILL,
+                                   pytest.param(POWER_LOSS_OUT, marks=needs_fuse)],
+                         ids=["mid-save", "kill", "power-loss"])
+def test_gpt_with_the_fixes_recovers_bitwise(chaos_run, fault):
+    """--fix atomic (temp file, fsync, os.replace, folder fsync) and --fix rng (every rank's
+    RNG state of the batch in flight)."""
+    report = chaos_run(GPT, faults=[fault], args=GPT_FIXED, max_relaunches=1)
+    assert report.verdict == "pass", report.table()
+    assert report.checks["deterministic_resume"]["ok"] is True, report.table()
