@@ -377,13 +377,16 @@ class Agent:
         self.track(opt)
         if not self.step_open:
             self._begin_step()
-        if self.full:
-            grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
-            self.fp["grads"] = digest_tensors(grads)
+        # optimizer.step(closure) runs the backward inside the step: the gradients
+        # are there only once it returns (before it, they are the last step's)
+        if self.full and not _has_closure(args, kwargs):
+            self.fp["grads"] = _grads_digest(opt)
 
     def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.forked or _initialising_optimizer_state():
             return
+        if self.full and _has_closure(args, kwargs):
+            self.fp["grads"] = _grads_digest(opt)
         self.local_steps += 1
         self.fp["batch"] = digest_tensors(self.batch)
         if self.full or self._params_due():
@@ -565,6 +568,15 @@ class TrainingState:
 
     def after_every_step(self, action: Callable[[int], bool]) -> None:
         self._agent._step_actions.append(action)
+
+
+def _has_closure(args: Any, kwargs: Any) -> bool:
+    return bool(args and args[0] is not None) or kwargs.get("closure") is not None
+
+
+def _grads_digest(opt: torch.optim.Optimizer) -> str:
+    return digest_tensors([p.grad for g in opt.param_groups for p in g["params"]
+                           if p.grad is not None])
 
 
 def _initialising_optimizer_state() -> bool:

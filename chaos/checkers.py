@@ -79,6 +79,7 @@ def _failed_resume(ev: Evidence) -> str | None:
     faulted = {(e["launch"], e["attempt"]) for e in ev.chaos.faults()}
     last = max(((e["launch"], e["attempt"]) for e in ev.chaos.events if "launch" in e
                 and "rank" in e), default=None)
+    final = ev.reference.final_step()
     dead = []
     for pid, events in ev.processes().items():
         head = events[0]
@@ -86,6 +87,8 @@ def _failed_resume(ev: Evidence) -> str | None:
         if (head["t"] < first or key in faulted or hangs.cuts_in_force(ev.chaos, head["t"])
                 or {e["ev"] for e in events} & {"restore", "step"}):
             continue
+        if _steps_done_by(ev, head["t"]) >= final:
+            continue  # restarted once training was over (a death at exit): nothing to resume
         if key == last and (ev.hang is not None or ev.deadline_hit):
             continue  # torn down by the harness while it waited: the hang check says why
         dead.append((pid, events))
@@ -105,6 +108,11 @@ def _failed_resume(ev: Evidence) -> str | None:
         return (f"the checkpoint is written in place: a crash in the middle of the write"
                 f" left no loadable checkpoint ({failed})")
     return failed
+
+
+def _steps_done_by(ev: Evidence, t: float) -> int:
+    return max((e["step"] for e in ev.chaos.steps() if e["t"] < t and e.get("aligned", True)),
+               default=0)
 
 
 def _written_in_place(ev: Evidence, path: str) -> bool:
@@ -374,7 +382,11 @@ def _overwritten_checkpoint(ev: Evidence, rec: Recovery) -> str | None:
     """A save after this recovery that wrote over a file of a newer checkpoint."""
     after = {(e["pid"], e["save"]): e.get("after_step") for e in ev.chaos.of("save_begin")}
     newest: dict[str, int] = {}  # path -> the newest step a save before the recovery wrote
-    for e in ev.chaos.of("file"):
+    for e in ev.chaos.of("file", "fs_crash"):
+        if e["ev"] == "fs_crash":  # what a power loss dropped is no checkpoint to overwrite
+            lost = e.get("removed", []) + e.get("reverted_files", [])
+            newest = {p: s for p, s in newest.items() if not _among(p, lost)}
+            continue
         step = after.get((e["pid"], e.get("save")))
         if step is None or e["op"] not in ("open", "write", "rename"):
             continue
@@ -384,6 +396,12 @@ def _overwritten_checkpoint(ev: Evidence, rec: Recovery) -> str | None:
             return (f"a restart overwrote the newer checkpoint of step {newest[e['path']]}"
                     f" with an older state (step {step}) in {e['path']}")
     return None
+
+
+def _among(path: str, dropped: list[str]) -> bool:
+    """Is run-relative `path` one of `dropped` (relative to the fault filesystem's
+    folder, so compared by their tails), or inside one of them?"""
+    return any(f"/{path}/".find(f"/{d.strip('/')}/") >= 0 for d in dropped)
 
 
 def _bound_text(limit: int, bound: int) -> str:

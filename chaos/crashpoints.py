@@ -135,7 +135,23 @@ def plan(base: Scenario, cache_dir: Path, progress: Progress, save: int, modes: 
         if not start_from.is_dir():
             raise CannotJudge(f"the reference run took no snapshot after save {save - 1}"
                               " (rank 0 saw no file event of it)")
+        if holder := _holds_path(start_from, reference.run_dir):
+            progress(f"crash points start from step 0: the checkpoint {holder} holds the"
+                     f" reference run's own folder {reference.run_dir}, so a copy of it"
+                     " would not resume as the job does")
+            start_from = None
     return Plan(sample(points, cap, base.seed), len(points), start_from)
+
+
+def _holds_path(snapshot: Path, run_dir: Path, limit: int = 1 << 28) -> str | None:
+    """The first snapshot file (of at most `limit` bytes) that holds `run_dir`'s absolute
+    path: a checkpoint that records where it was written (Lightning's dirpath, say)
+    resumes differently once copied into another run directory."""
+    needle = str(run_dir.resolve()).encode()
+    for path in sorted(p for p in snapshot.rglob("*") if p.is_file()):
+        if path.stat().st_size <= limit and needle in path.read_bytes():
+            return str(path.relative_to(snapshot))
+    return None
 
 
 def entries(found: Plan, save: int) -> list[Entry]:

@@ -87,9 +87,14 @@ class History:
         return self.of("fault")
 
     def checkpoint_writer(self) -> int:
-        """The rank whose save began first: the one that writes checkpoints (0 if none)."""
+        """The rank that writes checkpoints: the lowest of those that saved the first
+        checkpoint (0 if none). Not the one whose save began first: where every rank
+        writes its part, which one starts first changes from run to run."""
         saves = self.of("save_begin")
-        return saves[0]["rank"] if saves else 0
+        if not saves:
+            return 0
+        first = saves[0].get("after_step")
+        return min(e["rank"] for e in saves if e.get("after_step") == first)
 
     def checkpoint_dir(self, save: int) -> str | None:
         """Where save `save` (of the first launch, on every rank) writes, as the folder of

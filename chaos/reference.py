@@ -50,7 +50,8 @@ def _source_digest(script: Path) -> str:
 
 # What a reference step's fingerprints hold; a change makes older cached runs unusable.
 # 2: the loss joined them (light steps of a chaos run compare it).
-FINGERPRINT_FORMAT = 2
+# 3: the gradients of optimizer.step(closure) are taken after the closure ran.
+FINGERPRINT_FORMAT = 3
 
 
 def _torch_version() -> str:
@@ -100,9 +101,16 @@ def _run_once(scenario: Scenario, run_dir: Path, progress: Progress) -> float:
         tail = outcome.log_tail()
         raise CannotJudge(f"the target fails without faults (exit codes"
                           f" {outcome.exit_codes[-1]}): {tail}")
-    if not History.of_run(run_dir).steps():
+    history = History.of_run(run_dir)
+    if not history.steps():
         raise CannotJudge("the target ran without any optimizer step the agent could see"
                           " (is it a torch training script using torch.optim?)")
+    restarted = [e for e in history.of("boot") if e.get("launch") or e.get("attempt")]
+    if restarted:  # its steps would overwrite the first attempt's in every lookup
+        raise CannotJudge(f"the target fails without faults: a worker died and was restarted"
+                          f" (rank {restarted[0]['rank']}, attempt"
+                          f" {restarted[0].get('attempt', 0)}) although no fault was"
+                          f" injected; last output: {outcome.log_tail()}")
     return outcome.wall_seconds
 
 

@@ -534,3 +534,32 @@ def test_a_checkpoint_the_target_reported_committed_counts_as_finished():
                             **timeline.proc(0)})
     result = checkers.durable_checkpoints(evidence(timeline.history(), ref))
     assert result.ok is False and "step 20 was finished" in result.detail
+
+
+def test_a_restart_after_the_last_step_that_dies_is_no_failed_resume():
+    """A worker that died at exit after the final step (torch's gloo teardown) is
+    restarted, reads the last checkpoint, has nothing to do and dies again."""
+    timeline = killed_and_resumed()
+    timeline.add("boot", **timeline.proc(1, attempt=2))
+    timeline.add("load", path="ckpt/step-20.pt", **timeline.proc(1, attempt=2))
+    assert checkers.atomic_recovery(evidence(timeline.history())).ok is True
+
+
+def test_a_checkpoint_a_power_loss_dropped_is_not_overwritten_by_the_restart():
+    timeline = Timeline()
+    timeline.train(2, range(1, 13))
+    for e in list(timeline.events):
+        if e["ev"] == "save_begin":
+            timeline.events.append({**e, "ev": "file", "op": "open", "index": 1,
+                                    "path": "out/ckpt.pt", "t": e["t"] + .2})
+    timeline.fault(0, 12)
+    timeline.add("fs_crash", lose_unsynced=True, fault="f0-kill", removed=["ckpt.pt"])
+    timeline.train(2, range(1, 21), attempt=1, restored=0)
+    restart = next(e for e in timeline.events if e["ev"] == "save_begin" and e["attempt"])
+    timeline.events.append({**restart, "ev": "file", "op": "open", "index": 1,
+                            "path": "out/ckpt.pt", "t": restart["t"] + .2})
+    result = checkers.bounded_lost_work(evidence(timeline.history()))
+    assert result.ok is False and "overwrote" not in result.detail
+    assert checkers._among("out/ckpt.pt", ["ckpt.pt"])
+    assert checkers._among("out/checkpoint-10/config.json", ["checkpoint-10"])
+    assert not checkers._among("out/checkpoint-100/config.json", ["checkpoint-10"])

@@ -115,3 +115,17 @@ def test_capped_enumeration_over_an_async_sharded_save_passes_the_correct_target
     reports = [json.loads(p.read_text()) for p in sorted(out.glob("*/report.json"))]
     # each point ends 3 steps after its recovery (--steps-after-resume, default 3)
     assert all("stopped as asked" in r["checks"]["completes"]["detail"] for r in reports)
+
+
+def test_a_snapshot_that_records_its_own_folder_is_not_started_from(tmp_path):
+    """Lightning pickles the checkpoint folder's absolute path: copied into a crash
+    point's run directory, it resumes otherwise than the job does (issue 17)."""
+    from chaos.crashpoints import _holds_path
+
+    run = tmp_path / "ref" / "run-0"
+    snapshot = tmp_path / "snapshot" / "ckpt"
+    snapshot.mkdir(parents=True)
+    (snapshot / "plain.pt").write_bytes(b"\0weights\0")
+    assert _holds_path(snapshot.parent, run) is None
+    (snapshot / "last.ckpt").write_bytes(b"\0dirpath\0" + str(run / "ckpt").encode())
+    assert _holds_path(snapshot.parent, run) == "ckpt/last.ckpt"

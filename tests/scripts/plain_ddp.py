@@ -4,12 +4,15 @@ Run with ``torchrun --standalone --nproc-per-node 2 plain_ddp.py`` from a run
 directory. It trains an MLP on synthetic data with SGD + momentum over gloo for
 30 steps, saves ``ckpt/step-NNNN.pt`` every 5 steps (temp file + os.replace) and
 resumes from the newest checkpoint on start. Deterministic on CPU.
+``--closure`` steps the optimizer as ``optim.step(closure)``, the closure running
+the forward and backward (LBFGS style, and how Lightning steps).
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -65,10 +68,18 @@ def main() -> None:
     while step < STEPS:
         step += 1
         x, y = make_batch(step, rank)
-        loss = nn.functional.mse_loss(model(x), y)
-        optim.zero_grad()
-        loss.backward()
-        optim.step()
+
+        def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+            optim.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            return loss
+
+        if "--closure" in sys.argv:
+            loss = optim.step(closure)
+        else:
+            loss = closure()
+            optim.step()
         if step % CKPT_EVERY == 0:
             if rank == 0:
                 save(step, net, optim)
