@@ -98,7 +98,7 @@ def _failed_resume(ev: Evidence) -> str | None:
     pid, events = min(dead, key=lambda d: (not any(e["ev"] == "exception" for e in d[1]),
                                            d[1][0]["t"]))
     raised = [e for e in events if e["ev"] == "exception"]
-    why = (f"{raised[0]['type']}: {raised[0]['message'].splitlines()[0]}" if raised
+    why = (f"{raised[0]['type']}: {_first_line(raised[0]['message'])}" if raised
            else f"last output: {ev.log_tail}" if ev.log_tail else "no error was recorded")
     read = [e["path"] for e in events if e["ev"] == "load"]
     what = f"it read {read[-1]} and" if read else "it"
@@ -108,6 +108,11 @@ def _failed_resume(ev: Evidence) -> str | None:
         return (f"the checkpoint is written in place: a crash in the middle of the write"
                 f" left no loadable checkpoint ({failed})")
     return failed
+
+
+def _first_line(message: str) -> str:
+    """An exception's message, first line ('(no message)': EOFError() has none)."""
+    return (message.splitlines() or ["(no message)"])[0]
 
 
 def _steps_done_by(ev: Evidence, t: float) -> int:

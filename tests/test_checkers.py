@@ -68,6 +68,15 @@ def test_atomic_recovery_flags_a_resume_that_raises():
     assert "UnpicklingError: invalid load key" in result.detail
 
 
+def test_a_resume_that_raises_an_exception_without_a_message_is_named():
+    """EOFError() from torch.load of a truncated file has an empty message (the matrix's
+    epoch_snapshot/in_place case ended in an IndexError inside the checker)."""
+    timeline = killed_then_reading(0)
+    timeline.add("exception", type="EOFError", message="", **timeline.proc(0, attempt=1))
+    result = checkers.atomic_recovery(evidence(timeline.history(), completed=False))
+    assert result.ok is False and "EOFError: (no message)" in result.detail
+
+
 def test_atomic_recovery_flags_a_resume_that_dies_without_a_recorded_exception():
     timeline = killed_then_reading(1)
     ev = evidence(timeline.history(), completed=False, log_tail="EOFError: Ran out of input")
