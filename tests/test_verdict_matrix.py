@@ -1,0 +1,297 @@
+"""The verdict matrix: the harness judged on training code written apart from it.
+
+Four torchrun targets under tests/matrix/targets/, each in another team's
+style, each with a correct variant and planted bugs:
+
+- shard_pointer: per-rank shard files, rank 0 moves a `latest` pointer, barriers;
+- epoch_snapshot: DDP LM, rank 0 torch.saves one snapshot per epoch (temp + replace);
+- flat_files: safetensors weights, torch.save optimizer, numpy.save data order,
+  a JSON state written last, keep-last-N rotation;
+- folder_publish: `tmp-step-N/` folders fsynced and renamed to `step-N/`;
+- shard_pointer once more with its folder named run_state/ (one bug case).
+
+Correct variants go through battery rows (chaos.battery.plan) and crash points of
+save 2 (chaos.crashpoints.plan): any check False is a false alarm. Each bug goes
+through the one fault that exposes it: the check declared below must fail, naming
+the cause where words are given. The tally (tests/matrix/tally.py) prints the
+matrix at the end of the session and writes verdict-matrix.json into pytest's
+temporary folder. CI runs a share of the rows and one crash point per target;
+-m slow runs every row, the full crash-point sweeps and 5 rounds of each case.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from matrix.runs import BatteryRow, OnEvent, Target, progress, run_one
+from matrix.tally import Incident, MatrixPlugin, Outcome, Tally
+
+from chaos import battery, crashpoints
+from chaos.battery import Entry
+from faults.faultfs.mount import unavailable_reason
+
+TARGETS = {t.name: t for t in [
+    Target("shard_pointer", ("--ckpt-dir", "ckpt")),
+    Target("epoch_snapshot", ("--out", "checkpoints", "--epochs", "3")),
+    Target("flat_files", ("--save-dir", "state", "--keep", "1")),
+    Target("folder_publish", ("--output-dir", "outputs/run1")),
+]}
+# The same sharded trainer with its folder named otherwise: the harness must find the
+# checkpoints wherever the job keeps them (only its bug case runs).
+ELSEWHERE = Target("shard_pointer_elsewhere", ("--ckpt-dir", "run_state"), file="shard_pointer")
+ALL_TARGETS = {**TARGETS, ELSEWHERE.name: ELSEWHERE}
+
+# The battery's rows, by what their names (chaos.battery.plan) contain.
+ROWS = {
+    "kill rank 0": "kill rank 0 at step",
+    "kill rank 1": "kill rank 1 at step",
+    "kill node 0": "kill node 0 at step",
+    "kill mid-write": "mid-write in its 2nd save",
+    "kill after rename": "right after a rename in its 2nd save",
+    "torn last write": "last write in its 2nd save",
+    "power loss": "power loss on rank",
+    "preempt": "preempt rank 0",
+}
+# CI: one or two rows per target; -m slow: every row on every target.
+CI_ROWS = {
+    "shard_pointer": ("kill rank 1", "power loss"),
+    "epoch_snapshot": ("kill mid-write",),
+    "flat_files": ("torn last write",),
+    "folder_publish": ("preempt",),
+}
+CI_CRASH_POINTS = 1  # per target, a seeded sample of save 2's points; -m slow: all
+REPEATS = 5  # -m slow: each bug case and each CI row this many times
+
+
+@dataclass(frozen=True)
+class Bug:
+    fault: str | OnEvent | BatteryRow  # what exposes it
+    check: str  # the check that must fail
+    what: str  # what the bug does under that fault
+    words: tuple[str, ...] = ()  # the check's detail must name the cause
+    crashes_on_resume: bool = False  # a resume that raises: one restart is enough
+
+    @property
+    def needs_faultfs(self) -> bool:
+        """A power loss: only where the fault filesystem can be mounted."""
+        fault = self.fault
+        if isinstance(fault, OnEvent):
+            return fault.mode == "lose_unsynced"
+        if isinstance(fault, BatteryRow):
+            return fault.contains == ROWS["power loss"]
+        return fault.startswith("storage:") and "via=agent" not in fault
+
+    @property
+    def retries(self) -> dict[str, int]:
+        return {"max_restarts": 1, "max_relaunches": 0} if self.crashes_on_resume else {}
+
+
+BUGS = {
+    ("shard_pointer", "no_dir_fsync"): Bug(
+        "storage:mode=lose_unsynced,rank=0,step=6", "durable_checkpoints",
+        "power loss at step 6, after save 1 (step 4) finished: no folder was fsynced, so"
+        " step_00004/, its shards' names and `latest` are lost and the job starts over",
+        words=("fsync",)),
+    ("shard_pointer", "pointer_first"): Bug(
+        OnEvent("kill", 0, "rename", "*latest"), "atomic_recovery",
+        "rank 0 dies right after `latest` names step_00008, before any shard of it"
+        " exists: every resume opens a missing file", crashes_on_resume=True),
+    ("shard_pointer_elsewhere", "no_dir_fsync"): Bug(
+        BatteryRow(ROWS["power loss"]), "durable_checkpoints",
+        "the same bug with the checkpoints in run_state/: the battery's power loss after"
+        " the first rename of save 2 drops save 1 (step 4), finished but never made durable",
+        words=("fsync",)),
+    ("epoch_snapshot", "in_place"): Bug(
+        OnEvent("kill", 0, "*", "*snapshot.pt"), "atomic_recovery",
+        "rank 0 dies at the first file event of torch.save over the only snapshot:"
+        " resume reads a truncated file", crashes_on_resume=True),
+    ("epoch_snapshot", "no_rng"): Bug(
+        "kill:rank=1,step=7", "deterministic_resume",
+        "resume from the epoch-0 snapshot (step 4) leaves torch's RNG where seeding left"
+        " it: the token masks and dropout of step 5 on differ", words=("rng",)),
+    ("epoch_snapshot", "repeat_epoch"): Bug(
+        "kill:rank=1,step=7", "deterministic_resume",
+        "resume from step 4 trains epoch 0's sample order again: step 5's batch differs,"
+        " and the job runs 4 steps past the reference's last", words=("data",)),
+    ("epoch_snapshot", "skip_epoch"): Bug(
+        "kill:rank=1,step=7", "deterministic_resume",
+        "resume from step 4 jumps to epoch 2's sample order: step 5's batch differs, and"
+        " the job ends 4 steps short", words=("data",)),
+    ("flat_files", "in_place"): Bug(
+        OnEvent("kill", 0, "*", "*model.safetensors"), "atomic_recovery",
+        "rank 0 dies at the first file event on model.safetensors, written in place:"
+        " resume reads a cut file, or step 8's weights beside step 4's optimizer and state",
+        crashes_on_resume=True),
+    ("flat_files", "rotate_first"): Bug(
+        OnEvent("kill", 0, "*", "*model-000008*"), "atomic_recovery",
+        "with --keep 1, save 2 removes step 4's files before writing step 8's; rank 0"
+        " dies there and trainer_state.json names files that are gone",
+        crashes_on_resume=True),
+    ("folder_publish", "unpublished_pick"): Bug(
+        OnEvent("kill", 0, "write", "*tmp-step-8/*"), "atomic_recovery",
+        "rank 0 dies mid-write in tmp-step-8/; resume picks that unfinished folder over"
+        " step-4/ and loads a cut or missing file", crashes_on_resume=True),
+    ("folder_publish", "restart_from_zero"): Bug(
+        "kill:rank=1,step=7", "bounded_lost_work",
+        "after the kill at step 7 the job trains from step 0 again (7 steps redone with a"
+        " checkpoint of step 4 on disk) and saves step-4/ over the one there",
+        words=("step 0",)),
+}
+
+
+# -- fixtures ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def tally(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Tally:
+    """The session's matrix; printed and written to JSON at the end of the session."""
+    found = request.config.pluginmanager.get_plugin(MatrixPlugin.name)
+    if found is None:
+        found = MatrixPlugin(Tally(), tmp_path_factory.getbasetemp() / "verdict-matrix.json")
+        request.config.pluginmanager.register(found, MatrixPlugin.name)
+    return found.tally
+
+
+@pytest.fixture(scope="session")
+def cache(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference cache the plugin uses (--chaos-cache-dir, else the session's, as
+    tests/conftest.py's shared_cache): one reference per (target, variant)."""
+    given = pytestconfig.getoption("--chaos-cache-dir")
+    return Path(given).resolve() if given else tmp_path_factory.getbasetemp() / "torchchaos-cache"
+
+
+def _complain(incidents: list[Incident]) -> str:
+    return "\n".join(f"{i.kind} on {i.check}: {i.detail} (run dir {i.run_dir})"
+                     for i in incidents)
+
+
+def _params(table: Iterator[tuple[str, tuple, bool]]) -> list:
+    return [pytest.param(*values, id=key, marks=[pytest.mark.slow] if slow else [])
+            for key, values, slow in table]
+
+
+# -- correct variants: no false alarm ----------------------------------------------------
+
+def _row_cases() -> Iterator[tuple[str, tuple, bool]]:
+    for target in TARGETS:
+        for row in ROWS:
+            for repeat in range(REPEATS):
+                if repeat and row not in CI_ROWS[target]:
+                    continue
+                slow = repeat > 0 or row not in CI_ROWS[target]
+                key = f"{target}-{row.replace(' ', '_')}" + (f"-r{repeat}" if repeat else "")
+                yield key, (target, row, repeat), slow
+
+
+@pytest.mark.parametrize(("target", "row", "repeat"), _params(_row_cases()))
+def test_correct_variant_passes_battery_row(target: str, row: str, repeat: int, tally: Tally,
+                                            cache: Path,
+                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+    if row == "power loss" and unavailable_reason():
+        pytest.skip(unavailable_reason())
+    base = TARGETS[target].scenario("correct")
+    planned = [e for e in battery.plan(base, cache, progress) if ROWS[row] in e.name]
+    out = tmp_path_factory.mktemp(f"matrix-{target}-correct")
+    if planned:
+        entry = planned[0]
+        report, error = run_one(entry, base, out, cache)
+        outcome = Outcome(target, "correct", entry.name, entry.fault, None, report=report,
+                          out_dir=str(out), error=error, repeat=repeat)
+    else:
+        outcome = Outcome(target, "correct", row, "-", None, out_dir=str(out), repeat=repeat,
+                          error=f"the battery planned no {row!r} row (its reference saw no"
+                                " such file event in save 2)")
+    incidents = tally.add(outcome)
+    assert not incidents, _complain(incidents)
+
+
+def _crash_point_cases() -> Iterator[tuple[str, tuple, bool]]:
+    for target in TARGETS:
+        yield f"{target}-sample", (target, CI_CRASH_POINTS), False
+        yield f"{target}-all", (target, None), True
+
+
+@pytest.mark.parametrize(("target", "cap"), _params(_crash_point_cases()))
+def test_correct_variant_survives_crash_points(target: str, cap: int | None, tally: Tally,
+                                               cache: Path,
+                                               tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Save 2 of the correct variant, crashed at every rank's file events (a seeded
+    sample in CI), killed and, with the fault filesystem, by a power loss; each point
+    ends 3 steps after its recovery, as `torchchaos crashpoints` runs it."""
+    modes = ["kill"] if unavailable_reason() else ["kill", "lose_unsynced"]
+    base = TARGETS[target].scenario("correct")
+    found = crashpoints.plan(base, cache, progress, 2, modes, cap)
+    base.stop_after = 3
+    out = tmp_path_factory.mktemp(f"matrix-{target}-points")
+    incidents: list[Incident] = []
+    for number, entry in enumerate(crashpoints.entries(found, 2), 1):
+        report, error = run_one(entry, base, out / f"point-{number:02d}", cache)
+        incidents += tally.add(Outcome(target, "correct", entry.name, entry.fault, None,
+                                       report=report, out_dir=str(out), error=error))
+    assert not incidents, _complain(incidents)
+
+
+# -- buggy variants: caught by their check ------------------------------------------------
+
+def _bug_cases() -> Iterator[tuple[str, tuple, bool]]:
+    for target, variant in BUGS:
+        for repeat in range(REPEATS):
+            key = f"{target}-{variant}" + (f"-r{repeat}" if repeat else "")
+            yield key, (target, variant, repeat), repeat > 0
+
+
+@pytest.mark.parametrize(("target", "variant", "repeat"), _params(_bug_cases()))
+def test_planted_bug_is_caught(target: str, variant: str, repeat: int, tally: Tally,
+                               cache: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    bug = BUGS[(target, variant)]
+    if bug.needs_faultfs and unavailable_reason():
+        pytest.skip(unavailable_reason())
+    base = ALL_TARGETS[target].scenario(variant, **bug.retries)
+    out = tmp_path_factory.mktemp(f"matrix-{target}-{variant}")
+    spec, error, report = str(bug.fault), "", None
+    if not isinstance(bug.fault, str):
+        try:
+            spec = bug.fault.resolve(base, cache)
+        except LookupError as exc:
+            error = str(exc)
+    if not error:
+        report, error = run_one(Entry(f"{variant}: {bug.fault}", spec), base, out, cache)
+    incidents = tally.add(Outcome(target, variant, bug.what, spec, bug.check, bug.words,
+                                  report=report, out_dir=str(out), error=error,
+                                  repeat=repeat))
+    assert not incidents, _complain(incidents)
+
+
+# -- the tally itself (no run) ------------------------------------------------------------
+
+def _report(verdict: str, reason: str = "", **checks: bool | None) -> dict:
+    return {"verdict": verdict, "reason": reason, "run_dir": "d",
+            "checks": {name: {"ok": ok, "detail": f"{name} said so"} for name, ok in
+                       checks.items()}}
+
+
+def test_the_tally_sorts_each_outcome_into_its_cell(tmp_path: Path) -> None:
+    tally = Tally()
+    tally.add(Outcome("t", "correct", "row", "f", None,
+                      report=_report("fail", completes=True, atomic_recovery=False)))
+    tally.add(Outcome("t", "correct", "row", "f", None, error="CannotJudge: no"))
+    tally.add(Outcome("t", "bug", "b", "f", "deterministic_resume", ("rng",),
+                      report=_report("pass", deterministic_resume=True)))
+    tally.add(Outcome("t", "bug", "b", "f", "deterministic_resume", ("rng",),
+                      report=_report("fail", deterministic_resume=False)))
+    tally.add(Outcome("t", "bug", "b", "f", "durable_checkpoints",
+                      report=_report("error", "never fired", durable_checkpoints=None)))
+    kinds = [(i.kind, i.check) for i in tally.incidents()]
+    assert kinds == [("false alarm", "atomic_recovery"), ("error", "(whole run)"),
+                     ("miss", "deterministic_resume"), ("wrong cause", "deterministic_resume"),
+                     ("error", "durable_checkpoints")]
+    matrix = tally.matrix()
+    assert matrix["atomic_recovery"]["false alarms"] == 1
+    assert matrix["completes"]["judged on correct"] == 1
+    assert matrix["deterministic_resume"]["expected to fail"] == 2
+    blob = json.loads(tally.write(tmp_path / "m.json").read_text())
+    assert len(blob["incidents"]) == 5 and len(blob["runs"]) == 5
+    assert "FALSE ALARM  atomic_recovery" in tally.table()
