@@ -64,7 +64,7 @@ CI_ROWS = {
     "folder_publish": ("preempt",),
 }
 CI_CRASH_POINTS = 1  # per target, a seeded sample of save 2's points; -m slow: all
-REPEATS = 5  # -m slow: each bug case and each CI row this many times
+REPEATS = 5  # -m slow: every row, every crash-point sweep and every bug case this many times
 
 
 @dataclass(frozen=True)
@@ -179,8 +179,6 @@ def _row_cases() -> Iterator[tuple[str, tuple, bool]]:
     for target in TARGETS:
         for row in ROWS:
             for repeat in range(REPEATS):
-                if repeat and row not in CI_ROWS[target]:
-                    continue
                 slow = repeat > 0 or row not in CI_ROWS[target]
                 key = f"{target}-{row.replace(' ', '_')}" + (f"-r{repeat}" if repeat else "")
                 yield key, (target, row, repeat), slow
@@ -210,12 +208,15 @@ def test_correct_variant_passes_battery_row(target: str, row: str, repeat: int, 
 
 def _crash_point_cases() -> Iterator[tuple[str, tuple, bool]]:
     for target in TARGETS:
-        yield f"{target}-sample", (target, CI_CRASH_POINTS), False
-        yield f"{target}-all", (target, None), True
+        yield f"{target}-sample", (target, CI_CRASH_POINTS, 0), False
+        for repeat in range(REPEATS):
+            key = f"{target}-all" + (f"-r{repeat}" if repeat else "")
+            yield key, (target, None, repeat), True
 
 
-@pytest.mark.parametrize(("target", "cap"), _params(_crash_point_cases()))
-def test_correct_variant_survives_crash_points(target: str, cap: int | None, tally: Tally,
+@pytest.mark.parametrize(("target", "cap", "repeat"), _params(_crash_point_cases()))
+def test_correct_variant_survives_crash_points(target: str, cap: int | None, repeat: int,
+                                               tally: Tally,
                                                cache: Path,
                                                tmp_path_factory: pytest.TempPathFactory) -> None:
     """Save 2 of the correct variant, crashed at every rank's file events (a seeded
@@ -230,7 +231,8 @@ def test_correct_variant_survives_crash_points(target: str, cap: int | None, tal
     for number, entry in enumerate(crashpoints.entries(found, 2), 1):
         report, error = run_one(entry, base, out / f"point-{number:02d}", cache)
         incidents += tally.add(Outcome(target, "correct", entry.name, entry.fault, None,
-                                       report=report, out_dir=str(out), error=error))
+                                       report=report, out_dir=str(out), error=error,
+                                       repeat=repeat))
     assert not incidents, _complain(incidents)
 
 
