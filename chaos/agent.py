@@ -571,7 +571,8 @@ class TrainingState:
 
 
 def _has_closure(args: Any, kwargs: Any) -> bool:
-    return bool(args and args[0] is not None) or kwargs.get("closure") is not None
+    """Was optimizer.step given a closure? The hooks' `args` start with the optimizer."""
+    return (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None
 
 
 def _grads_digest(opt: torch.optim.Optimizer) -> str:
