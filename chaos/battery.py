@@ -23,7 +23,7 @@ from pathlib import Path
 
 from chaos import html_report, runner
 from chaos.engine import run_scenario
-from chaos.errors import CannotJudge
+from chaos.errors import CannotJudge, UsageError
 from chaos.history import Event, History
 from chaos.reference import get_reference
 from chaos.report import MARK, Report
@@ -42,6 +42,7 @@ class Entry:
     report: Report | None = None
     seed: int | None = None  # for the fault's seeded picks; None: the base scenario's
     start_from: str | None = None  # Scenario.start_from for this run
+    error: str = ""  # why the run could not be judged, where it made no report
 
 
 def plan(base: Scenario, cache_dir: Path, progress: Progress) -> list[Entry]:
@@ -173,7 +174,8 @@ def _run_entry(entry: Entry, number: int, total: int, base: Scenario, out_dir: P
         scenario.start_from = entry.start_from
     try:
         entry.report = run_scenario(scenario, out_dir / f"{number:02d}", cache_dir, progress)
-    except CannotJudge as exc:
+    except (CannotJudge, UsageError) as exc:  # this run's fault only: the sweep goes on
+        entry.error = str(exc)
         progress(f"could not judge {entry.name}: {exc}")
 
 
@@ -236,6 +238,10 @@ def table(entries: list[Entry]) -> str:
                for n, c in e.report.checks.items() if c["ok"] is False]
     for entry, name, check in failing:
         lines.append(f"  {entry.name} / {name}: {check['detail']}")
+    for entry in entries:  # every ERROR row says why
+        reason = entry.report.reason if entry.report else entry.error
+        if entry.report is None or entry.report.verdict == "error":
+            lines.append(f"  {entry.name}: could not judge: {reason or 'no reason recorded'}")
     return "\n".join(lines)
 
 

@@ -86,3 +86,18 @@ def test_an_interrupt_in_the_sweep_cancels_the_runs_still_going() -> None:
         battery._in_parallel(run, lambda _n: None, range(1, 3), jobs=2)
     runner.reset_cancel()
     assert cancelled.is_set()  # the other run saw the cancel before the sweep returned
+
+
+def test_every_error_row_of_a_sweep_says_why() -> None:
+    """A run that could not be judged (no report) or judged 'error' prints its reason
+    under the table, not a bare ERROR (issue 22)."""
+    from chaos.report import Report
+
+    judged = Report(verdict="error", checks={"completes": {"ok": True, "detail": "ok"}},
+                    reason="fault(s) never fired: kill:rank=0,step=99")
+    entries = [battery.Entry("kill late", "kill:rank=0,step=99", report=judged),
+               battery.Entry("bad dir", "storage:mode=lose_unsynced,dir=x",
+                             error="storage dir=x: leads outside the run directory")]
+    table = battery.table(entries)
+    assert "  kill late: could not judge: fault(s) never fired: kill:rank=0,step=99" in table
+    assert "  bad dir: could not judge: storage dir=x: leads outside the run directory" in table
