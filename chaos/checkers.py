@@ -87,7 +87,7 @@ def _failed_resume(ev: Evidence) -> str | None:
         if (head["t"] < first or key in faulted or hangs.cuts_in_force(ev.chaos, head["t"])
                 or {e["ev"] for e in events} & {"restore", "step"}):
             continue
-        if _steps_done_by(ev, head["t"]) >= final:
+        if ev.steps_done_by(head["t"]) >= final:
             continue  # restarted once training was over (a death at exit): nothing to resume
         if key == last and (ev.hang is not None or ev.deadline_hit):
             continue  # torn down by the harness while it waited: the hang check says why
@@ -113,11 +113,6 @@ def _failed_resume(ev: Evidence) -> str | None:
 def _first_line(message: str) -> str:
     """An exception's message, first line ('(no message)': EOFError() has none)."""
     return (message.splitlines() or ["(no message)"])[0]
-
-
-def _steps_done_by(ev: Evidence, t: float) -> int:
-    return max((e["step"] for e in ev.chaos.steps() if e["t"] < t and e.get("aligned", True)),
-               default=0)
 
 
 def _written_in_place(ev: Evidence, path: str) -> bool:

@@ -95,6 +95,11 @@ class Evidence:
                 by_pid.setdefault(event["pid"], []).append(event)
         return by_pid
 
+    def steps_done_by(self, t: float) -> int:
+        """The highest (aligned) step the job had completed before time `t`."""
+        return max((e["step"] for e in self.chaos.steps()
+                    if e["t"] < t and e.get("aligned", True)), default=0)
+
     def first_fault_time(self) -> float | None:
         faults = self.chaos.faults()
         return faults[0]["t"] if faults else None
@@ -112,11 +117,10 @@ class Evidence:
             events = attempts[key]
             started = min(e["t"] for e in events)
             before = [e for e in self.chaos.events if e["t"] < started]
-            done = [e["step"] for e in before if e["ev"] == "step" and e.get("aligned", True)]
             faults = [e for e in before if e["ev"] == "fault"
                       and (e["launch"], e["attempt"]) == previous]
             failed_at = faults[-1]["t"] if faults else max(e["t"] for e in attempts[previous])
-            recovery = Recovery(key[0], key[1], started, failed_at, max(done, default=0))
+            recovery = Recovery(key[0], key[1], started, failed_at, self.steps_done_by(started))
             for e in events:
                 if e["ev"] == "restore":
                     recovery.restored[e["rank"]] = e["restored"]
