@@ -115,6 +115,10 @@ class FaultKind:
         """Raise UsageError if a job of `nodes` simulated nodes on `network` ("netns"
         or "host") cannot have this fault."""
 
+    def check_together(self, faults: list[dict[str, object]]) -> None:
+        """Raise UsageError if these faults of this kind (their params) cannot share one
+        job (e.g. storage: one mount per folder, and mounts cannot nest)."""
+
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         """Inject the fault from inside the rank (agent kinds)."""
         raise NotImplementedError

@@ -105,10 +105,7 @@ class Scenario:
             self._check_target(spec)
             by_kind.setdefault(spec.kind, []).append(spec.params)
         for name, params in by_kind.items():
-            # optional: a kind whose faults share a resource (storage: one mount per folder)
-            together = getattr(get_kind(name), "check_together", None)
-            if together is not None:
-                together(params)
+            get_kind(name).check_together(params)
 
     def _check_target(self, spec: FaultSpec) -> None:
         """A rank or node index the job has (symbolic targets are drawn from those)."""
