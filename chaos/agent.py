@@ -139,6 +139,7 @@ class Agent:
                                    if f.trigger.step is not None})
         self.full = True  # whether the step under way is
         self.stop_after = int(environ.get(env.STOP_AFTER) or 0)
+        self.stop_at_step = int(environ.get(env.STOP_AT_STEP) or 0)
         self.snapshot_after = int(environ.get(env.SNAPSHOT_AFTER_SAVE) or 0)
         self.written: set[str] = set()  # top-level entries of the run dir the saves wrote
         self.stop_marker = self.layout.stopped_dir / f"rank-{self.rank}"
@@ -406,6 +407,8 @@ class Agent:
         self._step_actions = [act for act in self._step_actions if act(self.global_step() or 0)]
         self._check_step_triggers(self.global_step() or 0)
         if self.stop_after and self.recovering and self.local_steps >= self.stop_after:
+            self._stop()
+        if self.stop_at_step and (self.global_step() or 0) >= self.stop_at_step:
             self._stop()
 
     def _stop(self) -> None:

@@ -117,15 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_parallel(battery)
     _add_optional_script(battery)
     points = sub.add_parser(
-        "crashpoints", help="crash the job at every file event of one checkpoint save",
-        description="The fault-free reference records every file event of checkpoint save"
-        " --save on every rank; then one chaos run crashes the job at each event, in each"
-        " --mode: kill (process crash right after the event), lose_unsynced (power loss"
-        " right after it: unsynced data and names are dropped) and torn (the write is cut"
-        " short, then a crash). More points than --cap: a seeded sample. kill and torn"
-        " points start from a copy of the checkpoints before that save (the reference run"
-        " takes it); every point ends a few steps after its recovery. With no SCRIPT, runs the"
-        " bundled reference target.")
+        "crashpoints", help="judge every crash state of one checkpoint save",
+        description="Runs the job once to the step after save --save with the fault"
+        " filesystem recording its checkpoint folder (every operation of every rank, with"
+        " its bytes), then enumerates the crash states of that save from the record, in each"
+        " --mode: kill (the job dies after an operation; the page cache survives), torn (a"
+        " write reaches the disk only in part) and lose_unsynced (a power loss: each pending"
+        " unsynced file or folder change is kept or lost, every combination up to 16 a point)."
+        " Each state's folder is given to a fresh start of the job, which recovers and runs"
+        " --steps-after-resume steps; states that show a recovery the same names and bytes"
+        " where it looked share one recovery run. Each state is judged with the checks of a"
+        " chaos run. More states than --cap: a seeded sample. --per-point instead runs one"
+        " whole chaos run per file event of the save (the mode before recordings). With no"
+        " SCRIPT, runs the bundled reference target.")
     _add_job_options(points)
     _add_parallel(points)
     points.add_argument("--save", type=_count, default=2, metavar="K",
@@ -133,8 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
                              " that has an earlier checkpoint to fall back to)")
     points.add_argument("--mode", action="append", default=None, metavar="MODE",
                         help="kill, lose_unsynced, torn (repeatable; default all three)")
-    points.add_argument("--cap", type=_count, default=50, metavar="N",
-                        help="run at most N points, sampled with --seed (default 50)")
+    points.add_argument("--cap", type=_count, default=None, metavar="N",
+                        help="judge at most N crash states (--per-point: N points), sampled"
+                             " with --seed (default: every state; 50 points)")
     points.add_argument("--steps-after-resume", type=_positive_int, default=3, metavar="N",
                         help="end each point N steps after its recovery: the restore and"
                              " the first steps after it are what a crash point tests"
@@ -142,7 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     points.add_argument("--from-scratch", action="store_true",
                         help="start every point at step 0 instead of from a snapshot of the"
                              " checkpoints before the save under test (the reference run"
-                             " takes it)")
+                             " takes it; --per-point only)")
+    points.add_argument("--per-point", action="store_true",
+                        help="one whole chaos run per file event and mode, crashing the job"
+                             " for real (slower; the states it reaches are a subset)")
     _add_optional_script(points)
     campaign = sub.add_parser(
         "campaign", help="N seeded bit flips, one run each, and the outcome table",
@@ -422,13 +430,21 @@ def cmd_battery(ns: argparse.Namespace) -> int:
 
 
 def cmd_crashpoints(ns: argparse.Namespace) -> int:
-    from chaos import battery, crashpoints
+    from chaos import battery, crashpoints, crashsweep
     from chaos.engine import prepare_out_dir
 
     base, out, cache = _battery_base(ns)
     progress = _progress(ns.quiet)
-    found = crashpoints.plan(base, cache, progress, ns.save, ns.mode or list(crashpoints.MODES),
-                             ns.cap, from_snapshot=not ns.from_scratch)
+    modes = ns.mode or list(crashpoints.MODES)
+    if not ns.per_point:
+        crashpoints.check_modes(modes)
+        result = crashsweep.sweep(base, out, cache, progress, ns.save, modes, ns.cap,
+                                  ns.steps_after_resume or 3)
+        battery.write_index(result.entries, out, "torchchaos crash states")
+        return _print_battery(crashsweep.report_rows(result), out,
+                              crashsweep.summary(result, ns.save))
+    found = crashpoints.plan(base, cache, progress, ns.save, modes,
+                             50 if ns.cap is None else ns.cap, from_snapshot=not ns.from_scratch)
     prepare_out_dir(out)
     entries = crashpoints.entries(found, ns.save)
     total = found.total

@@ -96,6 +96,12 @@ def storage_folder(history: History, save: int, modes: list[str]) -> str:
     return folder
 
 
+def check_modes(modes: list[str]) -> None:
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise UsageError(f"unknown crash mode {unknown[0]!r} (known: {', '.join(MODES)})")
+
+
 def sample(points: list[CrashPoint], cap: int | None, seed: int) -> list[CrashPoint]:
     if cap is None or len(points) <= cap:
         return points
@@ -115,9 +121,7 @@ def plan(base: Scenario, cache_dir: Path, progress: Progress, save: int, modes: 
     """The sampled points of save `save`. With `from_snapshot` (and a save before it),
     the reference run also takes the snapshot the points start from: the variable
     asking for it goes into `base.env`, so the points' runs find that same reference."""
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        raise UsageError(f"unknown crash mode {unknown[0]!r} (known: {', '.join(MODES)})")
+    check_modes(modes)
     from_snapshot = from_snapshot and save > 1
     if from_snapshot:
         base.env = {**base.env, env.SNAPSHOT_AFTER_SAVE: str(save - 1)}

@@ -32,6 +32,11 @@ class Report:
     # Measured checkpoint cost and the Young/Daly interval (chaos.interval.recommend);
     # None when no save finished
     checkpoint: dict[str, Any] | None = None
+    # a crash state judged from a recording (chaos.crashsweep): which one, the save's
+    # operations that led to it, and the recording run
+    crash_state: str = ""
+    operations: list[str] = field(default_factory=list)
+    recording: str = ""
 
     @classmethod
     def from_checks(cls, checks: dict[str, CheckResult], **fields: Any) -> Report:

@@ -161,7 +161,8 @@ class Job:
 
     def __init__(self, scenario: Scenario, run_dir: Path, faults: list[ResolvedFault],
                  reference: Path | None = None, progress: Progress | None = None,
-                 hang_timeout: float = 60.0, start_from: Path | None = None) -> None:
+                 hang_timeout: float = 60.0, start_from: Path | None = None,
+                 record: str | None = None) -> None:
         self.scenario = scenario
         self.layout = RunLayout(run_dir)
         self.hangs = HangWatch(self.layout.beats_dir, hang_timeout)
@@ -177,6 +178,7 @@ class Job:
         self.store_port = STORE_PORT if scenario.network_kind == "netns" else netns.free_port()
         self.nemesis: Nemesis | None = None
         self.start_from = start_from  # copied into the run dir first (Scenario.start_from)
+        self.record = record  # a folder the fault filesystem records (chaos.crashstates)
 
     def run(self) -> JobOutcome:
         self.layout.create()
@@ -239,6 +241,8 @@ class Job:
     def _set_up_faults(self, log: HistoryWriter) -> None:
         """Let each fault kind set up what its faults need for the whole job."""
         ctx = JobContext(self.layout.run_dir, self.run_id, self.network, self.store_port)
+        if self.record is not None:
+            self.resources.append(get_kind("storage").setup_recording(self.record, ctx))
         for name in dict.fromkeys(f.kind for f in self.faults):
             mine = [f for f in self.faults if f.kind == name]
             ctx.resources[name] = get_kind(name).setup_job(mine, ctx)

@@ -105,29 +105,15 @@ class Storage(FaultKind):
                                      " combined: one folder is inside the other")
 
     def setup_job(self, faults: list[ResolvedFault], ctx: JobContext) -> JobResource:
-        from faults.faultfs.mount import Mount  # the harness side only
-
         dirs = dict.fromkeys(str(f.params.get("dir", "ckpt")) for f in faults
                              if f.params.get("via", "fuse") == "fuse")
-        resource = FaultFSMounts()
-        layout = RunLayout(ctx.run_dir)
-        try:
-            for number, folder in enumerate(dirs):
-                mountpoint = _mountpoint(ctx.run_dir, folder)
-                slug = _slug(number, folder)
-                state = layout.chaos_dir / "faultfs" / slug
-                history = layout.history_dir / f"faultfs-{slug}.jsonl"
-                # over the whole run dir, the harness's own folder stays out of the model
-                private = (CHAOS_DIR,) if mountpoint == ctx.run_dir.resolve() else ()
-                mount = Mount(mountpoint, state, history, ctx.run_id, private)
-                resource.mounts.append(mount)
-                mount.start()
-        except BaseException:
-            resource.close()
-            raise
-        names = {folder: m.socket_path for folder, m in zip(dirs, resource.mounts)}
-        resource.environ[SOCKETS_ENV] = json.dumps(names)
-        return resource
+        return _mount_all(list(dirs), ctx, record=False)
+
+    def setup_recording(self, folder: str, ctx: JobContext) -> JobResource:
+        """The fault filesystem over `folder` in recording mode, faulting nothing: every
+        write's bytes and every path the job looks at go into the run's history (crash
+        states are rebuilt from that record)."""
+        return _mount_all([folder], ctx, record=True)
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         params = fault.params
@@ -149,6 +135,31 @@ class Storage(FaultKind):
                                                                 "duration")}}
         reply = request(socket_path, {**command, "fault_id": fault.id})
         ctx.record("fault_applied", id=fault.id, reply=reply)  # not reached after a crash
+
+
+def _mount_all(dirs: list[str], ctx: JobContext, record: bool) -> FaultFSMounts:
+    from faults.faultfs.mount import Mount  # the harness side only
+
+    resource = FaultFSMounts()
+    layout = RunLayout(ctx.run_dir)
+    try:
+        for number, folder in enumerate(dirs):
+            mountpoint = _mountpoint(ctx.run_dir, folder)
+            slug = _slug(number, folder)
+            state = layout.chaos_dir / "faultfs" / slug
+            history = layout.history_dir / f"faultfs-{slug}.jsonl"
+            blobs = layout.chaos_dir / "faultfs" / f"{slug}.blobs" if record else None
+            # over the whole run dir, the harness's own folder stays out of the model
+            private = (CHAOS_DIR,) if mountpoint == ctx.run_dir.resolve() else ()
+            mount = Mount(mountpoint, state, history, ctx.run_id, private, blobs)
+            resource.mounts.append(mount)
+            mount.start()
+    except BaseException:
+        resource.close()
+        raise
+    names = {folder: m.socket_path for folder, m in zip(dirs, resource.mounts)}
+    resource.environ[SOCKETS_ENV] = json.dumps(names)
+    return resource
 
 
 def _slug(number: int, folder: str) -> str:

@@ -80,10 +80,10 @@ def test_capped_enumeration_finds_the_missing_fsync(tmp_path):
     power loss from step 0 (a copy cannot say what was fsynced)."""
     out = tmp_path / "points"
     done = subprocess.run(
-        [sys.executable, "-m", "chaos.cli", "crashpoints", "--mode", "lose_unsynced",
-         "--mode", "kill", "--cap", "2", "--seed", "1", "--out", str(out), "--cache-dir",
-         str(tmp_path / "c"), "--", str(TARGET), "--steps", "20", "--ckpt-every", "5",
-         "--bug", "no_fsync"],
+        [sys.executable, "-m", "chaos.cli", "crashpoints", "--per-point", "--mode",
+         "lose_unsynced", "--mode", "kill", "--cap", "2", "--seed", "1", "--out", str(out),
+         "--cache-dir", str(tmp_path / "c"), "--", str(TARGET), "--steps", "20",
+         "--ckpt-every", "5", "--bug", "no_fsync"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 1, done.stdout + done.stderr
@@ -103,8 +103,8 @@ def test_capped_enumeration_over_an_async_sharded_save_passes_the_correct_target
     a seeded sample of 3 runs, and the correct protocol survives each."""
     out = tmp_path / "points"
     done = subprocess.run(
-        [sys.executable, "-m", "chaos.cli", "crashpoints", "--cap", "3", "--seed", "2",
-         "--out", str(out), "--cache-dir", str(tmp_path / "c"),
+        [sys.executable, "-m", "chaos.cli", "crashpoints", "--per-point", "--cap", "3",
+         "--seed", "2", "--out", str(out), "--cache-dir", str(tmp_path / "c"),
          "--", str(REPO / "targets" / "dcp_lm.py"), "--steps", "20", "--ckpt-every", "5"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)})

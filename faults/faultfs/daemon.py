@@ -46,7 +46,7 @@ from chaos.history import HistoryWriter
 from faults.faultfs import client
 from faults.faultfs.armed import Armed, ArmedFaults
 from faults.faultfs.durability import DurabilityTracker
-from faults.faultfs.fs import FaultFS
+from faults.faultfs.fs import FaultFS, Recorder
 from faults.filebits import flip_file_bits, newest_big_file, seeded_bit_offsets
 
 KILL_TIMEOUT = 15.0
@@ -55,13 +55,15 @@ PR_SET_PDEATHSIG = 1
 
 class Daemon:
     def __init__(self, root: Path, state: Path, log: HistoryWriter, run_id: str | None,
-                 private: frozenset[str] = frozenset()) -> None:
+                 private: frozenset[str] = frozenset(), record: Path | None = None) -> None:
         self.root = root
         self.tracker = DurabilityTracker(root, state / "shadow", private)
         self.armed = ArmedFaults()
         self.log = log
         self.run_id = run_id
-        self.fs = FaultFS(root, self.tracker, self.armed, log, self._crash_later, private)
+        recorder = Recorder(record) if record is not None else None
+        self.fs = FaultFS(root, self.tracker, self.armed, log, self._crash_later, private,
+                          recorder)
         self.busy = threading.Lock()  # held while a crash or bit rot is carried out
 
     # -- commands ------------------------------------------------------------
@@ -194,6 +196,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--socket", required=True, help="unix socket (a path) for commands")
     parser.add_argument("--history", type=Path, required=True)
     parser.add_argument("--run-id", default=None, help="a crash kills this run's processes")
+    parser.add_argument("--record", type=Path, default=None, metavar="BLOBS",
+                        help="recording mode: keep every write's bytes in this file and"
+                             " note every path the job looks at")
     return parser.parse_args(argv)
 
 
@@ -209,8 +214,9 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(f"/proc/self/fd/{fd}")
     # opened (history) and bound (socket) now, before the mount hides their folders
     log = HistoryWriter(args.history, source="faultfs", mount=str(args.mountpoint))
+    record = beneath(args.record, args.mountpoint, root) if args.record else None
     daemon = Daemon(root, beneath(args.state, args.mountpoint, root), log, args.run_id,
-                    frozenset(args.private))
+                    frozenset(args.private), record)
     daemon.serve_control(args.socket)
     log.record("fs_mount", pid=os.getpid())
     try:

@@ -81,13 +81,47 @@ class Untracked:
 UNTRACKED = Untracked()
 
 
+class Recorder:
+    """Recording mode: keeps the bytes of every write (appended to one blob file; the
+    `fs` event names their place) and notes each time the job looked at a path
+    (`fs_read`: stat, list or read), so that a crash state can be rebuilt from the
+    history and a recovery's view of the folder told apart from another's."""
+
+    def __init__(self, blobs: Path) -> None:
+        self.blobs = open(blobs, "ab")  # noqa: SIM115 - open for the mount's life
+        self.lock = threading.Lock()
+
+    def keep(self, data: bytes) -> list[int]:
+        with self.lock:
+            offset = self.blobs.tell()
+            self.blobs.write(data)
+            self.blobs.flush()
+        return [offset, len(data)]
+
+    def looked_at(self, op: str, path: str, log: HistoryWriter, pid: int) -> None:
+        log.record("fs_read", op=op, path=path, pid=pid)
+
+
+def _tgid(tid: int) -> int:
+    """The process a thread belongs to (FUSE names the calling thread)."""
+    try:
+        with open(f"/proc/{tid}/status") as status:
+            for line in status:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return tid
+
+
 class FaultFS(mfusepy.Operations):
     use_ns = True  # times in nanoseconds (mfusepy's modern interface)
 
     def __init__(self, root: Path, tracker: DurabilityTracker, armed: ArmedFaults,
-                 log: HistoryWriter, crash: Crash, private: frozenset[str] = frozenset()
-                 ) -> None:
+                 log: HistoryWriter, crash: Crash, private: frozenset[str] = frozenset(),
+                 recorder: Recorder | None = None) -> None:
         self.root = root
+        self.recorder = recorder  # set: every write's bytes and every lookup are kept
         self.tracker = tracker
         self.armed = armed
         self.log = log
@@ -155,12 +189,21 @@ class FaultFS(mfusepy.Operations):
         if path and self._private(path):
             return
         pid = mfusepy.fuse_get_context()[2]
+        if self.recorder is not None:
+            fields["tgid"] = _tgid(pid)
         self.log.record("fs", op=op, path=(path or "").lstrip("/"), pid=pid, **fields)
+
+    def _looked_at(self, op: str, path: str) -> None:
+        """Recording: the job looked at `path` (stat, list, read)."""
+        if self.recorder is not None and not self._private(path):
+            self.recorder.looked_at(op, path.lstrip("/"), self.log,
+                                    mfusepy.fuse_get_context()[2])
 
     # -- metadata ------------------------------------------------------------
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
         if self.down.is_set() and not self._private(path):
             raise mfusepy.FuseOSError(errno.EIO)
+        self._looked_at("stat", path)
         if fh is not None:
             return _attrs(os.fstat(fh))
         real = self._real(path)
@@ -173,6 +216,7 @@ class FaultFS(mfusepy.Operations):
 
     def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
         self._gate("readdir", path)
+        self._looked_at("list", path)
         # with use_ino the inode must be given: an entry with inode 0 is hidden by readdir(3)
         real = self._real(path)
         found = [(".", os.stat(real)), ("..", os.stat(real / ".."))]
@@ -208,12 +252,15 @@ class FaultFS(mfusepy.Operations):
         self._gate("open", path)
         real = self._real(path)
         writing = flags & (os.O_WRONLY | os.O_RDWR)
+        if not writing or flags & os.O_RDWR:
+            self._looked_at("read", path)
         with self._changing(path) as tracker:
             if flags & os.O_TRUNC:
                 tracker.before_data_change(real)
             fd = os.open(real, flags)
         if writing:
-            self._record("open", path, trunc=bool(flags & os.O_TRUNC))
+            self._record("open", path, trunc=bool(flags & os.O_TRUNC),
+                         excl=bool(flags & os.O_EXCL))
         return fd
 
     def create(self, path: str, mode: int, flags: int = os.O_WRONLY) -> int:
@@ -226,7 +273,8 @@ class FaultFS(mfusepy.Operations):
             fd = os.open(real, flags | os.O_CREAT, mode)
             if not existed:
                 tracker.created(real)
-        self._record("create", path)
+        self._record("create", path, trunc=bool(existed and flags & os.O_TRUNC),
+                     excl=bool(flags & os.O_EXCL))
         return fd
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
@@ -245,7 +293,9 @@ class FaultFS(mfusepy.Operations):
                 self.crash(fault)
                 raise mfusepy.FuseOSError(errno.EIO)
             written = os.pwrite(fh, data, offset)
-        self._record("write", path, offset=offset, size=written)
+        blob = self.recorder.keep(data[:written]) if self.recorder is not None else None
+        self._record("write", path, offset=offset, size=written,
+                     **({"blob": blob} if blob is not None else {}))
         return written
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
@@ -323,5 +373,5 @@ class FaultFS(mfusepy.Operations):
         with self._changing(target) as tracker:
             os.symlink(source, self._real(target))
             tracker.created(self._real(target))
-        self._record("symlink", target)
+        self._record("symlink", target, source=source)
         return 0

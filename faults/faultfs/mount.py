@@ -57,12 +57,14 @@ class Mount:
     folders named in `private` pass through outside the fault model."""
 
     def __init__(self, mountpoint: Path, state: Path, history: Path,
-                 run_id: str | None = None, private: tuple[str, ...] = ()) -> None:
+                 run_id: str | None = None, private: tuple[str, ...] = (),
+                 record: Path | None = None) -> None:
         self.mountpoint = mountpoint.resolve()
         self.state = state.resolve()
         self.history = history.resolve()
         self.run_id = run_id
         self.private = private
+        self.record = record.resolve() if record is not None else None  # blob file
         self.socket_path = str(self.state / "control.sock")
         self.daemon: subprocess.Popen[bytes] | None = None
 
@@ -75,7 +77,7 @@ class Mount:
 
     def _check_own_files(self) -> None:
         """The daemon's own files may lie in the mount only where nothing is modelled."""
-        for path in (self.state, self.history):
+        for path in (self.state, self.history, *([self.record] if self.record else [])):
             rel = self._inside(path)
             if rel is not None and (not rel.parts or rel.parts[0] not in self.private):
                 raise FaultFSError(f"the fault filesystem's file {path} lies inside its"
@@ -105,6 +107,8 @@ class Mount:
         cmd += [arg for name in self.private for arg in ("--private", name)]
         if self.run_id:
             cmd += ["--run-id", self.run_id]
+        if self.record is not None:
+            cmd += ["--record", str(self.record)]
         with open(self.state / "daemon.log", "ab") as log:
             self.daemon = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                            stderr=subprocess.STDOUT, start_new_session=True,

@@ -1,0 +1,155 @@
+"""The crash states a recorded save allows (chaos.crashstates): pure, no job."""
+
+from __future__ import annotations
+
+import pytest
+
+from chaos.crashstates import (
+    Folder,
+    Unsupported,
+    enumerate_states,
+    image_digest,
+    materialise,
+    recovery_view,
+    view_key,
+)
+
+
+def _record(*ops: tuple) -> tuple[list[dict], bytes]:
+    """Operations as the recording filesystem writes them: ("write", path, bytes) keeps
+    the bytes in the blob file."""
+    events, blobs = [], b""
+    for t, (op, path, *rest) in enumerate(ops):
+        event = {"ev": "fs", "t": float(t), "op": op, "path": path}
+        if op == "write":
+            data = rest[0]
+            event.update(offset=rest[1] if len(rest) > 1 else 0, size=len(data),
+                         blob=[len(blobs), len(data)])
+            blobs += data
+        elif op == "rename":
+            event["to"] = rest[0]
+        events.append(event)
+    return events, blobs
+
+
+# temp file, fsync, rename over the pointer, fsync of the folder: the correct publish
+PUBLISH = _record(("create", ".tmp"), ("write", ".tmp", b"step 20"), ("fsync", ".tmp"),
+                  ("rename", ".tmp", "latest"), ("fsyncdir", ""))
+BEFORE = _record(("create", "latest"), ("write", "latest", b"step 10"), ("fsync", "latest"),
+                 ("fsyncdir", ""))
+
+
+def _states(record, modes, first=0):
+    ops, blobs = record
+    return enumerate_states(Folder(), ops, blobs, first, modes, seed=0).states
+
+
+def _joined():
+    ops = BEFORE[0] + [{**e, "blob": [e["blob"][0] + len(BEFORE[1]), e["blob"][1]]}
+                       if "blob" in e else e for e in PUBLISH[0]]
+    return ops, BEFORE[1] + PUBLISH[1]
+
+
+def test_kill_states_are_the_prefixes_and_the_page_cache_survives():
+    ops, blobs = _joined()
+    kills = _states((ops, blobs), ["kill"], first=len(BEFORE[0]))
+    assert [s.cut for s in kills] == [4, 5, 6, 7, 8, 9]
+    assert kills[0].image == {"latest": ("file", b"step 10")}
+    assert kills[2].image == {"latest": ("file", b"step 10"), ".tmp": ("file", b"step 20")}
+    assert kills[-1].image == {"latest": ("file", b"step 20")}
+    assert "after #4 rename .tmp -> latest" in kills[4].detail
+
+
+def test_a_power_loss_keeps_what_was_fsynced_and_tries_each_pending_change():
+    ops, blobs = _joined()
+    losses = _states((ops, blobs), ["lose_unsynced"], first=len(BEFORE[0]))
+    after_rename = [s for s in losses if s.cut == 8]
+    # pending: the folder's entries only (.tmp's data was fsynced): lost or kept
+    assert {image_digest(s.image) for s in after_rename} == {
+        image_digest({"latest": ("file", b"step 10")}),
+        image_digest({"latest": ("file", b"step 20")})}
+    after_write = [s for s in losses if s.cut == 6]
+    # new .tmp entry and its unsynced data: 4 combinations, the data alone cannot show
+    images = [s.image for s in after_write]
+    assert {"latest": ("file", b"step 10")} in images  # all lost
+    assert {"latest": ("file", b"step 10"), ".tmp": ("file", b"")} in images
+    assert {"latest": ("file", b"step 10"), ".tmp": ("file", b"step 20")} in images
+
+
+def test_a_missing_fsync_before_the_rename_can_leave_an_empty_checkpoint():
+    ops, blobs = _record(("create", ".tmp"), ("write", ".tmp", b"data"),
+                         ("rename", ".tmp", "ckpt"), ("fsyncdir", ""))
+    last = [s for s in _states((ops, blobs), ["lose_unsynced"]) if s.cut == 4]
+    assert {"ckpt": ("file", b"")} in [s.image for s in last]
+
+
+def test_torn_writes_keep_a_seeded_prefix_of_the_write():
+    ops, blobs = _record(("create", "ckpt"), ("write", "ckpt", b"0123456789"),
+                         ("write", "ckpt", b"abcdefghij", 10))
+    torn = _states((ops, blobs), ["torn"])
+    assert [s.keep for s in torn][::2] == [0.5, 0.5]
+    assert torn[0].image == {"ckpt": ("file", b"01234")}
+    assert torn[2].image == {"ckpt": ("file", b"0123456789abcde")}
+    assert all(0 < len(s.image["ckpt"][1]) < 20 for s in torn)
+
+
+def test_folders_links_and_truncation_replay():
+    ops, blobs = _record(("mkdir", "step-2"), ("create", "step-2/a"),
+                         ("write", "step-2/a", b"xyz"), ("rename", "step-2", "final"),
+                         ("unlink", "final/a"), ("rmdir", "final"))
+    kills = _states((ops, blobs), ["kill"])
+    assert kills[4].image == {"final": ("dir",), "final/a": ("file", b"xyz")}
+    assert kills[6].image == {}
+    with pytest.raises(Unsupported):
+        _states(_record(("write", "nowhere", b"x")), ["kill"])
+
+
+def test_images_materialise_as_files(tmp_path):
+    materialise({"d": ("dir",), "d/f": ("file", b"abc"), "l": ("link", "d/f")}, tmp_path / "i")
+    assert (tmp_path / "i" / "d" / "f").read_bytes() == b"abc"
+    assert (tmp_path / "i" / "l").read_bytes() == b"abc"
+    scanned = Folder.scan(tmp_path / "i")
+    assert scanned.image() == {"d": ("dir",), "d/f": ("file", b"abc"), "l": ("link", "d/f")}
+
+
+def test_a_recovery_view_tells_apart_only_what_the_recovery_looked_at():
+    events = [{"ev": "fs_read", "t": 1.0, "op": "read", "path": "latest"},
+              {"ev": "fs_read", "t": 2.0, "op": "stat", "path": "step-10"},
+              {"ev": "fs_read", "t": 3.0, "op": "list", "path": ""},
+              {"ev": "fs", "t": 4.0, "op": "open", "path": "latest", "trunc": True},
+              {"ev": "fs_read", "t": 5.0, "op": "read", "path": "latest"}]
+    view = recovery_view(events)
+    assert view == [("read", "latest"), ("stat", "step-10"), ("list", "")]
+    base = {"latest": ("file", b"10"), "step-10": ("file", b"aaaa")}
+    # same size at a stat'ed path, other content: the recovery cannot tell
+    assert view_key(base, view) == view_key({**base, "step-10": ("file", b"bbbb")}, view)
+    assert view_key(base, view) != view_key({**base, "step-10": ("file", b"bb")}, view)
+    assert view_key(base, view) != view_key({**base, "latest": ("file", b"20")}, view)
+    assert view_key(base, view) != view_key({**base, ".tmp": ("file", b"")}, view)  # listed
+    assert view_key(base, view[:2]) == view_key({**base, ".tmp": ("file", b"")}, view[:2])
+
+
+def test_the_lookup_before_a_truncating_create_is_no_view():
+    """`open(tmp, "wb")` looks the name up first; whatever it found, it goes on the same
+    way, unless it asked for O_EXCL (then an existing file fails it) or looked for
+    itself first (`exists()`: a second lookup)."""
+    lookup = {"ev": "fs_read", "t": 1.0, "op": "stat", "path": "s/r1.tmp", "pid": 7}
+    other = {"ev": "fs_read", "t": 1.5, "op": "read", "path": "latest", "pid": 8}
+    create = {"ev": "fs", "t": 2.0, "op": "create", "path": "s/r1.tmp", "pid": 7}
+    after = {"ev": "fs_read", "t": 3.0, "op": "stat", "path": "s/r1.tmp", "pid": 7}
+    assert recovery_view([lookup, other, create, after]) == [("read", "latest")]
+    assert recovery_view([lookup, {**create, "excl": True}]) == [("stat", "s/r1.tmp")]
+    assert recovery_view([lookup, {**create, "op": "open", "trunc": False}]) == [
+        ("stat", "s/r1.tmp")]
+    assert recovery_view([lookup, {**create, "pid": 8}]) == [("stat", "s/r1.tmp")]
+    explicit = {**lookup, "t": 0.5}
+    assert recovery_view([explicit, lookup, create]) == [("stat", "s/r1.tmp")]
+
+
+def test_states_are_taken_at_the_ends_of_a_run_of_writes_and_a_seeded_few_between():
+    ops, blobs = _record(("create", "f"), *(("write", "f", b"x", n) for n in range(10)),
+                         ("fsync", "f"))
+    found = enumerate_states(Folder(), ops, blobs, 0, ["kill"], seed=3)
+    assert found.total == 13
+    cuts = [s.cut for s in found.states]
+    assert {0, 1, 2, 11, 12} <= set(cuts) and len(cuts) == 7
