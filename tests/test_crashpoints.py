@@ -146,7 +146,7 @@ def _crash_states(tmp_path: Path, *job: str) -> tuple[subprocess.CompletedProces
 @pytest.mark.skipif(bool(unavailable_reason()), reason=unavailable_reason())
 def test_crash_states_from_one_recording_pass_the_correct_target(tmp_path):
     """Every kill, torn and power-loss state of save 2 of the bundled target, judged
-    from one recording: hundreds of states, a handful of recoveries (the resume reads
+    from one recording: dozens of states, a handful of recoveries (the resume reads
     the manifest and the step file it names; most states show it the same)."""
     done, reports = _crash_states(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -154,7 +154,7 @@ def test_crash_states_from_one_recording_pass_the_correct_target(tmp_path):
                         r" images\), (\d+) recoveries run, 0 broke", done.stdout)
     assert summary, done.stdout
     judged, _total, images, recoveries = map(int, summary.groups())
-    assert judged == len(reports) > 100 and images > 20 and 1 < recoveries < 10
+    assert judged == len(reports) > 40 and images > 20 and 1 < recoveries < 10
     assert all(r["verdict"] == "pass" for r in reports)
     modes = {r["crash_state"].split()[0] for r in reports}
     assert modes == {"kill", "torn", "power"}
