@@ -31,39 +31,43 @@ PEER = "ckpt-chaos==0.1.8"
 
 
 def timed(cmd: list[str], cwd: Path) -> tuple[float, str]:
+    """Seconds and standard output of a command that exits 0 (all passed) or 1 (a
+    verdict failed)."""
     started = time.monotonic()
     done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=3600)
     seconds = time.monotonic() - started
     if done.returncode not in (0, 1):
         sys.exit(f"{cmd[0]} failed ({done.returncode}):\n{done.stdout[-2000:]}"
                  f"\n{done.stderr[-2000:]}")
-    return seconds, done.stdout + done.stderr
+    return seconds, done.stdout
 
 
 def torchchaos(work: Path, extra: list[str]) -> tuple[int, float, str]:
-    out = work / f"tc{len(list(work.iterdir()))}"
+    out = work / f"tc{len(list(work.glob('tc*')))}"
     seconds, text = timed([sys.executable, "-m", "chaos.cli", "crashpoints", "--out", str(out),
                            "--cache-dir", str(out) + "-cache", *extra, "--", str(TARGET),
                            *JOB], work)
-    found = re.search(r"(\d+) of \d+ (?:crash states judged|points run)", text)
+    found = re.search(r"^.*(\d+) of \d+ (?:crash states judged|points run).*$", text, re.M)
     if not found:
         sys.exit(f"no count in torchchaos's output:\n{text[-3000:]}")
-    return int(found.group(1)), seconds, text.strip().splitlines()[-2]
+    return int(found.group(1)), seconds, found.group(0)
 
 
 def peer(work: Path, points: int) -> tuple[int, float, str]:
+    """ckpt-chaos runs each rank itself (`--ranks 2`: RANK, WORLD_SIZE, MASTER_* set):
+    under torchrun it arms only in the launcher and sees no worker's files."""
     env_dir = work / "peer-venv"
-    venv.create(env_dir, with_pip=True, system_site_packages=True)  # torch from here
-    subprocess.run([env_dir / "bin" / "pip", "install", "-q", PEER], check=True)
-    torchrun = [str(env_dir / "bin" / "python"), "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", "2", str(TARGET), *JOB, "--ckpt-dir", "{out}"]
-    seconds, text = timed([str(env_dir / "bin" / "ckpt-chaos"), "run", "--step-regex",
-                           r"resumed from \S+ at step (\d+)", "--max-points", str(points),
-                           "--work", str(work / "peer-runs"), "--", *torchrun], work)
-    rows = re.findall(r"^\s*\S+\s+\d+\s+(?:before|torn)\b", text, re.M)
-    counted = re.search(r"(\d+) crash points?", text)
-    n = int(counted.group(1)) if counted else len(rows)
-    return n, seconds, text.strip().splitlines()[-1] if text.strip() else ""
+    if not env_dir.exists():
+        venv.create(env_dir, with_pip=True, system_site_packages=True)  # torch from here
+        subprocess.run([env_dir / "bin" / "pip", "install", "-q", PEER], check=True)
+    seconds, text = timed([str(env_dir / "bin" / "ckpt-chaos"), "run", "--ranks", "2",
+                           "--step-regex", r"resumed from \S+ at step (\d+)", "--max-points",
+                           str(points), "--work", str(work / "peer-runs"), "--",
+                           str(env_dir / "bin" / "python"), str(TARGET), *JOB, "--ckpt-dir",
+                           "{out}"], work)
+    rows = re.findall(r"^(?:#\d+ |no crash \(control\))", text, re.M)
+    summary = re.search(r"^\s*\d+ file events -> .*$", text, re.M)
+    return len(rows), seconds, summary.group(0).strip() if summary else ""
 
 
 def main() -> None:
@@ -75,6 +79,8 @@ def main() -> None:
     ns = parser.parse_args()
     work = ns.work or Path(tempfile.mkdtemp(prefix="torchchaos-bench-"))
     work.mkdir(parents=True, exist_ok=True)
+    if any(work.glob("tc*")):
+        sys.exit(f"{work} holds an earlier run: give a new --work")
     results = {}
     results["torchchaos crashpoints"] = torchchaos(work, [])
     results["torchchaos crashpoints --per-point"] = torchchaos(

@@ -32,6 +32,7 @@ import itertools
 import os
 import random
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +68,9 @@ class Folder:
         self.nodes: dict[int, Node] = {0: Node("dir")}
         self.durable_data: dict[int, bytes] = {}
         self.durable_entries: dict[int, dict[str, int]] = {0: {}}
+        self.changed: dict[int, int] = {}  # inode -> number of the operation that last changed it
         self._next = 1
+        self._ops = 0
 
     @classmethod
     def scan(cls, root: Path, private: frozenset[str] = frozenset()) -> Folder:
@@ -137,6 +140,16 @@ class Folder:
     # -- operations ----------------------------------------------------------
     def apply(self, op: Event, data: bytes = b"") -> None:
         """One recorded operation (`data`: a write's bytes)."""
+        self._apply(op, data)
+        self._ops += 1
+        if op["op"] not in ("fsync", "fsyncdir"):
+            path = op.get("path", "")
+            for changed in (path, os.path.dirname(path), op.get("to")):
+                ino = self._lookup(changed) if changed is not None else None
+                if ino is not None:
+                    self.changed[ino] = self._ops
+
+    def _apply(self, op: Event, data: bytes) -> None:
         kind, path = op["op"], op.get("path", "")
         if kind in ("create", "open"):
             ino = self._lookup(path)
@@ -209,6 +222,21 @@ class Folder:
                     data = self.durable_data.get(child, b"")
                 found[path] = ("file", data)
 
+    def order(self) -> dict[str, int]:
+        """Each path's last change, as an operation number (its mtime's order), for
+        paths changed since the record began."""
+        found: dict[str, int] = {}
+        stack = [(0, "")]
+        while stack:
+            ino, rel = stack.pop()
+            for name, child in self.nodes[ino].entries.items():
+                path = _join(rel, name)
+                if child in self.changed:
+                    found[path] = self.changed[child]
+                if self.nodes[child].kind == "dir":
+                    stack.append((child, path))
+        return found
+
     def pending(self) -> list[tuple[str, int]]:
         """The changes a power loss may drop: unsynced data and unsynced entries."""
         found = []
@@ -227,6 +255,7 @@ class CrashState:
     image: Image
     detail: str  # for people: which operation, what was torn or lost
     keep: float | None = None  # torn: the fraction of the write that reached the disk
+    order: dict[str, int] = field(default_factory=dict, compare=False)  # Folder.order()
 
     @property
     def digest(self) -> str:
@@ -265,13 +294,14 @@ def enumerate_states(start: Folder, ops: list[Event], blobs: bytes, first: int,
                         data = _bytes(op, blobs)
                         start.apply(op, data[: int(len(data) * keep)])
                         states.append(CrashState("torn", cut, start.image(), _torn(op, keep),
-                                                 keep))
+                                                 keep, start.order()))
             start.apply(op, _bytes(op, blobs))
         where = _after(ops, cut, first)
         if "kill" in modes:
             total += 1
             if cut in chosen:
-                states.append(CrashState("kill", cut, start.image(), f"kill {where}"))
+                states.append(CrashState("kill", cut, start.image(), f"kill {where}",
+                                         order=start.order()))
         if "lose_unsynced" in modes:
             if cut in chosen:
                 found, count = _power_losses(start, where, cut, rng, combos)
@@ -315,7 +345,7 @@ def _power_losses(folder: Folder, where: str, cut: int, rng: random.Random,
         lost = len(pending) - len(kept)
         what = "nothing pending" if not pending else f"{lost} of {len(pending)} pending lost"
         states.append(CrashState("lose_unsynced", cut, folder.image(kept),
-                                 f"power loss {where} ({what})"))
+                                 f"power loss {where} ({what})", order=folder.order()))
     return states, count
 
 
@@ -417,8 +447,10 @@ def view_key(image: Image, view: View) -> str:
     return h.hexdigest()
 
 
-def materialise(image: Image, into: Path) -> None:
-    """Write the image under `into` (created)."""
+def materialise(image: Image, into: Path, order: dict[str, int] | None = None) -> None:
+    """Write the image under `into` (created). Paths in `order` get modification times
+    in that order, 1 ms apart and in the past (a resume that takes the newest file by
+    mtime finds what it would after the crash); the others are older still."""
     into.mkdir(parents=True, exist_ok=True)
     for path, entry in sorted(image.items()):
         target = into / path
@@ -428,6 +460,12 @@ def materialise(image: Image, into: Path) -> None:
             os.symlink(entry[1], target)
         else:
             target.write_bytes(entry[1])
+    order = order or {}
+    now = time.time_ns()
+    last = max(order.values(), default=0)
+    for path in sorted(image, key=lambda p: -p.count("/")):  # a folder after its entries
+        stamp = now - (last + 1 - order.get(path, 0)) * 1_000_000
+        os.utime(into / path, ns=(stamp, stamp), follow_symlinks=False)
 
 
 def _parts(path: str) -> list[str]:

@@ -13,7 +13,10 @@
    bytes) recovers the same way: its recovery is not run again.
 4. **Judge each state** with the same checks as a chaos run, over a history
    made of the record up to the crash, the crash itself, and the recovery's
-   history after it (as a restart that found this folder).
+   history after it (as a restart that found this folder). A state that does not
+   pass gets a replay file with the nearest chaos-run fault (its rank's last file
+   event before the crash), and its report lists the save's operations up to it;
+   the recovery's run folder keeps the image it started from (`image/`).
 
 A recovery that dies is restarted once (`--max-restarts 1`, no relaunch): the
 same resume dying the same way twice is a certain failure; waiting for every
@@ -24,12 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos import env, schedule
+from chaos import env, scenario_file, schedule
 from chaos.battery import Entry, dir_param
 from chaos.crashpoints import _holds_path
 from chaos.crashstates import (
@@ -189,7 +191,7 @@ def _recover(scenario: Scenario, reference: Reference, run_dir: Path, folder: st
              state: CrashState, record: Record, progress: Progress) -> Recovery:
     """Start the job on the state's folder image and let it recover."""
     image = run_dir / "image"
-    materialise(state.image, image / folder)
+    materialise(state.image, image / folder, state.order)
     if holder := _holds_path(image, record.run_dir):
         raise CannotJudge(f"the checkpoint {holder} holds the recording run's own folder"
                           f" {record.run_dir}: a copy of it would not resume as the job"
@@ -199,7 +201,6 @@ def _recover(scenario: Scenario, reference: Reference, run_dir: Path, folder: st
     chaos_dir.mkdir(parents=True)
     outcome = Job(scenario, chaos_dir, [], reference.run_dir, progress,
                   default_timeout(reference.history()), start_from=image, record=folder).run()
-    shutil.rmtree(image)
     history = History.of_run(chaos_dir)
     view = recovery_view(history.of("fs", "fs_read"))
     return Recovery(chaos_dir, outcome, history, view, view_key(state.image, view))
@@ -240,6 +241,10 @@ def _judge(base: Scenario, reference: Reference, record: Record, recovery: Recov
                    crash_state=state.detail, recording=str(record.run_dir),
                    operations=_operations(record, state))
     out_dir.mkdir()
+    if report.verdict != "pass":  # the nearest chaos run: `torchchaos replay` runs it
+        scenario = dataclasses.replace(base, faults=[parse_fault_spec(spec)])
+        report.replay = str(scenario_file.for_run(scenario, [fault], report).save(
+            out_dir / scenario_file.REPLAY_FILE))
     report.write(out_dir)
     if report.verdict != "pass":
         write_html(report, out_dir, evidence, lambda _msg: None)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from chaos.crashstates import (
@@ -153,3 +156,14 @@ def test_states_are_taken_at_the_ends_of_a_run_of_writes_and_a_seeded_few_betwee
     assert found.total == 13
     cuts = [s.cut for s in found.states]
     assert {0, 1, 2, 11, 12} <= set(cuts) and len(cuts) == 7
+
+
+def test_images_keep_the_order_of_modification_times(tmp_path):
+    """A resume that takes the newest checkpoint by mtime finds the one the crash left
+    newest."""
+    ops, blobs = _record(("create", "b"), ("write", "b", b"1"), ("create", "a"),
+                         ("write", "a", b"2"))
+    last = _states((ops, blobs), ["kill"])[-1]
+    materialise(last.image, tmp_path / "i", last.order)
+    a, b = (os.stat(tmp_path / "i" / name).st_mtime_ns for name in "ab")
+    assert b < a < time.time_ns()

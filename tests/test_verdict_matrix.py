@@ -10,24 +10,29 @@ style, each with a correct variant and planted bugs:
 - folder_publish: `tmp-step-N/` folders fsynced and renamed to `step-N/`;
 - shard_pointer once more with its folder named run_state/ (one bug case).
 
-Correct variants go through battery rows (chaos.battery.plan) and crash points of
-save 2 (chaos.crashpoints.plan): any check False is a false alarm. Each bug goes
-through the one fault that exposes it: the check declared below must fail, naming
-the cause where words are given. The tally (tests/matrix/tally.py) prints the
-matrix at the end of the session and writes verdict-matrix.json into pytest's
-temporary folder. CI runs a share of the rows and one crash point per target;
--m slow runs every row, the full crash-point sweeps and 5 rounds of each case.
+Correct variants go through battery rows (chaos.battery.plan), every crash state
+of save 2 judged from one recording (chaos.crashsweep, as `torchchaos crashpoints`
+runs it) and crash points of save 2 run one chaos run each (chaos.crashpoints.plan,
+`--per-point`): any check False is a false alarm. Each bug goes through the one
+fault that exposes it: the check declared below must fail, naming the cause where
+words are given; and through the crash states of save 2, where some state must fail
+that check the same way. The tally (tests/matrix/tally.py) prints the matrix at the
+end of the session and writes verdict-matrix.json into pytest's temporary folder.
+CI runs a share of the rows, every crash state once and one per-point crash point
+per target; -m slow runs every row, the full per-point sweeps, the bugs' crash-state
+sweeps and 5 rounds of each case.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from matrix.runs import BatteryRow, OnEvent, Target, progress, run_one
+from matrix.runs import BatteryRow, OnEvent, Target, progress, run_one, sweep_states
 from matrix.tally import Incident, MatrixPlugin, Outcome, Tally
 
 from chaos import battery, crashpoints
@@ -236,6 +241,38 @@ def test_correct_variant_survives_crash_points(target: str, cap: int | None, rep
     assert not incidents, _complain(incidents)
 
 
+def _crash_state_cases() -> Iterator[tuple[str, tuple, bool]]:
+    for target in TARGETS:
+        for repeat in range(REPEATS):
+            yield f"{target}" + (f"-r{repeat}" if repeat else ""), (target, repeat), repeat > 0
+
+
+def _state_modes() -> list[str]:
+    return ["kill"] if unavailable_reason() else ["kill", "torn", "lose_unsynced"]
+
+
+@pytest.mark.parametrize(("target", "repeat"), _params(_crash_state_cases()))
+def test_correct_variant_survives_every_crash_state(target: str, repeat: int, tally: Tally,
+                                                    cache: Path,
+                                                    tmp_path_factory: pytest.TempPathFactory
+                                                    ) -> None:
+    """Save 2 of the correct variant: every kill, torn write and power loss its recording
+    allows, each state judged after its recovery; all of them pass."""
+    base = TARGETS[target].scenario("correct")
+    out = tmp_path_factory.mktemp(f"matrix-{target}-states") / "states"
+    entries, error = sweep_states(base, out, cache, _state_modes())
+    incidents: list[Incident] = []
+    if error:
+        incidents += tally.add(Outcome(target, "correct", "crash states of save 2", "-", None,
+                                       out_dir=str(out), error=error, repeat=repeat))
+    for entry in entries:
+        report = dataclasses.asdict(entry.report) if entry.report else None
+        incidents += tally.add(Outcome(target, "correct", entry.name, entry.fault, None,
+                                       report=report, out_dir=str(out), error=entry.error,
+                                       repeat=repeat))
+    assert entries and not incidents, _complain(incidents) or error
+
+
 # -- buggy variants: caught by their check ------------------------------------------------
 
 def _bug_cases() -> Iterator[tuple[str, tuple, bool]]:
@@ -265,6 +302,42 @@ def test_planted_bug_is_caught(target: str, variant: str, repeat: int, tally: Ta
                                   report=report, out_dir=str(out), error=error,
                                   repeat=repeat))
     assert not incidents, _complain(incidents)
+
+
+def _bug_state_cases() -> Iterator[tuple[str, tuple, bool]]:
+    for target, variant in BUGS:
+        yield f"{target}-{variant}", (target, variant), True
+
+
+@pytest.mark.parametrize(("target", "variant"), _params(_bug_state_cases()))
+def test_planted_bug_is_caught_in_the_crash_states(target: str, variant: str, tally: Tally,
+                                                   cache: Path,
+                                                   tmp_path_factory: pytest.TempPathFactory
+                                                   ) -> None:
+    """The bug's check fails, naming its cause, in at least one crash state of save 2:
+    what the per-point fault above catches, the recorded states catch too (a state
+    that breaks another check counts in the tally as that check's finding)."""
+    bug = BUGS[(target, variant)]
+    modes = _state_modes()
+    if bug.needs_faultfs and "lose_unsynced" not in modes:
+        pytest.skip(unavailable_reason())
+    base = ALL_TARGETS[target].scenario(variant)
+    out = tmp_path_factory.mktemp(f"matrix-{target}-{variant}-states") / "states"
+    entries, error = sweep_states(base, out, cache, modes)
+    reports = [(e, dataclasses.asdict(e.report)) for e in entries if e.report]
+
+    def names_it(report: dict) -> bool:
+        check = report["checks"].get(bug.check, {})
+        return check.get("ok") is False and all(w in check.get("detail", "").lower()
+                                                 for w in bug.words)
+
+    caught = next(((e, r) for e, r in reports if names_it(r)), None)
+    entry, report = caught or (reports[0] if reports else (None, None))
+    incidents = tally.add(Outcome(target, variant, f"crash states: {bug.what}",
+                                  entry.fault if entry else "-", bug.check, bug.words,
+                                  report=report, out_dir=str(out), error=error,
+                                  repeat=0))
+    assert caught and not incidents, _complain(incidents) or error or "no state caught it"
 
 
 # -- the tally itself (no run) ------------------------------------------------------------

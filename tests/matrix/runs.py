@@ -11,7 +11,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos import battery, env
+from chaos import battery, crashsweep, env
 from chaos.battery import Entry, run_entries
 from chaos.errors import ChaosError
 from chaos.history import History
@@ -92,6 +92,18 @@ class BatteryRow:
 
 def reference_history(base: Scenario, cache: Path) -> History:
     return get_reference(base, cache, progress).history()
+
+
+def sweep_states(base: Scenario, out_dir: Path, cache: Path,
+                 modes: list[str]) -> tuple[list[Entry], str]:
+    """Every crash state of save 2 (`torchchaos crashpoints`, chaos.crashsweep), each
+    ending 3 steps after its recovery: the judged states, or none and why."""
+    try:
+        found = crashsweep.sweep(base, out_dir, cache, progress, 2, modes, None, 3)
+    except ChaosError as exc:
+        return [], f"{type(exc).__name__}: {exc}"
+    progress(crashsweep.summary(found, 2))
+    return found.entries, ""
 
 
 def run_one(entry: Entry, base: Scenario, out_dir: Path, cache: Path) -> tuple[dict | None, str]:
