@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from chaos import api, env, schedule, stacks, weights
+from chaos import api, env, schedule, stacks, syncwatch, weights
 from chaos.fingerprint import digest_object, digest_rng, digest_tensors, tensors_in
 from chaos.heartbeat import Heartbeat
 from chaos.history import HistoryWriter, read_stream
@@ -194,6 +194,8 @@ class Agent:
         self.io = IOWatch(str(self.layout.run_dir), str(self.layout.chaos_dir), self._file_event)
         self.io.install()
         self._wrap_excepthook()
+        if os.environ.get(env.RECORD_SYNC) == "1":
+            syncwatch.install(self.history.record)
         atexit.register(self._at_exit)
         self.stop_marker.unlink(missing_ok=True)  # left by an attempt that failed after it
         api._record = self._detection

@@ -27,6 +27,7 @@ the same way, so one recovery run serves all of them (`view_key`).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import os
@@ -263,6 +264,34 @@ class CrashState:
 
 
 @dataclass
+class Ranks:
+    """Which rank made each operation, and when each rank entered its collectives (the
+    recording's `sync` events; chaos.syncwatch): how far the other ranks get after
+    one of them died."""
+
+    of_op: list[int | None]  # per operation of the record; None: no rank's process
+    syncs: dict[int, list[float]]  # rank -> the times it entered a collective, in order
+
+    def run_on(self, ops: list[Event], cut: int) -> list[int]:
+        """The operations after `cut` that the other ranks still make when the rank of
+        operation `cut` - 1 dies right after it: each runs on until the first collective
+        the dead rank never entered (there it waits until the job is torn down)."""
+        dead, t = self.of_op[cut - 1], ops[cut - 1]["t"]
+        if dead is None:
+            return []
+        entered = sum(1 for when in self.syncs.get(dead, []) if when <= t)
+        found = []
+        for number in range(cut, len(ops)):
+            rank = self.of_op[number]
+            if rank is None or rank == dead:
+                continue
+            entries = self.syncs.get(rank, [])
+            if entered >= len(entries) or ops[number]["t"] < entries[entered]:
+                found.append(number)
+        return found
+
+
+@dataclass
 class Enumeration:
     states: list[CrashState]  # explored
     total: int  # states that exist (more than explored where combinations were sampled)
@@ -270,15 +299,20 @@ class Enumeration:
 
 def enumerate_states(start: Folder, ops: list[Event], blobs: bytes, first: int,
                      modes: list[str], seed: int, combos: int = 16,
-                     torn_fractions: int = 2, inner_writes: int = 2) -> Enumeration:
+                     torn_fractions: int = 2, inner_writes: int = 2,
+                     ranks: Ranks | None = None) -> Enumeration:
     """The crash states of `modes` after operations `first` .. len(ops) (the save under
     test; the ones before it are applied first). `start` is changed in place.
+
+    A kill stops every rank at once; with `ranks`, also one rank alone, the others
+    running on to their next collective (`Ranks.run_on`), as when one process dies.
 
     A file written in many calls (a 100 kB `torch.save` is ~50 writes through the
     filesystem) gives as many prefixes of one file; states are taken at every operation
     that is not a write, at the first and last write of each run of writes to one file,
     and at `inner_writes` seeded writes between (`total` counts them all)."""
     rng = random.Random(seed)
+    pristine = copy.deepcopy(start)
     chosen = _chosen_cuts(ops, first, rng, inner_writes)
     states: list[CrashState] = []
     total = 0
@@ -302,6 +336,11 @@ def enumerate_states(start: Folder, ops: list[Event], blobs: bytes, first: int,
             if cut in chosen:
                 states.append(CrashState("kill", cut, start.image(), f"kill {where}",
                                          order=start.order()))
+            if ranks is not None and cut > first and (extra := ranks.run_on(ops, cut)):
+                total += 1
+                if cut in chosen:
+                    states.append(_run_on_state(pristine, ops, blobs, cut, extra, where,
+                                                ranks.of_op[cut - 1]))
         if "lose_unsynced" in modes:
             if cut in chosen:
                 found, count = _power_losses(start, where, cut, rng, combos)
@@ -310,6 +349,16 @@ def enumerate_states(start: Folder, ops: list[Event], blobs: bytes, first: int,
                 count = 2 ** len(start.pending())
             total += count
     return Enumeration(states, total)
+
+
+def _run_on_state(pristine: Folder, ops: list[Event], blobs: bytes, cut: int,
+                  extra: list[int], where: str, dead: int | None) -> CrashState:
+    folder = copy.deepcopy(pristine)
+    for number in [*range(cut), *extra]:
+        folder.apply(ops[number], _bytes(ops[number], blobs))
+    return CrashState("kill", cut, folder.image(),
+                      f"kill rank {dead} {where}; the others ran on {len(extra)} operation(s)",
+                      order=folder.order())
 
 
 def _chosen_cuts(ops: list[Event], first: int, rng: random.Random, inner: int) -> set[int]:

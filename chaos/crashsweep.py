@@ -2,7 +2,8 @@
 
 1. **Record once.** One run of the job, from step 0 to the step after save
    `--save`, with the fault filesystem in recording mode over the checkpoint
-   folder: every operation of every rank, in order, with its bytes.
+   folder: every operation of every rank, in order, with its bytes, and the
+   collectives each rank entered (chaos.syncwatch).
 2. **Enumerate** the crash states of that save from the record
    (`chaos.crashstates`): kills after each operation, torn writes, power
    losses with every combination of pending changes lost.
@@ -38,6 +39,7 @@ from chaos.crashstates import (
     MUTATIONS,
     CrashState,
     Folder,
+    Ranks,
     Unsupported,
     View,
     enumerate_states,
@@ -102,7 +104,7 @@ def sweep(base: Scenario, out_dir: Path, cache_dir: Path, progress: Progress, sa
     record = _record(base, reference, out_dir / "record", folder, save, progress)
     try:
         found = enumerate_states(Folder(), record.ops, record.blobs, record.first, modes,
-                                 base.seed)
+                                 base.seed, ranks=_ranks(record))
     except Unsupported as exc:
         raise CannotJudge(f"the recorded save cannot be replayed: {exc}; use --per-point"
                           ) from None
@@ -151,7 +153,8 @@ def _record(base: Scenario, reference: Reference, run_dir: Path, folder: str, sa
     after = max(e["after_step"] for e in begins)
     scenario = dataclasses.replace(base, faults=[], stop_after=1, max_restarts=0,
                                    max_relaunches=0,
-                                   env={**base.env, env.STOP_AT_STEP: str(after + 1)})
+                                   env={**base.env, env.STOP_AT_STEP: str(after + 1),
+                                        env.RECORD_SYNC: "1"})
     progress(f"recording save {save} (steps 1 to {after + 1}) with the fault filesystem"
              f" over {folder}/")
     run_dir.mkdir(parents=True)
@@ -171,6 +174,19 @@ def _record(base: Scenario, reference: Reference, run_dir: Path, folder: str, sa
     end = min(e["t"] for e in history.of("stopped"))
     blobs = next(iter(sorted((RunLayout(run_dir).chaos_dir / "faultfs").glob("*.blobs"))))
     return Record(run_dir, history, ops, blobs.read_bytes(), first, end)
+
+
+def _ranks(record: Record) -> Ranks | None:
+    """Who made each operation and when each rank entered its collectives; None where a
+    collective of a subgroup was seen (not every rank waits there)."""
+    syncs = record.history.of("sync")
+    if any(e.get("group") != "world" for e in syncs):
+        return None
+    rank_of = {e["pid"]: e["rank"] for e in record.history.of("boot")}
+    entered: dict[int, list[float]] = {}
+    for e in syncs:
+        entered.setdefault(e["rank"], []).append(e["t"])
+    return Ranks([rank_of.get(op.get("tgid", op.get("pid"))) for op in record.ops], entered)
 
 
 def _sample(states: list[CrashState], cap: int | None, seed: int) -> list[CrashState]:

@@ -9,6 +9,7 @@ import pytest
 
 from chaos.crashstates import (
     Folder,
+    Ranks,
     Unsupported,
     enumerate_states,
     image_digest,
@@ -167,3 +168,24 @@ def test_images_keep_the_order_of_modification_times(tmp_path):
     materialise(last.image, tmp_path / "i", last.order)
     a, b = (os.stat(tmp_path / "i" / name).st_mtime_ns for name in "ab")
     assert b < a < time.time_ns()
+
+
+def test_one_rank_dies_and_the_others_run_on_to_their_next_collective():
+    """Rank 1 writes its shard; rank 0 writes its shard, both enter a barrier, rank 0
+    moves the pointer. Rank 1 dead after its create: rank 0 still writes its shard
+    (before the barrier) but never the pointer (after it)."""
+    ops, blobs = _record(("create", "s1"), ("create", "s0"), ("write", "s1", b"1"),
+                         ("write", "s0", b"0"), ("create", "latest"),
+                         ("write", "latest", b"s"))
+    ranks = Ranks([1, 0, 1, 0, 0, 0], {0: [3.5], 1: [2.5]})
+    assert ranks.run_on(ops, 1) == [1, 3]  # rank 1 entered nothing: rank 0 stops at 3.5
+    assert ranks.run_on(ops, 3) == [3]  # dead after its write, before the barrier
+    entered = Ranks(ranks.of_op, {0: [3.5], 1: [1.5]})
+    assert entered.run_on(ops, 3) == [3, 4, 5]  # rank 1 in the barrier: rank 0 goes on
+    assert ranks.run_on(ops, 2) == [2]  # rank 0 dead after its create: rank 1 writes
+    found = enumerate_states(Folder(), ops, blobs, 0, ["kill"], seed=0, ranks=ranks)
+    ran_on = [s for s in found.states if "ran on" in s.detail]
+    first = next(s for s in ran_on if s.cut == 1)
+    assert first.image == {"s1": ("file", b""), "s0": ("file", b"0")}
+    assert "kill rank 1 after #1 create s1; the others ran on 2 operation(s)" == first.detail
+    assert all("latest" not in s.image or s.cut >= 4 for s in ran_on)
