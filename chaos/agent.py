@@ -126,7 +126,7 @@ class Agent:
         if self.reference is not None:
             self.weights_at = self.reference.final_step if flips else -1
         # A process started after a failure (a restart, or a relaunch of the job).
-        self.recovering = launch != 0 or attempt != 0
+        self.recovering = launch != 0 or attempt != 0 or environ.get(env.RECOVERY) == "1"
         # The reference fingerprints every step in full: any of its steps may be the one
         # a restore restored (looked up by the start-of-step digests).
         self.always_full = (self.reference is None or environ.get(env.FULL_FINGERPRINTS) == "1"

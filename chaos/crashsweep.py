@@ -115,7 +115,8 @@ def sweep(base: Scenario, out_dir: Path, cache_dir: Path, progress: Progress, sa
     result = Sweep([], found.total, distinct)
     recoveries: list[Recovery] = result.recoveries
     scenario = dataclasses.replace(base, stop_after=steps_after, max_restarts=1,
-                                   max_relaunches=0, faults=[])
+                                   max_relaunches=0, faults=[],
+                                   env={**base.env, env.RECOVERY: "1"})
     for number, state in enumerate(states, 1):
         recovery = _matching(recoveries, state)
         if recovery is None:

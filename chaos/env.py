@@ -10,6 +10,7 @@ T0 = "TORCHCHAOS_T0"  # time.monotonic() when the job first started, for time= t
 FULL_FINGERPRINTS = "TORCHCHAOS_FULL_FINGERPRINTS"
 STOP_AFTER = "TORCHCHAOS_STOP_AFTER"  # a recovered rank stops this many steps after its restore
 STOP_AT_STEP = "TORCHCHAOS_STOP_AT_STEP"  # every rank stops once it finished this step
+RECOVERY = "TORCHCHAOS_RECOVERY"  # "1": the first launch is already a recovery (crash states)
 RECORD_SYNC = "TORCHCHAOS_RECORD_SYNC"  # "1": record the collectives ranks enter (syncwatch)
 AGENT_PID = "TORCHCHAOS_AGENT_PID"  # set by an armed agent; children that inherit it stay inert
 # rank 0 copies what its saves wrote into _chaos/snapshot/ once this save ended (crash
