@@ -47,7 +47,7 @@ def torchchaos(work: Path, extra: list[str]) -> tuple[int, float, str]:
     seconds, text = timed([sys.executable, "-m", "chaos.cli", "crashpoints", "--out", str(out),
                            "--cache-dir", str(out) + "-cache", *extra, "--", str(TARGET),
                            *JOB], work)
-    found = re.search(r"^.*(\d+) of \d+ (?:crash states judged|points run).*$", text, re.M)
+    found = re.search(r"^.*?(\d+) of \d+ (?:crash states judged|points run).*$", text, re.M)
     if not found:
         sys.exit(f"no count in torchchaos's output:\n{text[-3000:]}")
     return int(found.group(1)), seconds, found.group(0)

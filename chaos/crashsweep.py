@@ -371,13 +371,18 @@ def summary(result: Sweep, save: int) -> str:
 
 
 def report_rows(result: Sweep) -> list[Entry]:
-    """The rows worth a line in the table: every state that did not pass, and one
-    passing state per recovery (the others read the same)."""
-    shown, seen = [], set()
+    """The table's rows: one per group of states that share a recovery and the same
+    outcome of every check (the first state names it, with how many more), so that a
+    save with hundreds of states reads in a screen. Every state has its own report."""
+    groups: dict[tuple, list[Entry]] = {}
     for entry in result.entries:
-        key = entry.report.run_dir if entry.report else None
-        if entry.report is None or entry.report.verdict != "pass" or key not in seen:
-            shown.append(entry)
-            seen.add(key)
-    return shown
-
+        report = entry.report
+        outcome = tuple(sorted((n, c["ok"]) for n, c in report.checks.items())) if report else ()
+        key = (report.run_dir if report else entry.error, outcome)
+        groups.setdefault(key, []).append(entry)
+    rows = []
+    for members in groups.values():
+        first = members[0]
+        more = f" (+{len(members) - 1} like it)" if len(members) > 1 else ""
+        rows.append(dataclasses.replace(first, name=first.name + more))
+    return rows
