@@ -438,6 +438,9 @@ def cmd_crashpoints(ns: argparse.Namespace) -> int:
     modes = ns.mode or list(crashpoints.MODES)
     if not ns.per_point:
         crashpoints.check_modes(modes)
+        if ns.jobs > 1:
+            progress("--jobs applies to --per-point: recoveries from a recording run one at"
+                     " a time")
         result = crashsweep.sweep(base, out, cache, progress, ns.save, modes, ns.cap,
                                   ns.steps_after_resume or 3)
         battery.write_index(result.entries, out, "torchchaos crash states")

@@ -174,6 +174,8 @@ def test_crash_states_catch_the_missing_fsync_and_the_in_place_write(tmp_path):
     assert durable and all(r["crash_state"].startswith("power loss") for r in durable)
     assert all(r["verdict"] == "pass" for r in reports if r["crash_state"].startswith("kill"))
     assert "lose_unsynced" in durable[0]["faults"][0]["spec"]
+    replay = Path(durable[0]["replay"])  # the nearest chaos run, for `torchchaos replay`
+    assert replay.is_file() and "lose_unsynced" in replay.read_text()
     done, reports = _crash_states(tmp_path / "b", "--bug", "write_in_place")
     assert done.returncode == 1, done.stdout + done.stderr
     broken = [r for r in reports if r["crash_state"].startswith(("kill after", "torn"))
