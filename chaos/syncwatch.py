@@ -3,8 +3,9 @@
 Only in a recording run (`env.RECORD_SYNC`): the crash states of a save
 (chaos.crashsweep) let the other ranks run on after one rank died, as far as
 their next collective, which the dead rank never enters. Each public collective
-of `torch.distributed` is wrapped at module level (code that calls
-`dist.barrier()` and the like, torch.distributed.checkpoint included) and a
+of `torch.distributed` is wrapped at module level, in `torch.distributed` and in
+`distributed_c10d` where it lives (code that calls `dist.barrier()` and the like,
+torch.distributed.checkpoint included), and a
 `sync` event is recorded as a rank enters one; a collective inside another
 (`all_gather_object` calls `all_gather`) counts once. `group` says "world" or
 "sub": a collective of a subgroup does not wait for every rank, and the
@@ -30,12 +31,17 @@ Record = Callable[..., Any]  # HistoryWriter.record-like: record("sync", op=...,
 
 def install(record: Record) -> None:
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d
 
     inside = threading.local()
     for name in COLLECTIVES:
         real = getattr(dist, name, None)
-        if real is not None:
-            setattr(dist, name, _wrapped(real, name, record, inside, dist))
+        if real is None:
+            continue
+        wrapped = _wrapped(real, name, record, inside, dist)
+        setattr(dist, name, wrapped)
+        if getattr(distributed_c10d, name, None) is real:  # callers that import from there
+            setattr(distributed_c10d, name, wrapped)
 
 
 def _wrapped(real: Callable[..., Any], name: str, record: Record, inside: threading.local,

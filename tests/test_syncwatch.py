@@ -1,0 +1,39 @@
+"""The collectives a rank enters, as the recording run sees them (chaos.syncwatch)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+
+PROGRAM = """
+import json, os, torch, torch.distributed as dist
+from torch.distributed import distributed_c10d
+from chaos import syncwatch
+seen = []
+syncwatch.install(lambda ev, **kw: seen.append(kw))
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo", rank=0, world_size=1)
+dist.barrier()
+dist.all_gather_object([None], {"a": 1})  # calls all_gather inside: one collective
+dist.all_reduce(torch.ones(2))
+distributed_c10d.broadcast(torch.ones(2), 0)  # imported from where it lives
+dist.destroy_process_group()
+print(json.dumps(seen))
+"""
+
+
+def test_each_collective_a_rank_enters_is_recorded_once():
+    from chaos.netns import free_port
+
+    done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True,
+                          timeout=120, cwd=REPO,
+                          env={"PATH": "/usr/bin:/bin", "PORT": str(free_port()),
+                               "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [s["op"] for s in seen] == ["barrier", "all_gather_object", "all_reduce",
+                                      "broadcast"]
+    assert {s["group"] for s in seen} == {"world"}
