@@ -34,15 +34,14 @@ import os
 import random
 import stat
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from chaos.history import Event
 
 # what a restarted job finds at a relative path: ("dir",), ("file", bytes), ("link", target)
-Entry = tuple
-Image = dict[str, Entry]
+ImageEntry = tuple
+Image = dict[str, ImageEntry]
 
 MUTATIONS = ("create", "open", "write", "truncate", "fsync", "fsyncdir", "mkdir", "unlink",
              "rmdir", "rename", "link", "symlink")
@@ -523,8 +522,3 @@ def _parts(path: str) -> list[str]:
 
 def _join(rel: str, name: str) -> str:
     return name if rel in ("", ".") else f"{rel}/{name}"
-
-
-def states_by_view(states: list[CrashState], view: View) -> Iterator[tuple[str, CrashState]]:
-    for state in states:
-        yield view_key(state.image, view), state
