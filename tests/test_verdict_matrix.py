@@ -18,8 +18,8 @@ fault that exposes it: the check declared below must fail, naming the cause wher
 words are given; and through the crash states of save 2, where some state must fail
 that check the same way. The tally (tests/matrix/tally.py) prints the matrix at the
 end of the session and writes verdict-matrix.json into pytest's temporary folder.
-CI runs, on each correct variant, every crash state of save 2 and the battery rows
-outside saves plus one row inside save 2, and each bug's per-point case; -m slow runs
+CI runs, on each correct variant, every crash state of save 2 and three battery rows
+(each row on one or two targets), and each bug's per-point case; -m slow runs
 every row, per-point crash points (a sample and every one), the bugs' crash-state
 sweeps and 5 rounds of each case.
 """
@@ -62,16 +62,16 @@ ROWS = {
     "power loss": "power loss on rank",
     "preempt": "preempt rank 0",
 }
-# CI: on every target the rows outside a save and one of the rows inside save 2 (each
-# such row on one target: a real kill at a file event, the agent's torn write, a real
-# power loss); every crash state of save 2 is judged besides (the crash-state test).
-# -m slow: every row on every target.
-OUTSIDE_SAVES = ("kill rank 0", "kill rank 1", "kill node 0", "preempt")
+# CI: on every target two rows outside saves and one inside save 2, so that each row
+# outside saves runs on two targets and each row inside a save on one (a real kill at
+# a file event, the agent's torn write, a real power loss); every crash state of save 2
+# of every target is judged besides (the crash-state test). -m slow: every row on
+# every target.
 CI_ROWS = {
-    "shard_pointer": (*OUTSIDE_SAVES, "power loss"),
-    "epoch_snapshot": (*OUTSIDE_SAVES, "kill mid-write"),
-    "flat_files": (*OUTSIDE_SAVES, "torn last write"),
-    "folder_publish": (*OUTSIDE_SAVES, "kill after rename"),
+    "shard_pointer": ("kill rank 0", "kill node 0", "power loss"),
+    "epoch_snapshot": ("kill rank 1", "preempt", "kill mid-write"),
+    "flat_files": ("kill rank 0", "preempt", "torn last write"),
+    "folder_publish": ("kill rank 1", "kill node 0", "kill after rename"),
 }
 SAMPLED_POINTS = 1  # -m slow: per target, a seeded sample of save 2's per-point crash points
 REPEATS = 5  # -m slow: every row, every crash-point sweep and every bug case this many times
