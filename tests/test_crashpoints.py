@@ -170,7 +170,7 @@ def test_crash_states_catch_the_missing_fsync_and_the_in_place_write(tmp_path):
     """The planted bugs the per-point mode catches (test_capped_enumeration_finds_the_
     missing_fsync, the battery's in-place rows), caught from recordings: without fsync a
     power loss takes the finished checkpoint of step 5 (kills pass: the page cache
-    keeps it); written in place, a kill mid-write leaves no checkpoint to resume."""
+    keeps it); written in place, a torn write leaves no checkpoint to resume."""
     done, reports = _crash_states(tmp_path / "a", "--bug", "no_fsync")
     assert done.returncode == 1, done.stdout + done.stderr
     durable = [r for r in reports if r["checks"]["durable_checkpoints"]["ok"] is False]
