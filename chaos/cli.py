@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                              " takes it; --per-point only)")
     points.add_argument("--per-point", action="store_true",
                         help="one whole chaos run per file event and mode, crashing the job"
-                             " for real (slower; the states it reaches are a subset)")
+                             " for real (slower: no recording, no shared recoveries)")
     _add_optional_script(points)
     campaign = sub.add_parser(
         "campaign", help="N seeded bit flips, one run each, and the outcome table",
