@@ -34,6 +34,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from chaos import env
 from chaos.battery import Entry, dir_param
@@ -45,6 +46,7 @@ from chaos.runner import Progress
 from chaos.scenario import Scenario
 
 MODES = ("kill", "lose_unsynced", "torn")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,8 @@ def check_modes(modes: list[str]) -> None:
         raise UsageError(f"unknown crash mode {unknown[0]!r} (known: {', '.join(MODES)})")
 
 
-def sample(points: list[CrashPoint], cap: int | None, seed: int) -> list[CrashPoint]:
+def sample(points: list[T], cap: int | None, seed: int) -> list[T]:
+    """At most `cap` of `points`, a seeded sample in their order."""
     if cap is None or len(points) <= cap:
         return points
     chosen = random.Random(seed).sample(range(len(points)), cap)

@@ -316,7 +316,7 @@ def enumerate_states(start: Folder, ops: list[Event], blobs: bytes, first: int,
     states: list[CrashState] = []
     total = 0
     for op in ops[:first]:
-        start.apply(op, _bytes(op, blobs))
+        start.apply(op, op_bytes(op, blobs))
     for cut in range(first, len(ops) + 1):
         if cut > first:
             op = ops[cut - 1]
@@ -324,11 +324,11 @@ def enumerate_states(start: Folder, ops: list[Event], blobs: bytes, first: int,
                 total += torn_fractions
                 if cut in chosen:
                     for keep in _fractions(rng, torn_fractions):
-                        data = _bytes(op, blobs)
+                        data = op_bytes(op, blobs)
                         start.apply(op, data[: int(len(data) * keep)])
                         states.append(CrashState("torn", cut, start.image(), _torn(op, keep),
                                                  keep, start.order()))
-            start.apply(op, _bytes(op, blobs))
+            start.apply(op, op_bytes(op, blobs))
         where = _after(ops, cut, first)
         if "kill" in modes:
             total += 1
@@ -354,7 +354,7 @@ def _run_on_state(pristine: Folder, ops: list[Event], blobs: bytes, cut: int,
                   extra: list[int], where: str, dead: int | None) -> CrashState:
     folder = copy.deepcopy(pristine)
     for number in [*range(cut), *extra]:
-        folder.apply(ops[number], _bytes(ops[number], blobs))
+        folder.apply(ops[number], op_bytes(ops[number], blobs))
     return CrashState("kill", cut, folder.image(),
                       f"kill rank {dead} {where}; the others ran on {len(extra)} operation(s)",
                       order=folder.order())
@@ -415,7 +415,8 @@ def _after(ops: list[Event], cut: int, first: int) -> str:
     return f"after #{cut - first} {op['op']} {op.get('path') or '.'}{to}"
 
 
-def _bytes(op: Event, blobs: bytes) -> bytes:
+def op_bytes(op: Event, blobs: bytes) -> bytes:
+    """A recorded write's bytes (nothing for any other operation)."""
     if op["op"] != "write":
         return b""
     if "blob" not in op:

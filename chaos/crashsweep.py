@@ -27,14 +27,13 @@ requeue would only cost time.
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from chaos import env, scenario_file, schedule
 from chaos.battery import Entry, dir_param
-from chaos.crashpoints import _holds_path
+from chaos.crashpoints import _holds_path, sample
 from chaos.crashstates import (
     MUTATIONS,
     CrashState,
@@ -44,6 +43,7 @@ from chaos.crashstates import (
     View,
     enumerate_states,
     materialise,
+    op_bytes,
     recovery_view,
     view_key,
 )
@@ -108,7 +108,7 @@ def sweep(base: Scenario, out_dir: Path, cache_dir: Path, progress: Progress, sa
     except Unsupported as exc:
         raise CannotJudge(f"the recorded save cannot be replayed: {exc}; use --per-point"
                           ) from None
-    states = _sample(found.states, cap, base.seed)
+    states = sample(found.states, cap, base.seed)
     distinct = len({s.digest for s in found.states})
     progress(f"save {save}: {found.total} crash state(s), {len(found.states)} explored,"
              f" {distinct} distinct folder image(s); judging {len(states)}")
@@ -188,13 +188,6 @@ def _ranks(record: Record) -> Ranks | None:
     for e in syncs:
         entered.setdefault(e["rank"], []).append(e["t"])
     return Ranks([rank_of.get(op.get("tgid", op.get("pid"))) for op in record.ops], entered)
-
-
-def _sample(states: list[CrashState], cap: int | None, seed: int) -> list[CrashState]:
-    if cap is None or len(states) <= cap:
-        return states
-    chosen = random.Random(seed).sample(range(len(states)), cap)
-    return [states[i] for i in sorted(chosen)]
 
 
 def _matching(recoveries: list[Recovery], state: CrashState) -> Recovery | None:
@@ -309,7 +302,7 @@ def _fs_crash(record: Record, state: CrashState, fault_id: str, t_cut: float) ->
     """What the filesystem dropped, as a chaos run's `fs_crash` says it."""
     whole = Folder()
     for op in record.ops[:state.cut]:
-        whole.apply(op, _data(record, op))
+        whole.apply(op, op_bytes(op, record.blobs))
     before = whole.image()
     removed = sorted(p for p in before if p not in state.image)
     reverted = sorted(p for p, entry in before.items()
@@ -318,13 +311,6 @@ def _fs_crash(record: Record, state: CrashState, fault_id: str, t_cut: float) ->
     return {"ev": "fs_crash", "t": t_cut + 1e-4, "source": "faultfs",
             "lose_unsynced": state.mode == "lose_unsynced", "killed": [], "fault": fault_id,
             "removed": removed, "reverted_files": reverted, "restored": restored}
-
-
-def _data(record: Record, op: Event) -> bytes:
-    if op["op"] != "write":
-        return b""
-    offset, size = op["blob"]
-    return record.blobs[offset:offset + size]
 
 
 def _after_crash(history: History, state: CrashState, crashed: Event,
