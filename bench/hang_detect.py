@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 
 from chaos.engine import run_scenario
-from chaos.history import History
-from chaos.scenario import Scenario
+from chaos.rundir.history import History
+from chaos.scenario.model import Scenario
 
 TARGET = Path(__file__).resolve().parent.parent / "targets" / "ddp_lm.py"
 STEPS = ["--steps", "20", "--ckpt-every", "5"]

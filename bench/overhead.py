@@ -25,8 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from chaos.runner import Job  # noqa: E402
-from chaos.scenario import Scenario  # noqa: E402
+from chaos.harness.runner import Job  # noqa: E402
+from chaos.scenario.model import Scenario  # noqa: E402
 
 SCRIPT = str(REPO / "bench" / "train_ddp.py")
 STEPS = {"small": 300, "large": 40}

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from chaos.engine import run_scenario
-from chaos.history import History
-from chaos.runner import Job
-from chaos.scenario import Scenario
+from chaos.harness.runner import Job
+from chaos.rundir.history import History
+from chaos.scenario.model import Scenario
 
 TARGET = Path(__file__).resolve().parent.parent / "targets" / "ddp_lm.py"
 ARGS = ["--steps", "30", "--ckpt-every", "5", "--timeout", "3"]

@@ -34,17 +34,17 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from chaos.errors import ChaosError
-from chaos.report import MARK, Report
+from chaos.report.model import MARK, Report
 
 if TYPE_CHECKING:
-    from chaos.scenario import Scenario
-    from chaos.suite import Plan
+    from chaos.explore.suite import Plan
+    from chaos.scenario.model import Scenario
 
 _RESULTS_KEY = pytest.StashKey[list]()  # (nodeid, report, out_dir) of every run this session
 _FAILURE_KEY = pytest.StashKey[str]()  # why a marked test fails before its body runs
 _SUITE_KEY = pytest.StashKey["Scenario"]()  # the job the suites test
 
-SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
+SUITES_DIR = Path(__file__).resolve().parents[1] / "suites"
 SUITE_MARKERS = {
     "chaos_kills": "kills of ranks and nodes, also inside a checkpoint save",
     "chaos_storage": "power loss, torn writes, ENOSPC, bit rot (the fault filesystem)",
@@ -106,7 +106,7 @@ def _pyproject(config: pytest.Config) -> Path:
 
 def _script_options(config: pytest.Config) -> tuple[str | None, list[str] | None]:
     """--chaos-script (from where pytest started) and --chaos-args, where given."""
-    from chaos.suiteconfig import split_args
+    from chaos.explore.suiteconfig import split_args
 
     script, args = config.getoption("--chaos-script"), config.getoption("--chaos-args")
     if script is not None:
@@ -115,7 +115,7 @@ def _script_options(config: pytest.Config) -> tuple[str | None, list[str] | None
 
 
 def _suite_scenario(config: pytest.Config) -> Scenario:
-    from chaos import suiteconfig
+    from chaos.explore import suiteconfig
 
     pyproject = _pyproject(config)
     script, args = _script_options(config)
@@ -174,7 +174,7 @@ RunFn = Callable[..., Report]
 
 def _runner(request: pytest.FixtureRequest) -> RunFn:
     """Run a scenario for this test; raises ChaosError when it cannot be judged."""
-    from chaos.scenario import Scenario
+    from chaos.scenario.model import Scenario
 
     config = request.config
 
@@ -259,17 +259,17 @@ def pytest_runtest_call(item: pytest.Item) -> None:
 
 @pytest.fixture(scope="session")
 def chaos_suite_plan(pytestconfig: pytest.Config) -> Plan:
-    """The suites' job and the faults planned from its one fault-free run (chaos.suite)."""
-    from chaos.suite import Plan
+    """The suites' job and the faults planned from its one fault-free run (chaos.explore.suite)."""
+    from chaos.explore.suite import Plan
 
     return Plan(pytestconfig.stash[_SUITE_KEY], _base_dirs(pytestconfig)[1])
 
 
 @pytest.fixture
 def chaos_suite(request: pytest.FixtureRequest, chaos_suite_plan: Plan) -> Callable[[str], Report]:
-    """chaos_suite(case): run a named case of chaos.suite against the configured job and
+    """chaos_suite(case): run a named case of chaos.explore.suite against the configured job and
     fail with the verdict table unless it passes; skip where the case does not apply."""
-    from chaos.suite import NotApplicable
+    from chaos.explore.suite import NotApplicable
 
     def check(case: str) -> Report:
         try:
@@ -342,7 +342,7 @@ class ScenarioFileItem(pytest.Item):
         self.add_marker("chaos_replay")
 
     def runtest(self) -> None:
-        from chaos import scenario_file
+        from chaos.scenario import files as scenario_file
 
         try:
             script, args = _script_options(self.config)

@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import UsageError
-from chaos.layout import CHAOS_DIR
-from chaos.registry import FaultKind, FireContext, TrainingView, register
-from chaos.schedule import ResolvedFault
+from chaos.rundir.layout import CHAOS_DIR
+from faults.contract import FaultKind, FireContext, ResolvedFault, TrainingView
 from faults.params import choice, non_negative_int, run_relative_dir
 
 TENSORS = ("param", "grad", "optim", "activation", "loss", "checkpoint")
@@ -276,4 +275,3 @@ def _flip_checkpoint_file(fault: ResolvedFault, ctx: FireContext, rng: random.Ra
     Kill().kill_node("SIGKILL", 0.0, 0)
 
 
-register(BitFlip())

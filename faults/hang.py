@@ -36,10 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import UsageError
-from chaos.heartbeat import peers_gone
-from chaos.layout import RunLayout
-from chaos.registry import FaultKind, FireContext, register
-from chaos.schedule import ResolvedFault
+from chaos.rundir.heartbeat import peers_gone
+from chaos.rundir.layout import RunLayout
+from faults.contract import FaultKind, FireContext, ResolvedFault
 from faults.params import choice, seconds
 
 MODES = ("stop", "collective", "spin", "mismatch")
@@ -172,4 +171,3 @@ def _step(ctx: FireContext) -> int | None:
     return ctx.training.step() if ctx.training is not None else None
 
 
-register(Hang())

@@ -21,8 +21,7 @@ import time
 
 import psutil
 
-from chaos.registry import FaultKind, FireContext, register
-from chaos.schedule import ResolvedFault
+from faults.contract import FaultKind, FireContext, ResolvedFault
 from faults.params import seconds
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGSEGV": signal.SIGSEGV,
@@ -90,4 +89,3 @@ class Kill(FaultKind):
         _sigkill_all(tree[1:])
 
 
-register(Kill())

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from chaos.layout import CHAOS_DIR
+from chaos.rundir.layout import CHAOS_DIR
 
 
 def seconds(value: str) -> float:

@@ -1,6 +1,6 @@
 """partition: cut the network between simulated nodes with nftables rules.
 
-Every simulated node is a network namespace (`chaos.netns`); a partition is
+Every simulated node is a network namespace (`chaos.host.netns`); a partition is
 a table `inet torchchaos` of drop rules in the namespaces of the nodes it
 cuts off, and healing deletes that table. Packets are dropped, not refused:
 a cut peer looks like a dead link (connections stall until a timeout), which
@@ -30,9 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from chaos.errors import UsageError
-from chaos.netns import INTERFACE, Network, Node
-from chaos.registry import HarnessKind, JobContext, register
-from chaos.schedule import ResolvedFault
+from chaos.host.netns import INTERFACE, Network, Node
+from faults.contract import HarnessKind, JobContext, ResolvedFault
 from faults.params import choice, non_negative_int, positive_int, seconds
 
 SHAPES = ("isolate", "halves", "majority", "oneway", "store")
@@ -102,7 +101,7 @@ class Partition(HarnessKind):
         shape = str(fault.params.get("sides") or fault.params.get("shape", "isolate"))
         return (lambda: heal(touched)), {"shape": shape, "nodes": describe(fault, ctx.network)}
 
-    # What a cut separates, for tools that express it elsewhere (chaos.chaosmesh): the
+    # What a cut separates, for tools that express it elsewhere (chaos.scenario.chaosmesh): the
     # one definition of the shapes stays here.
     def sides(self, fault: ResolvedFault, count: int) -> list[list[int]]:
         """The node numbers on each side of a symmetric cut (not oneway or store)."""
@@ -195,4 +194,3 @@ def heal(nodes: list[Node]) -> None:
         node.run("nft", "delete", "table", "inet", TABLE)
 
 
-register(Partition())

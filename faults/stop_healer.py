@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from chaos.heartbeat import peers_gone
-from chaos.procs import pid_alive
+from chaos.host.procs import pid_alive
+from chaos.rundir.heartbeat import peers_gone
 
 POLL_SECONDS = 0.1
 

@@ -42,9 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chaos.errors import UsageError
-from chaos.layout import CHAOS_DIR, RunLayout
-from chaos.registry import FaultKind, FireContext, JobContext, JobResource, register
-from chaos.schedule import ResolvedFault
+from chaos.rundir.layout import CHAOS_DIR, RunLayout
+from faults.contract import FaultKind, FireContext, JobContext, JobResource, ResolvedFault
 from faults.faultfs.armed import OPS
 from faults.params import choice, fraction, positive_int, run_relative_dir, seconds
 
@@ -196,4 +195,3 @@ def _tear_in_process(ctx: FireContext, keep: float) -> None:
     Kill().kill_node("SIGKILL", 0.0, 0)
 
 
-register(Storage())

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import time
 
-from chaos.registry import FaultKind, FireContext, register
-from chaos.schedule import ResolvedFault
+from faults.contract import FaultKind, FireContext, ResolvedFault
 from faults.params import positive_int, seconds
 
 
@@ -40,4 +39,3 @@ class Straggler(FaultKind):
             ctx.training.after_every_step(slow_down)
 
 
-register(Straggler())

@@ -37,10 +37,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from chaos import netns
 from chaos.errors import ChaosError, UsageError
-from chaos.registry import HarnessKind, JobContext, JobResource, register
-from chaos.schedule import ResolvedFault
+from chaos.host import netns
+from faults.contract import HarnessKind, JobContext, JobResource, ResolvedFault
 from faults.params import choice, fraction, non_negative_int, positive_int, seconds
 
 URL_ENV = "TORCHCHAOS_TOXIPROXY"
@@ -180,4 +179,3 @@ class Toxic(HarnessKind):
         return heal, {"toxic": kind, "attributes": attributes, "proxy": proxy.name}
 
 
-register(Toxic())

@@ -6,5 +6,5 @@ or configure the job once under `[tool.torchchaos]` in pyproject.toml and
 run `pytest --pyargs suites` (`-m chaos_kills`, `chaos_storage`, `chaos_sdc`,
 `chaos_hangs`, `chaos_partitions` pick one suite). Each case is a name; the
 steps and file events it lands on come from your job's fault-free run
-(`chaos.suite`).
+(`chaos.explore.suite`).
 """

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from chaos import env, netns, procs
-from chaos.mounts import mounts_under
+from chaos import env
+from chaos.host import netns, procs
+from chaos.host.mounts import mounts_under
 
 sys.path.insert(0, str(Path(__file__).parent))
 

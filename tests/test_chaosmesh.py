@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chaos import chaosmesh, cli, scenario_file
-from chaos.chaosmesh import Options
+from chaos.cli import main as cli
 from chaos.errors import UsageError
-from chaos.registry import get_kind
+from chaos.scenario import chaosmesh
+from chaos.scenario import files as scenario_file
+from chaos.scenario.chaosmesh import Options
+from faults.registry import get_kind
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = REPO / "targets" / "ddp_lm.py"
@@ -369,7 +371,8 @@ def test_an_invalid_manifest_is_never_written(tmp_path: Path, monkeypatch) -> No
 
 def test_the_schema_ships_with_the_package() -> None:
     text = (REPO / "pyproject.toml").read_text()
-    assert 'chaos = ["_inject/*.py", "schemas/*.json"]' in text
+    assert "\"chaos.rank\" = [\"_inject/*.py\"]" in text
+    assert "\"chaos.scenario\" = [\"schemas/*.json\"]" in text
     assert '"jsonschema>=4.18"' in text
 
 

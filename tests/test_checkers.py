@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from histories import Timeline, evidence, fp
 
-from chaos import checkers
+from chaos.judge import checkers
 
 
 def killed_and_resumed(restored: int = 10, kill_step: int = 12, **train: object) -> Timeline:
@@ -503,14 +503,15 @@ def test_a_restart_from_zero_despite_a_committed_checkpoint_is_named():
 
 
 def judged(spec: str, chaos: Timeline):
-    from chaos import engine, schedule
-    from chaos.spec import parse_fault_spec
+    from chaos.report import verdict
+    from chaos.scenario import schedule
+    from chaos.scenario.spec import parse_fault_spec
 
     faults = schedule.resolve([parse_fault_spec(spec)], 0, 2, 1)
     for e in chaos.events:
         if e["ev"] == "fault":
             e["id"] = faults[0].id
-    return engine.judge(evidence(chaos.history()), faults, None)
+    return verdict.judge(evidence(chaos.history()), faults, None)
 
 
 def test_a_storage_fault_over_a_folder_the_job_never_uses_is_no_pass():

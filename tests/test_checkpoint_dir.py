@@ -15,11 +15,11 @@ import pytest
 from conftest import TARGET
 from histories import Timeline
 
-from chaos import battery, crashpoints
 from chaos.errors import UsageError
-from chaos.history import History
-from chaos.scenario import Scenario
-from chaos.spec import parse_fault_spec
+from chaos.explore import battery, crashpoints
+from chaos.rundir.history import History
+from chaos.scenario.model import Scenario
+from chaos.scenario.spec import parse_fault_spec
 
 
 def saves(*paths_by_save: list[Any], rank: int = 0, launch: int = 0) -> History:

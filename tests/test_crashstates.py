@@ -1,4 +1,4 @@
-"""The crash states a recorded save allows (chaos.crashstates): pure, no job."""
+"""The crash states a recorded save allows (chaos.explore.crashstates): pure, no job."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from chaos.crashstates import (
+from chaos.explore.crashstates import (
     Folder,
     Ranks,
     Unsupported,

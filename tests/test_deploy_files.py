@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from chaos import cli
+from chaos.cli import main as cli
 from chaos.errors import UsageError
 
 REPO = Path(__file__).resolve().parent.parent

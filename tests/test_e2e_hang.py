@@ -18,7 +18,7 @@ from conftest import REPO, TARGET, cases, chaos_processes
 
 from chaos.engine import run_scenario
 from chaos.errors import CannotJudge
-from chaos.scenario import Scenario
+from chaos.scenario.model import Scenario
 
 STEPS = ["--steps", "12", "--ckpt-every", "4"]
 TIMEOUTS = ["--timeout", "3"]  # the target's collective timeout, shorter than its default 5 s

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TARGET, chaos_processes
 
-from chaos import netns
-from chaos.history import History
+from chaos.host import netns
+from chaos.rundir.history import History
 
 pytestmark = pytest.mark.skipif(bool(netns.unavailable_reason()),
                                 reason=netns.unavailable_reason() or "ok")

@@ -13,10 +13,10 @@ import pytest
 from conftest import REPO
 
 from chaos.engine import run_scenario
-from chaos.history import read_stream
-from chaos.layout import RunLayout
-from chaos.mounts import mounts_under
-from chaos.scenario import Scenario
+from chaos.host.mounts import mounts_under
+from chaos.rundir.history import read_stream
+from chaos.rundir.layout import RunLayout
+from chaos.scenario.model import Scenario
 from faults.faultfs.mount import unavailable_reason
 
 pytestmark = pytest.mark.skipif(bool(unavailable_reason()), reason=unavailable_reason())

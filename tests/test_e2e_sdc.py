@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import TARGET
 
-from chaos.history import History
+from chaos.rundir.history import History
 
 STEPS = ["--steps", "12", "--ckpt-every", "5"]
 UNDEFENDED = [*STEPS, "--no-sdc-defences"]

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from conftest import TARGET
 
-from chaos import scenario_file
-from chaos.spec import parse_fault_spec
+from chaos.scenario import files as scenario_file
+from chaos.scenario.spec import parse_fault_spec
 
 PAIR_BUG = [str(TARGET), "--steps", "20", "--ckpt-every", "5", "--bug", "resume_twice"]
 

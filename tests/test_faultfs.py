@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from chaos.mounts import mounts_under
+from chaos.host.mounts import mounts_under
 from faults.faultfs.mount import Mount, unavailable_reason
 
 pytestmark = pytest.mark.skipif(bool(unavailable_reason()), reason=unavailable_reason())
@@ -224,7 +224,7 @@ def test_the_harness_folder_is_never_faulted_recorded_or_crossed(rundir):
     with pytest.raises(OSError) as crossing:
         os.rename(run / "model.pt", run / "_chaos" / "model.pt")
     assert crossing.value.errno == errno.EXDEV  # as between two filesystems
-    from chaos.history import read_stream
+    from chaos.rundir.history import read_stream
 
     history = run / "_chaos" / "history" / "faultfs-0-rundir.jsonl"
     paths = {e.get("path", "") for e in read_stream(history) if e["ev"] == "fs"}
@@ -359,7 +359,7 @@ def test_every_mutation_is_recorded(fs, tmp_path):
     os.rename(fs.mountpoint / "a.tmp", fs.mountpoint / "a")
     sync_dir(fs.mountpoint)
     (fs.mountpoint / "a").unlink()
-    from chaos.history import read_stream
+    from chaos.rundir.history import read_stream
 
     ops = [(e["op"], e["path"]) for e in read_stream(tmp_path / "fs.jsonl") if e["ev"] == "fs"]
     assert ops == [("create", "a.tmp"), ("write", "a.tmp"), ("fsync", "a.tmp"),

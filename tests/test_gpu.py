@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.history import History
+from chaos.rundir.history import History
 
 TARGET = str(Path(__file__).resolve().parent.parent / "targets" / "ddp_lm.py")
 STEPS = ["--steps", "16", "--ckpt-every", "4"]

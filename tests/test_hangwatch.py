@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from histories import Timeline, evidence
 
-from chaos import checkers, hangs, stacks
-from chaos.hangwatch import TORCHRUN_SHUTDOWN_SECONDS, HangWatch, default_timeout
-from chaos.heartbeat import Beat, Heartbeat, peers_gone, read_beats
-from chaos.procs import pid_stopped
+from chaos.harness.hangwatch import TORCHRUN_SHUTDOWN_SECONDS, HangWatch, default_timeout
+from chaos.host import stacks
+from chaos.host.procs import pid_stopped
+from chaos.judge import checkers, hangs
+from chaos.rundir.heartbeat import Beat, Heartbeat, peers_gone, read_beats
 
 SLEEPER = """
 import faulthandler, signal, sys, time

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos import scenario_file
 from chaos.engine import run_scenario
+from chaos.scenario import files as scenario_file
 
 INCIDENTS = Path(__file__).resolve().parent.parent / "suites" / "incidents"
 

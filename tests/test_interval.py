@@ -7,10 +7,11 @@ import math
 import pytest
 from conftest import TARGET
 
-from chaos import cli, interval
+from chaos.cli import main as cli
 from chaos.errors import UsageError
-from chaos.history import History
-from chaos.scenario import Scenario
+from chaos.judge import interval
+from chaos.rundir.history import History
+from chaos.scenario.model import Scenario
 
 
 def test_young_daly_with_known_numbers():

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TARGET
 
-from chaos import multinode, netns, procs
-from chaos.history import HistoryWriter
+from chaos.harness import multinode
+from chaos.host import netns, procs
+from chaos.rundir.history import HistoryWriter
 
 CLI = [sys.executable, "-m", "chaos.cli"]
 ARGS = [str(TARGET), "--steps", "20", "--ckpt-every", "5"]

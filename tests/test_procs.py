@@ -10,9 +10,11 @@ import time
 
 import psutil
 
-from chaos import env, procs
+from chaos import env
 
 # A parent in its own session that starts a child and a double-forked daemon.
+from chaos.host import procs
+
 FAMILY = textwrap.dedent("""
     import os, subprocess, sys, time
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])

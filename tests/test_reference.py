@@ -6,8 +6,8 @@ import threading
 
 from conftest import PLAIN, TARGET
 
-from chaos.reference import get_reference
-from chaos.scenario import Scenario
+from chaos.harness.reference import get_reference
+from chaos.scenario.model import Scenario
 
 
 def test_two_harnesses_asking_at_once_run_the_reference_once(tmp_path):

@@ -17,11 +17,13 @@ import pytest
 from conftest import REPO, TARGET
 from histories import Timeline, evidence, fp, reference
 
-from chaos import cli, html_report, interval, timeline
-from chaos.checkers import run_checks
-from chaos.history import History
-from chaos.layout import RunLayout
-from chaos.report import Report
+from chaos.cli import main as cli
+from chaos.judge import interval
+from chaos.judge.checkers import run_checks
+from chaos.report import html_report, timeline
+from chaos.report.model import Report
+from chaos.rundir.history import History
+from chaos.rundir.layout import RunLayout
 
 SVG = "{http://www.w3.org/2000/svg}"
 FAULT = "kill:rank=1,step=12"
@@ -311,7 +313,7 @@ def test_a_real_run_writes_the_page_and_the_picture(tmp_path, shared_cache):
 
 
 def test_the_progress_bar_of_a_long_sweep_estimates_what_is_left():
-    from chaos.battery import progress_bar
+    from chaos.explore.battery import progress_bar
 
     assert progress_bar(2, 5, 60.0) == "[########------------] 40% 1m00s, about 1m30s left"
     assert progress_bar(5, 5, 301.0).startswith("[####################] 100% 5m01s")

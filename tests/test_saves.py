@@ -2,7 +2,7 @@
 
 import threading
 
-from chaos.saves import SaveTracker
+from chaos.rank.saves import SaveTracker
 
 MAIN = None
 

@@ -7,10 +7,10 @@ import os
 import pytest
 from conftest import TARGET
 
-from chaos import schedule
 from chaos.errors import UsageError
-from chaos.scenario import Scenario
-from chaos.spec import Trigger, parse_fault_spec
+from chaos.scenario import schedule
+from chaos.scenario.model import Scenario
+from chaos.scenario.spec import Trigger, parse_fault_spec
 from faults.params import run_relative_dir
 from faults.storage import _mountpoint, _slug
 

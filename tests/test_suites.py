@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from conftest import TARGET
 
-from chaos import netns
-from chaos.battery import Entry
-from chaos.history import History
-from chaos.scenario import Scenario
-from chaos.suite import CASES, NotApplicable, Plan
+from chaos.explore.battery import Entry
+from chaos.explore.suite import CASES, NotApplicable, Plan
+from chaos.host import netns
+from chaos.rundir.history import History
+from chaos.scenario.model import Scenario
 from faults.faultfs.mount import unavailable_reason
 
 pytest_plugins = ["pytester"]

@@ -20,10 +20,10 @@ import pytest
 from conftest import REPO, TARGET
 
 from chaos.errors import UsageError
-from chaos.registry import JobContext
-from chaos.schedule import ResolvedFault
-from chaos.spec import Trigger, parse_fault_spec
+from chaos.scenario.schedule import ResolvedFault
+from chaos.scenario.spec import Trigger, parse_fault_spec
 from faults import toxic
+from faults.contract import JobContext
 
 needs_server = pytest.mark.skipif(bool(toxic.unreachable_reason()),
                                   reason=toxic.unreachable_reason() or "ok")

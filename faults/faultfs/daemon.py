@@ -41,8 +41,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from chaos import procs
-from chaos.history import HistoryWriter
+from chaos.host import procs
+from chaos.rundir.history import HistoryWriter
 from faults.faultfs import client
 from faults.faultfs.armed import Armed, ArmedFaults
 from faults.faultfs.durability import DurabilityTracker

@@ -36,7 +36,7 @@ from typing import Any
 
 import mfusepy
 
-from chaos.history import HistoryWriter
+from chaos.rundir.history import HistoryWriter
 from faults.faultfs.armed import ERRNO_MODES, Armed, ArmedFaults
 from faults.faultfs.durability import DurabilityTracker
 

@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any
 
 from chaos.errors import ChaosError
-from chaos.mounts import mounts_under
+from chaos.host.mounts import mounts_under
 from faults.faultfs import client
 
 START_TIMEOUT = 20.0

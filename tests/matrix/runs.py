@@ -1,6 +1,6 @@
 """Running the independent targets under the harness, the way `torchchaos battery`
-and `torchchaos crashpoints` do (chaos.battery.plan / run_entries,
-chaos.crashpoints.plan / entries), one chaos run per entry."""
+and `torchchaos crashpoints` do (chaos.explore.battery.plan / run_entries,
+chaos.explore.crashpoints.plan / entries), one chaos run per entry."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos import battery, crashsweep, env
-from chaos.battery import Entry, run_entries
+from chaos import env
 from chaos.errors import ChaosError
-from chaos.history import History
-from chaos.reference import get_reference
-from chaos.scenario import Scenario
+from chaos.explore import battery, crashsweep
+from chaos.explore.battery import Entry, run_entries
+from chaos.harness.reference import get_reference
+from chaos.rundir.history import History
+from chaos.scenario.model import Scenario
 
 TARGETS_DIR = Path(__file__).resolve().parent / "targets"
 
@@ -76,7 +77,7 @@ class OnEvent:
 
 @dataclass(frozen=True)
 class BatteryRow:
-    """The fault of the battery row (chaos.battery.plan) whose name holds `contains`."""
+    """The fault of the battery row (chaos.explore.battery.plan) whose name holds `contains`."""
 
     contains: str
 
@@ -96,7 +97,7 @@ def reference_history(base: Scenario, cache: Path) -> History:
 
 def sweep_states(base: Scenario, out_dir: Path, cache: Path,
                  modes: list[str]) -> tuple[list[Entry], str]:
-    """Every crash state of save 2 (`torchchaos crashpoints`, chaos.crashsweep), each
+    """Every crash state of save 2 (`torchchaos crashpoints`, chaos.explore.crashsweep), each
     ending 3 steps after its recovery: the judged states, or none and why."""
     try:
         found = crashsweep.sweep(base, out_dir, cache, progress, 2, modes, None, 3)

@@ -1,0 +1,1 @@
+"""The `torchchaos` command line."""

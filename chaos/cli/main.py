@@ -1,0 +1,667 @@
+"""The `torchchaos` command line.
+
+Exit status: 0 every check held; 1 a check failed (the target has a bug);
+2 the harness could not judge (bad arguments, the target fails without
+faults, a harness error), always with a one-line reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from chaos.cli import multinode
+from chaos.cli.output import print_report
+from chaos.cli.output import progress as progress_printer
+from chaos.errors import CannotJudge, ChaosError, UsageError
+from chaos.harness.reference import default_cache_dir
+
+if TYPE_CHECKING:
+    from chaos.explore.battery import Entry
+    from chaos.scenario.model import Scenario
+
+EPILOG = """\
+fault specs (KIND:key=value,...):
+  kill:rank=1,step=30                    SIGKILL rank 1 after its 30th optimizer step
+  kill:rank=0,step=30,signal=SIGTERM     preemption notice (SIGKILL after grace=30 s)
+  kill:node=0,step=30                    the whole node: its torchrun agent and workers
+  kill:rank=0,phase=checkpoint_save,event=3
+                                         after the 3rd file event of rank 0's 1st save
+                                         (save=K picks the K-th save)
+  kill:rank=one,time=12.5                a seeded random rank, 12.5 s after the start
+  bitflip:rank=1,step=20,tensor=param,bit=exp_high
+                                         flip a high exponent bit of a seeded weight on
+                                         rank 1 after step 20 (tensor=grad|optim|
+                                         activation|loss|checkpoint; value=nan|inf)
+  partition:node=1,step=10,for=6         cut node 1 off for 6 s (--nodes 2+, as root;
+                                         shape=halves|majority|oneway|store, sides=0+1/2)
+  targets: rank=N | node=N | rank=one; triggers: step= | phase= | time= | p=
+
+exit status: 0 all checks held, 1 a check failed, 2 could not judge.
+{run_dir} in ARGS becomes each run's own directory (also its working directory).
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, no usage dump
+        raise UsageError(message)
+
+
+def _add_optional_script(parser: argparse.ArgumentParser) -> None:
+    """SCRIPT [ARGS...], where no SCRIPT means the bundled reference target."""
+    parser.add_argument("script", metavar="SCRIPT", nargs="?", default=None,
+                        help="the training script (default: the bundled reference target)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                        help="arguments for the script")
+
+
+def _add_parallel(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                        help="chaos runs at a time (default 1). Each run is a whole job"
+                             " (NPROC x NODES processes): raise it where cores are left over;"
+                             " runs that share cores are slower, and timing bounds (lost"
+                             " seconds, hang detection) noisier")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a value >= 0, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    """How many of something to do: 0 would start a reference run for nothing."""
+    value = _positive_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a value >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="torchchaos", description="Inject faults into a real torchrun"
+                     " training job and judge its recovery against a fault-free reference.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    run = sub.add_parser("run", help="run a chaos scenario against a training script",
+                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--fault", action="append", default=[], metavar="SPEC",
+                     help="a fault to inject (repeatable; see below)")
+    _add_job_options(run)
+    run.add_argument("script", metavar="SCRIPT", help="the training script (run under torchrun)")
+    run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                     help="arguments for the script")
+    battery = sub.add_parser(
+        "battery", help="run the standard kill battery and print one verdict table",
+        description="Kill each rank mid-interval, a whole node, a rank inside a checkpoint"
+        " save, and preempt rank 0 with SIGTERM; one chaos run each, judged against one"
+        " cached fault-free reference. With no SCRIPT, runs the bundled reference target"
+        " (targets/ddp_lm.py --steps 20 --ckpt-every 5).")
+    _add_job_options(battery)
+    _add_parallel(battery)
+    _add_optional_script(battery)
+    points = sub.add_parser(
+        "crashpoints", help="judge every crash state of one checkpoint save",
+        description="Runs the job once to the step after save --save with the fault"
+        " filesystem recording its checkpoint folder (every operation of every rank, with"
+        " its bytes), then enumerates the crash states of that save from the record, in each"
+        " --mode: kill (the job dies after an operation; the page cache survives), torn (a"
+        " write reaches the disk only in part) and lose_unsynced (a power loss: each pending"
+        " unsynced file or folder change is kept or lost, every combination up to 16 a point)."
+        " Each state's folder is given to a fresh start of the job, which recovers and runs"
+        " --steps-after-resume steps; states that show a recovery the same names and bytes"
+        " where it looked share one recovery run. Each state is judged with the checks of a"
+        " chaos run. More states than --cap: a seeded sample. --per-point instead runs one"
+        " whole chaos run per file event of the save (the mode before recordings). With no"
+        " SCRIPT, runs the bundled reference target.")
+    _add_job_options(points)
+    _add_parallel(points)
+    points.add_argument("--save", type=_count, default=2, metavar="K",
+                        help="which checkpoint save to enumerate (default 2: the first one"
+                             " that has an earlier checkpoint to fall back to)")
+    points.add_argument("--mode", action="append", default=None, metavar="MODE",
+                        help="kill, lose_unsynced, torn (repeatable; default all three)")
+    points.add_argument("--cap", type=_count, default=None, metavar="N",
+                        help="judge at most N crash states (--per-point: N points), sampled"
+                             " with --seed (default: every state; 50 points)")
+    points.add_argument("--steps-after-resume", type=_positive_int, default=3, metavar="N",
+                        help="end each point N steps after its recovery: the restore and"
+                             " the first steps after it are what a crash point tests"
+                             " (default 3; 0 runs every point to the last step)")
+    points.add_argument("--from-scratch", action="store_true",
+                        help="start every point at step 0 instead of from a snapshot of the"
+                             " checkpoints before the save under test (the reference run"
+                             " takes it; --per-point only)")
+    points.add_argument("--per-point", action="store_true",
+                        help="one whole chaos run per file event and mode, crashing the job"
+                             " for real (slower: no recording, no shared recoveries)")
+    _add_optional_script(points)
+    campaign = sub.add_parser(
+        "campaign", help="N seeded bit flips, one run each, and the outcome table",
+        description="Each run flips one bit (a seeded element of a seeded tensor kind, bit"
+        " class, rank and step) and is classified as masked, detected, silent divergence,"
+        " crash or hang; the table counts them by bit class and tensor kind, and"
+        " campaign.json keeps every run's details. With no SCRIPT, runs the bundled"
+        " reference target without its defences (--no-sdc-defences); pass the target and"
+        " its flags to measure a defended one. Exit 0 once every run was judged.")
+    _add_job_options(campaign)
+    _add_parallel(campaign)
+    campaign.add_argument("--runs", type=_count, default=20, metavar="N",
+                          help="how many flips (default 20)")
+    campaign.add_argument("--tensor", action="append", default=None, metavar="KIND",
+                          help="param, grad, optim, activation (repeatable; default all)")
+    campaign.add_argument("--bit", action="append", default=None, metavar="CLASS",
+                          help="sign, exp_high, exp_low, mant_high, mant_low (repeatable;"
+                               " default all)")
+    _add_optional_script(campaign)
+    _add_exploration_commands(sub)
+    multinode.add_commands(sub, _positive_int, _positive_seconds)
+    _add_export_command(sub)
+    report = sub.add_parser("report", help="print the verdict table of a finished run")
+    report.add_argument("out", type=Path, metavar="DIR", help="a --out directory of `run`")
+    sub.add_parser("faults", help="list the fault kinds and their parameters")
+    sub.add_parser("suite", add_help=False,
+                   help="run the ready-made pytest suites: pytest --pyargs suites [PYTEST ARGS]"
+                        " (--chaos-script PATH --chaos-args '...', -m chaos_kills, ...)")
+    return parser
+
+
+def _add_exploration_commands(sub: Any) -> None:
+    """replay, search and shrink: reproduce a run, find a breaking schedule, minimise one."""
+    replay = sub.add_parser(
+        "replay", help="run a scenario file again (a run's replay.yaml, or an incident)",
+        description="Runs the scenario a file describes: every run writes one as"
+        " OUT/replay.yaml (its resolved schedule and the verdict it came to), and incident"
+        " postmortems in suites/incidents/ use the same format. Exit status as for `run`;"
+        " the last line says whether the outcome is the one the file expects. A SCRIPT"
+        " after the file points the scenario at another training script.")
+    replay.add_argument("file", type=Path, metavar="FILE", help="a scenario file (YAML/JSON)")
+    _add_run_dirs(replay)
+    _add_optional_script(replay)
+    search = sub.add_parser(
+        "search", help="let Hypothesis look for a fault schedule that breaks the target",
+        description="Draws schedules of up to --max-faults faults of the given kinds (steps"
+        " from the fault-free reference run: one in the middle of each checkpoint interval)"
+        " with Hypothesis, runs each as a chaos run until one fails, shrinks it, and then"
+        " drops every fault that is not needed (delta debugging). A failure counts only"
+        " when --repeats runs of the schedule all fail; one that fails only sometimes is"
+        " reported as flaky. The minimal schedule is saved as OUT/minimal.yaml for"
+        " `torchchaos replay`. Exit 1 when a failing schedule was found, 0 when none was"
+        " within the budget. With no SCRIPT, runs the bundled reference target.")
+    _add_job_options(search)
+    _add_search_options(search)
+    search.add_argument("--kind", action="append", default=None, metavar="KIND",
+                        help="kill, preempt, node_kill, save_kill, power_loss, bitflip, hang"
+                             " (repeatable; default kill, preempt, save_kill)")
+    search.add_argument("--max-faults", type=_count, default=3, metavar="N",
+                        help="faults per schedule at most (default 3)")
+    search.add_argument("--examples", type=_count, default=20, metavar="N",
+                        help="schedules Hypothesis draws before it gives up (default 20)")
+    search.add_argument("--shrink-runs", type=_positive_int, default=10, metavar="N",
+                        help="runs Hypothesis may spend shrinking the first failure to"
+                             " simpler ranks and steps, before delta debugging drops the"
+                             " faults it does not need (default 10; 0: delta debugging only)")
+    search.add_argument("--every-step", action="store_true",
+                        help="faults at any step, not one per checkpoint interval")
+    _add_optional_script(search)
+    shrink = sub.add_parser(
+        "shrink", help="drop every fault a failing scenario file does not need",
+        description="Delta debugging over the faults of a scenario file whose run failed"
+        " (a run's replay.yaml): the result still fails, and dropping any one of its"
+        " faults makes it pass. Saved as OUT/minimal.yaml. Exit 1 with the minimal"
+        " schedule, 2 when the file's schedule does not fail to begin with.")
+    shrink.add_argument("file", type=Path, metavar="FILE", help="a scenario file (YAML/JSON)")
+    _add_run_dirs(shrink)
+    _add_search_options(shrink)
+
+
+def _add_export_command(sub: Any) -> None:
+    """export: a scenario file's node-level faults as Chaos Mesh manifests."""
+    from chaos.scenario import chaosmesh
+
+    export = sub.add_parser(
+        "export", help="write a scenario file's node-level faults as Chaos Mesh manifests",
+        description="Kills of nodes, partitions and checkpoint-volume faults of a scenario"
+        " file (a run's replay.yaml, an incident) become PodChaos, NetworkChaos and IOChaos"
+        " objects in one Chaos Mesh Workflow that starts each at its offset; steps become"
+        " seconds. Faults with no cluster counterpart are listed on stderr as not exported.")
+    export.add_argument("file", type=Path, metavar="FILE", help="a scenario file (YAML/JSON)")
+    export.add_argument("--namespace", default="default", metavar="NS",
+                        help="the job's Kubernetes namespace (default default)")
+    export.add_argument("--node-label", default=chaosmesh.DEFAULT_NODE_LABEL, metavar="KEY",
+                        help="the pod label whose value is the node index (default"
+                             f" {chaosmesh.DEFAULT_NODE_LABEL}; e.g."
+                             " training.kubeflow.org/replica-index)")
+    export.add_argument("--pod-per-rank", action="store_true",
+                        help="every rank runs in a pod of its own, labelled with its global"
+                             " rank: rank faults map to pods too")
+    export.add_argument("--volume-path", default=chaosmesh.DEFAULT_VOLUME_PATH, metavar="PATH",
+                        help="where the checkpoint volume is mounted in the pods (IOChaos;"
+                             f" default {chaosmesh.DEFAULT_VOLUME_PATH})")
+    timing = export.add_mutually_exclusive_group()
+    timing.add_argument("--seconds-per-step", type=_positive_seconds, default=None,
+                        metavar="S", help="a step takes S seconds (step N fires N*S after start)")
+    timing.add_argument("--run-dir", type=Path, default=None, metavar="DIR",
+                        help="time steps as a run of the job did (its history)")
+    export.add_argument("--name", default=None, metavar="NAME",
+                        help="prefix of the objects' names (default: from FILE's name)")
+    export.add_argument("--bare", action="store_true",
+                        help="the chaos objects alone, each annotated with its offset,"
+                             " instead of the Workflow")
+    export.add_argument("--out", type=Path, default=None, metavar="FILE.yaml",
+                        help="write here instead of stdout")
+
+
+def _add_run_dirs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="new directory for the runs and report.json"
+                             " (default ./torchchaos-runs/<time>-<id>)")
+    parser.add_argument("--cache-dir", type=Path, default=None, metavar="DIR",
+                        help="where fault-free reference runs are cached"
+                             " (default $XDG_CACHE_HOME/torchchaos)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _add_search_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repeats", type=_positive_int, default=2, metavar="N",
+                        help="runs of a failing schedule before its failure is trusted"
+                             " (default 2)")
+    parser.add_argument("--max-runs", type=_count, default=40, metavar="N",
+                        help="chaos runs at most, repeats included (default 40)")
+
+
+def _add_job_options(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--nproc", type=_positive_int, default=2, help="ranks per node (default 2)")
+    run.add_argument("--force", action="store_true",
+                     help="run even with more than 4 ranks (--nproc x --nodes) per core of"
+                          " this machine")
+    run.add_argument("--nodes", type=_positive_int, default=1,
+                     help="simulated nodes, one torchrun agent each (default 1)")
+    run.add_argument("--network", choices=("auto", "netns", "host"), default="auto",
+                     help="netns: each node in its own network namespace on a private bridge"
+                          " (root; needed for partition faults); host: the nodes share the"
+                          " machine's loopback; auto (default): netns for 2+ nodes where"
+                          " it can be made")
+    run.add_argument("--min-nodes", type=_positive_int, default=None, metavar="N",
+                     help="elastic job: torchrun may go on with N to --nodes nodes"
+                          " (default: exactly --nodes)")
+    run.add_argument("--check", action="append", default=None, metavar="NAME",
+                     help="only these checks (repeatable; default: every check)")
+    run.add_argument("--max-lost-steps", type=_positive_int, default=None, metavar="N",
+                     help="steps a failure may cost (default: the checkpoint interval"
+                          " seen in the reference run)")
+    run.add_argument("--max-lost-seconds", type=float, default=None, metavar="S",
+                     help="seconds a failure may cost (default: no bound)")
+    run.add_argument("--max-detect-steps", type=_positive_int, default=None, metavar="N",
+                     help="steps a bit flip may go unnoticed for sdc_detected (default:"
+                          " the checkpoint interval, else 10)")
+    run.add_argument("--hang-timeout", type=_positive_seconds, default=None, metavar="SEC",
+                     help="the job is hung once no rank made progress for SEC seconds: the"
+                          " harness then takes every rank's stacks and tears it down; the"
+                          " target's own timeout or watchdog must fire before (default 10,"
+                          " or 3x the longest the fault-free run went without progress)")
+    run.add_argument("--seed", type=_positive_int, default=0,
+                     help="seed for symbolic fault targets and p= triggers")
+    run.add_argument("--timeout", type=float, default=300.0, metavar="SEC",
+                     help="deadline for each run, reference and chaos (default 300)")
+    run.add_argument("--max-restarts", type=_positive_int, default=3,
+                     help="torchrun elastic restarts per launch (default 3)")
+    run.add_argument("--max-relaunches", type=_positive_int, default=2,
+                     help="times the whole job is requeued after it died (default 2)")
+    run.add_argument("--reference-runs", type=int, default=1, choices=(1, 2),
+                     help="2 also proves the target deterministic without faults")
+    run.add_argument("--full-fingerprints", action="store_true",
+                     help="fingerprint every step of the chaos run in full (default: in full"
+                          " for 5 steps after each start, load and fault, parameters, learning"
+                          " rates and batch on the steps between)")
+    run.add_argument("--mtbf", type=float, default=3.0, metavar="HOURS",
+                     help="mean time between failures for the report's Young/Daly checkpoint"
+                          " interval (default 3: a large job's interruption rate)")
+    _add_run_dirs(run)
+
+
+def _scenario(ns: argparse.Namespace, script: str, args: list[str], faults: list[str]) -> Any:
+    from chaos.scenario.model import Scenario
+
+    args = args[1:] if args[:1] == ["--"] else args
+    scenario = Scenario.build(
+        script, faults=faults, args=args, nproc=ns.nproc, nodes=ns.nodes, network=ns.network,
+        min_nodes=ns.min_nodes, checks=ns.check,
+        max_lost_steps=ns.max_lost_steps, max_lost_seconds=ns.max_lost_seconds,
+        max_detect_steps=ns.max_detect_steps, hang_timeout=ns.hang_timeout, seed=ns.seed,
+        timeout=ns.timeout, max_restarts=ns.max_restarts, max_relaunches=ns.max_relaunches,
+        reference_runs=ns.reference_runs, mtbf_hours=ns.mtbf,
+        full_fingerprints=ns.full_fingerprints,
+    )
+    scenario.check_machine(ns.force)
+    return scenario
+
+
+def _dirs(ns: argparse.Namespace) -> tuple[Path, Path]:
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    out = ns.out or Path("torchchaos-runs") / stamp
+    return out.resolve(), (ns.cache_dir or default_cache_dir()).resolve()
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    from chaos.engine import run_scenario
+
+    scenario = _scenario(ns, ns.script, ns.args, ns.fault)
+    out, cache = _dirs(ns)
+    report = run_scenario(scenario, out, cache, progress_printer(ns.quiet))
+    return print_report(report, out)
+
+
+def _battery_base(ns: argparse.Namespace) -> tuple[Scenario, Path, Path]:
+    """The scenario every run of a battery shares (no fault yet), and its folders;
+    with no SCRIPT, the bundled reference target."""
+    from chaos.explore import battery
+
+    if ns.script is None:
+        script, args = str(battery.BUNDLED_TARGET), battery.BUNDLED_ARGS
+    else:
+        script, args = ns.script, ns.args
+    base = _scenario(ns, script, args, [])
+    return (base, *_dirs(ns))
+
+
+def _print_battery(entries: list[Entry], out: Path, summary: str = "") -> int:
+    from chaos.explore import battery
+
+    print(battery.table(entries))
+    if summary:
+        print(summary)
+    print(f"runs: {out} (pages: {out / 'index.html'})")
+    return battery.exit_code(entries)
+
+
+def cmd_battery(ns: argparse.Namespace) -> int:
+    from chaos.engine import prepare_out_dir
+    from chaos.explore import battery
+
+    base, out, cache = _battery_base(ns)
+    prepare_out_dir(out)
+    entries = battery.run_battery(base, out, cache, progress_printer(ns.quiet), jobs=ns.jobs)
+    return _print_battery(entries, out)
+
+
+def cmd_crashpoints(ns: argparse.Namespace) -> int:
+    from chaos.engine import prepare_out_dir
+    from chaos.explore import battery, crashpoints, crashsweep
+
+    base, out, cache = _battery_base(ns)
+    progress = progress_printer(ns.quiet)
+    modes = ns.mode or list(crashpoints.MODES)
+    if not ns.per_point:
+        crashpoints.check_modes(modes)
+        if ns.jobs > 1:
+            progress("--jobs applies to --per-point: recoveries from a recording run one at"
+                     " a time")
+        result = crashsweep.sweep(base, out, cache, progress, ns.save, modes, ns.cap,
+                                  ns.steps_after_resume or 3)
+        battery.write_index(result.entries, out, "torchchaos crash states")
+        return _print_battery(crashsweep.report_rows(result), out,
+                              crashsweep.summary(result, ns.save))
+    found = crashpoints.plan(base, cache, progress, ns.save, modes,
+                             50 if ns.cap is None else ns.cap, from_snapshot=not ns.from_scratch)
+    prepare_out_dir(out)
+    entries = crashpoints.entries(found, ns.save)
+    total = found.total
+    base.stop_after = ns.steps_after_resume or None
+    progress(f"{len(entries)} of {total} crash point(s) in save {ns.save}")
+    started = time.monotonic()
+    battery.run_entries(entries, base, out, cache, progress, title="torchchaos crash points",
+                        jobs=ns.jobs)
+    minutes = (time.monotonic() - started) / 60
+    failed = sum(1 for e in entries if e.report and e.report.verdict == "fail")
+    return _print_battery(entries, out, f"{len(entries)} of {total} points run, {failed} broke"
+                          f" the protocol; {len(entries) / minutes:.1f} points per minute")
+
+
+def cmd_campaign(ns: argparse.Namespace) -> int:
+    from chaos.engine import prepare_out_dir
+    from chaos.explore import battery, campaign
+    from faults.bits import BIT_CLASSES
+
+    if ns.script is None:
+        ns.script, ns.args = str(battery.BUNDLED_TARGET), [*battery.BUNDLED_ARGS,
+                                                           "--no-sdc-defences"]
+    base, out, cache = _battery_base(ns)
+    progress = progress_printer(ns.quiet)
+    entries = campaign.plan(base, cache, progress, ns.runs, ns.seed,
+                            ns.tensor or list(campaign.TENSORS), ns.bit or list(BIT_CLASSES))
+    prepare_out_dir(out)
+    battery.run_entries(entries, base, out, cache, progress, title="torchchaos bit-flip campaign",
+                        jobs=ns.jobs)
+    print(campaign.table(entries))
+    print(f"runs: {out} (details: {campaign.write(entries, out)};"
+          f" pages: {out / 'index.html'})")
+    return 2 if any(campaign.outcome(e) == campaign.NOT_JUDGED for e in entries) else 0
+
+
+def cmd_replay(ns: argparse.Namespace) -> int:
+    from chaos.engine import run_scenario
+    from chaos.scenario import files as scenario_file
+
+    args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+    loaded = scenario_file.load(ns.file, ns.script, args if ns.script else None)
+    out, cache = _dirs(ns)
+    report = run_scenario(loaded.scenario, out, cache, progress_printer(ns.quiet))
+    expect = loaded.expect or scenario_file.Expectation()
+    mismatches = expect.mismatches(report)
+    verdict = f"expected {expect.verdict}" + (" and got it" if not mismatches
+                                              else f", but: {'; '.join(mismatches)}")
+    return print_report(report, out, f"replay of {ns.file}: {verdict}")
+
+
+def _save_minimal(base: Scenario, schedule: list[str], out: Path, runs: Any) -> Path:
+    """OUT/minimal.yaml: the base scenario with the minimal schedule, expected to fail
+    the way its last run failed."""
+    import dataclasses
+
+    from chaos.scenario import files as scenario_file
+    from chaos.scenario.spec import parse_fault_spec
+
+    scenario = dataclasses.replace(base, faults=[parse_fault_spec(s) for s in schedule])
+    minimal = scenario_file.for_run(scenario, scenario_file.resolve(scenario),
+                                    runs.last_run_of(schedule))
+    minimal.name = f"minimal failing schedule ({len(schedule)} fault(s))"
+    return minimal.save(out / "minimal.yaml")
+
+
+def _print_search_end(result: Any, runs: Any, out: Path, base: Scenario) -> int:
+    """What a search or shrink found (a `chaos.explore.search.SearchResult`); exit 1 with a
+    failing schedule, else 0."""
+    from chaos.explore.search import describe
+
+    found, minimal = result.found, result.minimal
+    for schedule in result.flaky:
+        print(f"flaky (fails only some of the time): {describe(schedule)}")
+    if minimal is None:
+        print(f"no failing schedule in {len(runs.reports)} run(s); runs: {out}")
+        return 0
+    if found is not None and found != minimal:
+        print(f"first failure, shrunk by Hypothesis: {describe(found)}")
+    print(f"minimal failing schedule ({len(minimal)} fault(s)): {describe(minimal)}")
+    if result.budget_spent:
+        print("  (the run budget ran out while shrinking: a fault of it may still be"
+              " droppable; raise --max-runs)")
+    report = runs.last_run_of(minimal)
+    if report is not None:
+        print(report.table())
+    path = _save_minimal(base, minimal, out, runs)
+    print(f"replay it: torchchaos replay {path}")
+    print(f"{len(runs.reports)} run(s); runs: {out}")
+    return 1
+
+
+def cmd_search(ns: argparse.Namespace) -> int:
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    from chaos.engine import prepare_out_dir
+    from chaos.explore import search, strategies
+    from chaos.explore.schedule_runs import ScheduleRuns
+    from chaos.harness.reference import get_reference
+
+    base, out, cache = _battery_base(ns)
+    progress = progress_printer(ns.quiet)
+    history = get_reference(base, cache, progress).history()
+    shape = strategies.JobShape.of(history, base.nodes, ns.every_step)
+    try:
+        fault = strategies.faults(shape, ns.kind or ("kill", "preempt", "save_kill"))
+    except ValueError as exc:
+        raise UsageError(f"--kind: {exc}") from None
+    prepare_out_dir(out)
+    # Hypothesis keeps a cache in ./.hypothesis; the harness writes only in its run dirs.
+    set_hypothesis_home_dir(out / "_hypothesis")
+    runs = ScheduleRuns(base, out, cache, progress)
+    trials = search.Trials(runs, ns.repeats or 1, ns.max_runs, progress)
+    progress(f"searching schedules of up to {ns.max_faults} fault(s) at steps {shape.steps}")
+    result = search.search(trials, strategies.schedules(fault, ns.max_faults), ns.seed,
+                           ns.examples, ns.shrink_runs)
+    return _print_search_end(result, runs, out, base)
+
+
+def cmd_shrink(ns: argparse.Namespace) -> int:
+    from chaos.engine import prepare_out_dir
+    from chaos.explore import search
+    from chaos.explore.schedule_runs import ScheduleRuns
+    from chaos.scenario import files as scenario_file
+
+    loaded = scenario_file.load(ns.file)
+    base = loaded.scenario
+    schedule = [f.text for f in base.faults]
+    if not schedule:
+        raise UsageError(f"{ns.file}: no faults to shrink")
+    out, cache = _dirs(ns)
+    prepare_out_dir(out)
+    progress = progress_printer(ns.quiet)
+    runs = ScheduleRuns(base, out, cache, progress)
+    trials = search.Trials(runs, ns.repeats or 1, ns.max_runs, progress)
+    first = trials.judge(schedule)
+    if first != search.FAIL:
+        raise CannotJudge(f"{ns.file}: its schedule does not fail to begin with"
+                          f" ({first} in {trials.runs} run(s)); nothing to shrink")
+    minimal = search.ddmin(schedule, trials.fails)
+    result = search.SearchResult(None, minimal, trials.runs, trials.flaky, trials.budget_spent)
+    return _print_search_end(result, runs, out, base)
+
+
+def cmd_export(ns: argparse.Namespace) -> int:
+    from chaos.scenario import chaosmesh
+    from chaos.scenario import files as scenario_file
+
+    loaded = scenario_file.load(ns.file)
+    options = chaosmesh.Options(
+        namespace=ns.namespace, node_label=ns.node_label, volume_path=ns.volume_path,
+        seconds_per_step=ns.seconds_per_step, pod_per_rank=ns.pod_per_rank,
+        step_times=chaosmesh.step_times(ns.run_dir) if ns.run_dir else None,
+        name=ns.name or chaosmesh.name_of(ns.file))
+    result = chaosmesh.export(loaded, options)
+    text = chaosmesh.render(result, ns.file, options, ns.bare)
+    if ns.out is None:
+        sys.stdout.write(text)
+    else:
+        try:
+            ns.out.write_text(text)
+        except OSError as exc:
+            raise UsageError(f"cannot write {ns.out}: {exc.strerror or exc}") from None
+    for line in result.not_exported:
+        print(f"not exported: {line}", file=sys.stderr)
+    return 0
+
+
+def cmd_report(ns: argparse.Namespace) -> int:
+    from chaos.report.model import Report
+
+    path = ns.out / "report.json"
+    if not path.is_file():
+        raise UsageError(f"no report.json in {ns.out}")
+    try:
+        report = Report.read(path)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"{path} is not a torchchaos report: {exc}") from None
+    print(report.table())
+    from chaos.report import html_report
+
+    if html_report.run_dir_of(report, ns.out) is not None:
+        print(f"report: {html_report.write_run(report, ns.out)}")
+    else:
+        print("the run directory is gone: report.html not rewritten")
+    if report.verdict == "error":
+        print(f"torchchaos: error: {report.reason}", file=sys.stderr)
+    return report.exit_code()
+
+
+def cmd_suite(pytest_args: list[str]) -> int:
+    """The suites are pytest modules: `pytest --pyargs suites ARGS`, with pytest's exit
+    status (0 all passed, 1 a test failed, 4 bad options, 5 nothing selected)."""
+    import pytest
+
+    return int(pytest.main(["--pyargs", "suites", *pytest_args]))
+
+
+def cmd_faults(_ns: argparse.Namespace) -> int:
+    from faults.registry import all_kinds
+
+    for name, kind in sorted(all_kinds().items()):
+        print(f"{name:<10} {kind.summary}  (parameters: {', '.join(kind.params) or 'none'})")
+    return 0
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Both signals become KeyboardInterrupt so `finally` blocks heal and reap; SIGINT is
+    # set explicitly because a shell's background job starts with it ignored.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    try:
+        argv = sys.argv[1:] if argv is None else argv
+        if argv[:1] == ["suite"]:  # every argument after it is pytest's
+            return cmd_suite(argv[1:])
+        ns = build_parser().parse_args(argv)
+        if ns.command is None:
+            build_parser().print_help()
+            return 2
+        commands = {"run": cmd_run, "battery": cmd_battery, "crashpoints": cmd_crashpoints,
+                    "campaign": cmd_campaign, "report": cmd_report, "replay": cmd_replay,
+                    "search": cmd_search, "shrink": cmd_shrink,
+                    "faults": cmd_faults, "export": cmd_export, **multinode.COMMANDS}
+        return commands[ns.command](ns)
+    except ChaosError as exc:
+        print(f"torchchaos: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("torchchaos: interrupted; every process of the run was reaped", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a harness bug: still one line, exit 2
+        if os.environ.get("TORCHCHAOS_DEBUG"):
+            raise
+        print(f"torchchaos: internal error: {type(exc).__name__}: {exc}"
+              " (set TORCHCHAOS_DEBUG=1 for a traceback)", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

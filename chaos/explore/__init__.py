@@ -1,0 +1,1 @@
+"""Many runs: the battery, crash points and crash states, campaigns, search, suites."""

@@ -1,0 +1,253 @@
+"""The standard kill battery: one command, every kill that matters, one table.
+
+The fault steps are derived from the fault-free reference run, so the same
+battery fits any training script: kills land mid-interval (between two
+checkpoints), the in-save kills hit the second save of the rank that writes
+checkpoints at its first write and its first rename, the file that save
+writes last is torn (cut in half, in the rank, then its node dies), a power
+loss lands right after that rename, and the preemption lands where a save is
+not due anyway. The power loss goes to the folder the save writes in (the
+fault filesystem is mounted there); a job whose save writes in several
+top-level folders of the run directory gets no power-loss row, and a
+progress line says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaos.engine import run_scenario
+from chaos.errors import CannotJudge, UsageError
+from chaos.harness import runner
+from chaos.harness.reference import get_reference
+from chaos.harness.runner import Progress
+from chaos.report import html_report
+from chaos.report.model import MARK, Report
+from chaos.rundir.history import Event, History
+from chaos.scenario.model import Scenario
+from chaos.scenario.spec import parse_fault_spec
+
+BUNDLED_TARGET = Path(__file__).resolve().parents[2] / "targets" / "ddp_lm.py"
+BUNDLED_ARGS = ["--steps", "20", "--ckpt-every", "5"]
+
+
+@dataclass
+class Entry:
+    name: str
+    fault: str
+    report: Report | None = None
+    seed: int | None = None  # for the fault's seeded picks; None: the base scenario's
+    start_from: str | None = None  # Scenario.start_from for this run
+    error: str = ""  # why the run could not be judged, where it made no report
+
+
+def plan(base: Scenario, cache_dir: Path, progress: Progress) -> list[Entry]:
+    """Choose the battery's faults from what the reference run did."""
+    history = get_reference(base, cache_dir, progress).history()
+    final = history.final_step()
+    writer = history.checkpoint_writer()
+    interval = history.save_interval() or max(final // 4, 1)
+    mid = min(max(final // 2 + interval // 2, 1), max(final - 1, 1))
+    if mid % interval == 0:  # land between two checkpoints, where work is at stake
+        mid = max(mid - 1, 1)
+    last_rank = base.world_size - 1
+    entries = [Entry(f"kill rank {rank} at step {mid}", f"kill:rank={rank},step={mid}")
+               for rank in sorted({0, last_rank})]
+    entries.append(Entry(f"kill node 0 at step {mid}", f"kill:node=0,step={mid}"))
+    entries.extend(_in_save_kills(history, writer))
+    entries.extend(_torn_last_write(history, writer))
+    entries.extend(_power_losses(history, writer, progress))
+    entries.append(Entry(f"preempt rank 0 (SIGTERM) at step {mid}",
+                         f"kill:rank=0,step={mid},signal=SIGTERM,grace=30"))
+    return entries
+
+
+def dir_param(folder: str) -> str:
+    """`,dir=X` for a storage spec on the fault filesystem; nothing for the default,
+    `ckpt`, so that the specs of jobs writing there read as they always did."""
+    return "" if folder == "ckpt" else f",dir={folder}"
+
+
+def _save_events(history: History, writer: int, save: int) -> list[Event]:
+    return [e for e in history.of("file") if e["rank"] == writer and e.get("save") == save]
+
+
+def _in_save_kills(history: History, writer: int) -> list[Entry]:
+    """Kills inside the writer's 2nd save: mid-write (a torn file) and after the first
+    rename (a published name), the two crash points that break most protocols."""
+    events = _save_events(history, writer, 2)
+    entries = []
+    for op, what in (("write", "mid-write"), ("rename", "right after a rename")):
+        index = next((e["index"] for e in events if e["op"] == op), None)
+        if index is not None:
+            entries.append(Entry(f"kill rank {writer} {what} in its 2nd save",
+                                 f"kill:rank={writer},phase=checkpoint_save,save=2,"
+                                 f"event={index}"))
+    return entries
+
+
+def _torn_last_write(history: History, writer: int) -> list[Entry]:
+    """The newest file of the writer's 2nd save cut in half, then its node killed. An
+    atomic protocol wrote it under a temporary name, so nothing published is harmed;
+    one that overwrites in place has just lost its checkpoint. Torn in the rank
+    (`via=agent`): no fault filesystem, so no folder to choose."""
+    index = next((e["index"] for e in reversed(_save_events(history, writer, 2))
+                  if e["op"] == "write"), None)
+    if index is None:
+        return []
+    return [Entry(f"tear rank {writer}'s last write in its 2nd save",
+                  f"storage:mode=torn,via=agent,rank={writer},phase=checkpoint_save,save=2,"
+                  f"event={index}")]
+
+
+def _power_losses(history: History, writer: int, progress: Progress) -> list[Entry]:
+    """A power loss right after the first rename of the writer's 2nd save: the new name
+    is published, and only fsyncs of the file and its folder make it (and the save
+    before) survive. Needs the fault filesystem; left out where FUSE is missing, and
+    where the save does not write in one folder of the run directory to mount it on."""
+    from faults.faultfs.mount import unavailable_reason
+
+    events = _save_events(history, writer, 2)
+    index = next((e["index"] for e in events if e["op"] == "rename"), None)
+    if index is None or unavailable_reason():
+        return []
+    folder = history.checkpoint_dir(2)
+    if folder is None:
+        where = sorted({Path(e["path"]).parts[0] for e in history.of("file")
+                        if e.get("save") == 2 and e.get("path")})
+        shown = ", ".join(where[:4]) + (", ..." if len(where) > 4 else "")
+        progress(f"no power loss in the battery: the 2nd save writes in {shown}, not in one"
+                 " folder of the run directory that the fault filesystem can be mounted over")
+        return []
+    return [Entry(f"power loss on rank {writer} after a rename in its 2nd save",
+                  f"storage:mode=lose_unsynced,rank={writer},phase=checkpoint_save,save=2,"
+                  f"event={index}{dir_param(folder)}")]
+
+
+def run_battery(base: Scenario, out_dir: Path, cache_dir: Path,
+                progress: Progress, jobs: int = 1) -> list[Entry]:
+    return run_entries(plan(base, cache_dir, progress), base, out_dir, cache_dir, progress,
+                       title="torchchaos battery", jobs=jobs)
+
+
+def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: Path,
+                progress: Progress, title: str = "torchchaos runs", jobs: int = 1) -> list[Entry]:
+    """One chaos run per entry (its fault on the base scenario), in out_dir/NN, `jobs`
+    of them at a time; the index page out_dir/index.html is rewritten after each, so a
+    cut-short sweep has one."""
+    started = time.monotonic()
+    finished: list[int] = []
+
+    def run(number: int) -> None:
+        _run_entry(entries[number - 1], number, len(entries), base, out_dir, cache_dir,
+                   progress)
+
+    def after(number: int) -> None:
+        finished.append(number)
+        entry = entries[number - 1]
+        verdict = entry.report.verdict.upper() if entry.report else "ERROR"
+        progress(f"[{number}/{len(entries)}] {verdict:<5} "
+                 f"{progress_bar(len(finished), len(entries), time.monotonic() - started)}")
+        write_index([entries[n - 1] for n in sorted(finished)], out_dir, title)
+
+    numbers = range(1, len(entries) + 1)
+    if jobs <= 1:
+        for number in numbers:
+            run(number)
+            after(number)
+    else:
+        _in_parallel(run, after, numbers, jobs)
+    return entries
+
+
+def _run_entry(entry: Entry, number: int, total: int, base: Scenario, out_dir: Path,
+               cache_dir: Path, progress: Progress) -> None:
+    progress(f"[{number}/{total}] {entry.name}: {entry.fault}")
+    scenario = dataclasses.replace(base, faults=[parse_fault_spec(entry.fault)])
+    if entry.seed is not None:
+        scenario.seed = entry.seed
+    if entry.start_from is not None:
+        scenario.start_from = entry.start_from
+    try:
+        entry.report = run_scenario(scenario, out_dir / f"{number:02d}", cache_dir, progress)
+    except (CannotJudge, UsageError) as exc:  # this run's fault only: the sweep goes on
+        entry.error = str(exc)
+        progress(f"could not judge {entry.name}: {exc}")
+
+
+def _in_parallel(run: Callable[[int], None], after: Callable[[int], None],
+                 numbers: range, jobs: int) -> None:
+    """Runs on `jobs` threads (each run is its own process tree; the threads only wait).
+    On Ctrl-C every run still going is cancelled, heals its faults and reaps its
+    processes in its own thread before the interrupt goes on."""
+    runner.reset_cancel()
+    with ThreadPoolExecutor(jobs, thread_name_prefix="torchchaos-run") as pool:
+        futures = {pool.submit(run, number): number for number in numbers}
+        try:
+            for future in as_completed(futures):
+                future.result()
+                after(futures[future])
+        except BaseException:
+            runner.cancel_all()
+            for future in futures:
+                future.cancel()
+            wait(futures)
+            raise
+
+
+def progress_bar(done: int, total: int, elapsed: float, width: int = 20) -> str:
+    """`[########------------] 40% 1m12s, about 1m48s left` (the estimate assumes the
+    runs still to come take as long as those done)."""
+    filled = round(width * done / total) if total else width
+    left = elapsed / done * (total - done) if done else 0.0
+    return (f"[{'#' * filled}{'-' * (width - filled)}] {100 * done // max(total, 1)}%"
+            f" {_duration(elapsed)}, about {_duration(left)} left")
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def write_index(entries: list[Entry], out_dir: Path, title: str) -> Path:
+    return html_report.write_index(out_dir, [(e.name, e.fault, e.report) for e in entries],
+                                   title)
+
+
+def table(entries: list[Entry]) -> str:
+    checks = next((list(e.report.checks) for e in entries if e.report), [])
+    short = {"completes": "completes", "atomic_recovery": "atomic", "bounded_lost_work":
+             "lost_work", "deterministic_resume": "bitwise", "durable_checkpoints": "durable",
+             "no_orphans": "orphans", "sdc_detected": "sdc", "hang_detected": "hang",
+             "no_split_brain": "split"}
+    width = max(len(e.name) for e in entries)
+    header = f"{'scenario':<{width}}  " + "  ".join(f"{short.get(c, c):<9}" for c in checks)
+    lines = [header + "  verdict", "-" * (len(header) + 9)]
+    for e in entries:
+        if e.report is None:
+            lines.append(f"{e.name:<{width}}  " + "could not judge".ljust(11 * len(checks))
+                         + "ERROR")
+            continue
+        marks = "  ".join(f"{MARK[e.report.checks[c]['ok']]:<9}" for c in checks)
+        lines.append(f"{e.name:<{width}}  {marks}  {e.report.verdict.upper()}")
+    failing = [(e, n, c) for e in entries if e.report
+               for n, c in e.report.checks.items() if c["ok"] is False]
+    for entry, name, check in failing:
+        lines.append(f"  {entry.name} / {name}: {check['detail']}")
+    for entry in entries:  # every ERROR row says why
+        reason = entry.report.reason if entry.report else entry.error
+        if entry.report is None or entry.report.verdict == "error":
+            lines.append(f"  {entry.name}: could not judge: {reason or 'no reason recorded'}")
+    return "\n".join(lines)
+
+
+def exit_code(entries: list[Entry]) -> int:
+    """1 if any scenario found a bug; else 2 if any could not be judged; else 0."""
+    if any(e.report and e.report.verdict == "fail" for e in entries):
+        return 1
+    return 2 if any(e.report is None or e.report.verdict == "error" for e in entries) else 0

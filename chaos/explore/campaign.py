@@ -1,0 +1,100 @@
+"""Bit-flip campaigns: N seeded flips, one chaos run each, one outcome table.
+
+Each run flips one bit of one seeded element of a seeded tensor kind, with a
+seeded bit class, rank and step (within the reference run's steps). The
+outcomes use the fault-injection literature's categories (`chaos.judge.sdc`):
+masked, detected, silent divergence, crash, hang, counted overall and by bit
+class and by tensor kind, which is the table a reliability team reads before
+deciding how much checking to pay for.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from chaos.errors import UsageError
+from chaos.explore.battery import Entry
+from chaos.harness.reference import get_reference
+from chaos.harness.runner import Progress
+from chaos.judge.sdc import CATEGORIES
+from chaos.scenario.model import Scenario
+
+TENSORS = ("param", "grad", "optim", "activation")
+NOT_JUDGED = "not judged"
+
+
+def plan(base: Scenario, cache_dir: Path, progress: Progress, runs: int, seed: int,
+         tensors: list[str], bit_classes: list[str]) -> list[Entry]:
+    from faults.bitflip import TENSORS as KNOWN
+    from faults.bits import BIT_CLASSES
+
+    for tensor in tensors:
+        if tensor not in KNOWN or tensor == "checkpoint":
+            raise UsageError(f"campaign --tensor {tensor!r}: choose from {', '.join(KNOWN[:-1])}")
+    for bit in bit_classes:
+        if bit not in BIT_CLASSES:
+            raise UsageError(f"campaign --bit {bit!r}: choose from {', '.join(BIT_CLASSES)}")
+    final = get_reference(base, cache_dir, progress).history().final_step()
+    if final < 2:
+        raise UsageError(f"the reference run has {final} step(s); a campaign needs at least 2")
+    rng = random.Random(seed)
+    entries = []
+    for _ in range(runs):
+        tensor, bit = rng.choice(tensors), rng.choice(bit_classes)
+        rank, step = rng.randrange(base.world_size), rng.randint(1, final - 1)
+        entries.append(Entry(f"{tensor} {bit} rank {rank} step {step}",
+                             f"bitflip:rank={rank},step={step},tensor={tensor},bit={bit}",
+                             seed=rng.randrange(2**31)))
+    return entries
+
+
+def outcome(entry: Entry) -> str:
+    if entry.report is None:
+        return NOT_JUDGED
+    check = entry.report.checks.get("sdc_detected", {})
+    return str(check.get("outcome") or NOT_JUDGED)
+
+
+def _key(entry: Entry, index: int) -> str:
+    return entry.name.split()[index]
+
+
+def counts(entries: list[Entry], group_index: int | None) -> dict[str, dict[str, int]]:
+    """Outcome counts per group (a word of the entry's name), or overall (None)."""
+    table: dict[str, dict[str, int]] = {}
+    for entry in entries:
+        group = "all" if group_index is None else _key(entry, group_index)
+        row = table.setdefault(group, dict.fromkeys((*CATEGORIES, NOT_JUDGED), 0))
+        row[outcome(entry)] += 1
+    return table
+
+
+def table(entries: list[Entry]) -> str:
+    columns = (*CATEGORIES, NOT_JUDGED)
+    lines = []
+    for title, index in (("by bit class", 1), ("by tensor", 0), ("all runs", None)):
+        rows = counts(entries, index)
+        lines.append(f"{title:<14}" + "".join(f"{c:>{len(c) + 2}}" for c in columns)
+                     + f"{'total':>7}")
+        for group, row in sorted(rows.items()):
+            lines.append(f"{group:<14}" + "".join(f"{row[c]:>{len(c) + 2}}" for c in columns)
+                         + f"{sum(row.values()):>7}")
+        lines.append("")
+    lines.append("runs:")
+    width = max((len(e.name) for e in entries), default=0)
+    for number, entry in enumerate(entries, 1):
+        lines.append(f"  {number:02d} {entry.name:<{width}}  {outcome(entry)}")
+    return "\n".join(lines)
+
+
+def write(entries: list[Entry], out_dir: Path) -> Path:
+    path = out_dir / "campaign.json"
+    runs = [{"name": e.name, "fault": e.fault, "seed": e.seed, "outcome": outcome(e),
+             "details": e.report.checks.get("sdc_detected") if e.report else None}
+            for e in entries]
+    path.write_text(json.dumps({"runs": runs, "by_bit_class": counts(entries, 1),
+                                "by_tensor": counts(entries, 0),
+                                "all": counts(entries, None)["all"]}, indent=2) + "\n")
+    return path

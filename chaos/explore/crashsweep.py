@@ -1,0 +1,377 @@
+"""Crash states of one save, judged from one recording: `torchchaos crashpoints`.
+
+1. **Record once.** One run of the job, from step 0 to the step after save
+   `--save`, with the fault filesystem in recording mode over the checkpoint
+   folder: every operation of every rank, in order, with its bytes, and the
+   collectives each rank entered (chaos.rank.syncwatch).
+2. **Enumerate** the crash states of that save from the record
+   (`chaos.explore.crashstates`): kills after each operation, torn writes, power
+   losses with every combination of pending changes lost.
+3. **Recover once per view.** A state's recovery is a fresh start of the job
+   on its folder image (what a restart finds), `--steps-after-resume` steps,
+   with the recording filesystem noting what the recovery looked at. A later
+   state whose image shows the same things at those paths (same names, same
+   bytes) recovers the same way: its recovery is not run again.
+4. **Judge each state** with the same checks as a chaos run, over a history
+   made of the record up to the crash, the crash itself, and the recovery's
+   history after it (as a restart that found this folder). A state that does not
+   pass gets a replay file with the nearest chaos-run fault (its rank's last file
+   event before the crash), and its report lists the save's operations up to it;
+   the recovery's run folder keeps the image it started from (`image/`).
+
+A recovery that dies is restarted once (`--max-restarts 1`, no relaunch): the
+same resume dying the same way twice is a certain failure; waiting for every
+requeue would only cost time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chaos import env
+from chaos.engine import prepare_out_dir
+from chaos.errors import CannotJudge, UsageError
+from chaos.explore.battery import Entry, dir_param
+from chaos.explore.crashpoints import _holds_path, sample
+from chaos.explore.crashstates import (
+    MUTATIONS,
+    CrashState,
+    Folder,
+    Ranks,
+    Unsupported,
+    View,
+    enumerate_states,
+    materialise,
+    op_bytes,
+    recovery_view,
+    view_key,
+)
+from chaos.harness.hangwatch import default_timeout
+from chaos.harness.reference import Reference, get_reference
+from chaos.harness.runner import Job, JobOutcome, Progress
+from chaos.judge.evidence import Evidence
+from chaos.report.verdict import judge, write_html
+from chaos.rundir.history import Event, History
+from chaos.rundir.layout import RunLayout
+from chaos.scenario import files as scenario_file
+from chaos.scenario import schedule
+from chaos.scenario.model import Scenario
+from chaos.scenario.spec import parse_fault_spec
+
+RESTART_GAP = 0.5  # seconds between a crash and its recovery in a judged history
+
+
+@dataclass
+class Recovery:
+    """One recovery run and what it looked at."""
+
+    run_dir: Path
+    outcome: JobOutcome
+    history: History
+    view: View
+    key: str  # view_key of the image it started from
+    states: int = 0  # states it stands for
+
+
+@dataclass
+class Sweep:
+    entries: list[Entry]  # one per judged state
+    total: int  # crash states that exist
+    distinct_images: int
+    recoveries: list[Recovery] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class Record:
+    """The recording run: its history, the operations on the folder and their bytes."""
+
+    run_dir: Path
+    history: History
+    ops: list[Event]
+    blobs: bytes
+    first: int  # index of the save's first operation
+    end: float  # the moment the job went on after the save (its first `stopped`)
+
+
+def sweep(base: Scenario, out_dir: Path, cache_dir: Path, progress: Progress, save: int,
+          modes: list[str], cap: int | None, steps_after: int) -> Sweep:
+    started = time.monotonic()
+    reference = get_reference(base, cache_dir, progress)
+    history = reference.history()
+    folder = _folder(history, save)
+    prepare_out_dir(out_dir)
+    record = _record(base, reference, out_dir / "record", folder, save, progress)
+    try:
+        found = enumerate_states(Folder(), record.ops, record.blobs, record.first, modes,
+                                 base.seed, ranks=_ranks(record))
+    except Unsupported as exc:
+        raise CannotJudge(f"the recorded save cannot be replayed: {exc}; use --per-point"
+                          ) from None
+    states = sample(found.states, cap, base.seed)
+    distinct = len({s.digest for s in found.states})
+    progress(f"save {save}: {found.total} crash state(s), {len(found.states)} explored,"
+             f" {distinct} distinct folder image(s); judging {len(states)}")
+    result = Sweep([], found.total, distinct)
+    recoveries: list[Recovery] = result.recoveries
+    scenario = dataclasses.replace(base, stop_after=steps_after, max_restarts=1,
+                                   max_relaunches=0, faults=[],
+                                   env={**base.env, env.RECOVERY: "1"})
+    for number, state in enumerate(states, 1):
+        recovery = _matching(recoveries, state)
+        if recovery is None:
+            recovery = _recover(scenario, reference, out_dir / "recoveries" /
+                                f"{len(recoveries) + 1:03d}", folder, state, record, progress)
+            recoveries.append(recovery)
+        recovery.states += 1
+        entry = _judge(base, reference, record, recovery, state, save, folder,
+                       out_dir / f"{number:03d}")
+        result.entries.append(entry)
+        verdict = entry.report.verdict.upper() if entry.report else "ERROR"
+        progress(f"[{number}/{len(states)}] {verdict:<5} {entry.name}"
+                 f" ({len(recoveries)} recoveries run)")
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _folder(history: History, save: int) -> str:
+    if not any(e.get("save") == save for e in history.of("file")):
+        saves = max((e.get("save", 0) for e in history.of("file")), default=0)
+        raise UsageError(f"the reference run made {saves} checkpoint save(s) with file events;"
+                         f" --save {save} does not exist")
+    folder = history.checkpoint_dir(save)
+    if folder is None:
+        raise UsageError(f"save {save} writes in several top-level folders of the run"
+                         " directory (or outside it): the recording needs one folder;"
+                         " use --per-point")
+    return folder
+
+
+def _record(base: Scenario, reference: Reference, run_dir: Path, folder: str, save: int,
+            progress: Progress) -> Record:
+    """Run the job once to the step after save `save`, recording the folder."""
+    begins = [e for e in reference.history().of("save_begin") if e.get("save") == save]
+    after = max(e["after_step"] for e in begins)
+    scenario = dataclasses.replace(base, faults=[], stop_after=1, max_restarts=0,
+                                   max_relaunches=0,
+                                   env={**base.env, env.STOP_AT_STEP: str(after + 1),
+                                        env.RECORD_SYNC: "1"})
+    progress(f"recording save {save} (steps 1 to {after + 1}) with the fault filesystem"
+             f" over {folder}/")
+    run_dir.mkdir(parents=True)
+    outcome = Job(scenario, run_dir, [], reference.run_dir, progress,
+                  default_timeout(reference.history()), record=folder).run()
+    history = History.of_run(run_dir)
+    if not outcome.stopped:
+        raise CannotJudge(f"the recording run did not reach step {after + 1}:"
+                          f" {outcome.log_tail() or 'no error printed'}")
+    ops = [e for e in history.of("fs") if e.get("op") in MUTATIONS]
+    saved = [e["t"] for e in history.of("save_begin") if e.get("save") == save]
+    if not saved:
+        raise CannotJudge(f"the recording run made no save {save}")
+    # the save starts after its rank's last step: ops from then on are the save's
+    last_step = max((e["t"] for e in history.steps() if e["t"] <= min(saved)), default=0.0)
+    first = next((n for n, e in enumerate(ops) if e["t"] > last_step), len(ops))
+    end = min(e["t"] for e in history.of("stopped"))
+    blobs = next(iter(sorted((RunLayout(run_dir).chaos_dir / "faultfs").glob("*.blobs"))))
+    return Record(run_dir, history, ops, blobs.read_bytes(), first, end)
+
+
+def _ranks(record: Record) -> Ranks | None:
+    """Who made each operation and when each rank entered its collectives; None where a
+    collective of a subgroup was seen (not every rank waits there)."""
+    syncs = record.history.of("sync")
+    if any(e.get("group") != "world" for e in syncs):
+        return None
+    rank_of = {e["pid"]: e["rank"] for e in record.history.of("boot")}
+    entered: dict[int, list[float]] = {}
+    for e in syncs:
+        entered.setdefault(e["rank"], []).append(e["t"])
+    return Ranks([rank_of.get(op.get("tgid", op.get("pid"))) for op in record.ops], entered)
+
+
+def _matching(recoveries: list[Recovery], state: CrashState) -> Recovery | None:
+    for recovery in recoveries:
+        if view_key(state.image, recovery.view) == recovery.key:
+            return recovery
+    return None
+
+
+def _recover(scenario: Scenario, reference: Reference, run_dir: Path, folder: str,
+             state: CrashState, record: Record, progress: Progress) -> Recovery:
+    """Start the job on the state's folder image and let it recover."""
+    image = run_dir / "image"
+    materialise(state.image, image / folder, state.order)
+    if holder := _holds_path(image, record.run_dir):
+        raise CannotJudge(f"the checkpoint {holder} holds the recording run's own folder"
+                          f" {record.run_dir}: a copy of it would not resume as the job"
+                          " does; use --per-point")
+    progress(f"recovery from the folder of: {state.detail}")
+    chaos_dir = run_dir / "chaos"
+    chaos_dir.mkdir(parents=True)
+    outcome = Job(scenario, chaos_dir, [], reference.run_dir, progress,
+                  default_timeout(reference.history()), start_from=image, record=folder).run()
+    history = History.of_run(chaos_dir)
+    view = recovery_view(history.of("fs", "fs_read"))
+    return Recovery(chaos_dir, outcome, history, view, view_key(state.image, view))
+
+
+# -- judging -----------------------------------------------------------------
+def _judge(base: Scenario, reference: Reference, record: Record, recovery: Recovery,
+           state: CrashState, save: int, folder: str, out_dir: Path) -> Entry:
+    t_cut = _crash_time(record, state)
+    rank, process = _crashed_process(record, state, t_cut)
+    spec = _spec(state, rank, save, folder, record, t_cut)
+    fault = schedule.resolve([parse_fault_spec(spec)], base.seed, base.nproc, base.nodes)[0]
+    events = [e for e in record.history.events if e["t"] <= t_cut and e["ev"] != "stopped"]
+    events.append({"ev": "fault", "t": t_cut, "rank": rank, "pid": process["pid"],
+                   "launch": process["launch"], "attempt": process["attempt"],
+                   "id": fault.id, "kind": fault.kind, "spec": spec, "target": f"rank:{rank}",
+                   "step": max((e["step"] for e in events if e["ev"] == "step"
+                                and e.get("rank") == rank), default=0), "params": {}})
+    if state.mode != "kill":
+        events.append(_fs_crash(record, state, fault.id, t_cut))
+    events += _after_crash(recovery.history, state, process, t_cut)
+    events.sort(key=lambda e: e["t"])
+    outcome = recovery.outcome
+    hang_timeout = base.hang_timeout or default_timeout(reference.history())
+    evidence = Evidence(
+        chaos=History(events), reference=reference.history(), completed=outcome.completed,
+        deadline_hit=outcome.deadline_hit, exit_codes=outcome.exit_codes,
+        wall_seconds=outcome.wall_seconds, reference_wall_seconds=reference.wall_seconds,
+        leftovers=outcome.leftovers, leftover_mounts=outcome.leftover_mounts,
+        leftover_network=outcome.leftover_network, reaped=outcome.reaped,
+        stopped=outcome.stopped, reference_deterministic=reference.deterministic,
+        reference_detail=reference.detail, max_lost_steps=base.max_lost_steps,
+        max_lost_seconds=base.max_lost_seconds, log_tail=outcome.log_tail(),
+        max_detect_steps=base.max_detect_steps, chaos_dir=recovery.run_dir,
+        reference_dir=reference.run_dir, hang=outcome.hang, hang_timeout=hang_timeout)
+    report = judge(evidence, [fault], base.checks, run_dir=str(recovery.run_dir),
+                   reference_dir=str(reference.run_dir), wall_seconds=outcome.wall_seconds,
+                   crash_state=state.detail, recording=str(record.run_dir),
+                   operations=_operations(record, state))
+    out_dir.mkdir()
+    if report.verdict != "pass":  # the nearest chaos run: `torchchaos replay` runs it
+        scenario = dataclasses.replace(base, faults=[parse_fault_spec(spec)])
+        report.replay = str(scenario_file.for_run(scenario, [fault], report).save(
+            out_dir / scenario_file.REPLAY_FILE))
+    report.write(out_dir)
+    if report.verdict != "pass":
+        write_html(report, out_dir, evidence, lambda _msg: None)
+    return Entry(f"{state.detail}", spec, report)
+
+
+def _crash_time(record: Record, state: CrashState) -> float:
+    if state.cut == len(record.ops):
+        return record.end - 1e-6  # after the whole save: the job went on past it
+    if state.cut == record.first:
+        return record.ops[record.first]["t"] - 1e-6
+    return record.ops[state.cut - 1]["t"]
+
+
+def _crashed_process(record: Record, state: CrashState, t_cut: float) -> tuple[int, Event]:
+    """The rank whose operation the crash follows (rank 0 before the save), and the boot
+    event of its process."""
+    boots = {e["pid"]: e for e in record.history.of("boot")}
+    if state.cut > record.first:
+        op = record.ops[state.cut - 1]
+        boot = boots.get(op.get("tgid", op.get("pid")))
+        if boot is not None:
+            return boot["rank"], boot
+    boot = min((e for e in boots.values() if e["t"] <= t_cut), key=lambda e: e["rank"])
+    return boot["rank"], boot
+
+
+def _spec(state: CrashState, rank: int, save: int, folder: str, record: Record,
+          t_cut: float) -> str:
+    """The chaos-run fault that leads to this state, as near as one spec says it (the
+    rank's last file event in the save before the crash): `--per-point` replays it."""
+    events = [e for e in record.history.of("file") if e.get("rank") == rank
+              and e.get("save") == save and e["t"] <= t_cut]
+    where = f"rank={rank},phase=checkpoint_save,save={save}"
+    if events:
+        where += f",event={max(e['index'] for e in events)}"
+    if state.mode == "kill":
+        return f"kill:{where}"
+    if state.mode == "torn":
+        return f"storage:mode=torn,keep={state.keep},{where}{dir_param(folder)}"
+    return f"storage:mode=lose_unsynced,{where}{dir_param(folder)}"
+
+
+def _fs_crash(record: Record, state: CrashState, fault_id: str, t_cut: float) -> Event:
+    """What the filesystem dropped, as a chaos run's `fs_crash` says it."""
+    whole = Folder()
+    for op in record.ops[:state.cut]:
+        whole.apply(op, op_bytes(op, record.blobs))
+    before = whole.image()
+    removed = sorted(p for p in before if p not in state.image)
+    reverted = sorted(p for p, entry in before.items()
+                      if entry[0] == "file" and p in state.image and state.image[p] != entry)
+    restored = sorted(p for p in state.image if p not in before)
+    return {"ev": "fs_crash", "t": t_cut + 1e-4, "source": "faultfs",
+            "lose_unsynced": state.mode == "lose_unsynced", "killed": [], "fault": fault_id,
+            "removed": removed, "reverted_files": reverted, "restored": restored}
+
+
+def _after_crash(history: History, state: CrashState, crashed: Event,
+                 t_cut: float) -> list[Event]:
+    """The recovery's events as the restart after this crash: a kill or a torn write
+    restarts the workers (the next attempt), a power loss relaunches the job."""
+    t0 = min(e["t"] for e in history.events)
+    shift = t_cut + RESTART_GAP - t0
+    launch, attempt = crashed["launch"], crashed["attempt"]
+    moved = []
+    for e in history.events:
+        e = {**e, "t": e["t"] + shift}
+        if "launch" in e:
+            if state.mode == "lose_unsynced":
+                e["launch"] += launch + 1
+            elif e["launch"] == 0:
+                e["launch"] = launch
+                if "attempt" in e:
+                    e["attempt"] += attempt + 1
+            else:
+                e["launch"] += launch
+        moved.append(e)
+    return moved
+
+
+def _operations(record: Record, state: CrashState) -> list[str]:
+    """The save's operations that led to the state, for the report."""
+    shown = []
+    for op in record.ops[record.first:state.cut]:
+        to = f" -> {op['to']}" if op["op"] == "rename" else ""
+        size = f" {op['size']} bytes at {op['offset']}" if op["op"] == "write" else ""
+        shown.append(f"{op['op']} {op.get('path') or '.'}{to}{size}")
+    return shown
+
+
+def summary(result: Sweep, save: int) -> str:
+    failed = sum(1 for e in result.entries if e.report and e.report.verdict == "fail")
+    judged = len(result.entries)
+    minutes = result.seconds / 60
+    return (f"save {save}: {judged} of {result.total} crash states judged"
+            f" ({result.distinct_images} distinct folder images), {len(result.recoveries)}"
+            f" recoveries run, {failed} broke the protocol; {judged / minutes:.1f} states per"
+            " minute")
+
+
+def report_rows(result: Sweep) -> list[Entry]:
+    """The table's rows: one per group of states that share a recovery and the same
+    outcome of every check (the first state names it, with how many more), so that a
+    save with hundreds of states reads in a screen. Every state has its own report."""
+    groups: dict[tuple, list[Entry]] = {}
+    for entry in result.entries:
+        report = entry.report
+        outcome = tuple(sorted((n, c["ok"]) for n, c in report.checks.items())) if report else ()
+        key = (report.run_dir if report else entry.error, outcome)
+        groups.setdefault(key, []).append(entry)
+    rows = []
+    for members in groups.values():
+        first = members[0]
+        more = f" (+{len(members) - 1} like it)" if len(members) > 1 else ""
+        rows.append(dataclasses.replace(first, name=first.name + more))
+    return rows

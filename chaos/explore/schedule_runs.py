@@ -1,0 +1,48 @@
+"""Run fault schedules as real chaos runs, one numbered run directory each.
+
+The bridge between the search engine (`chaos.explore.search`, which only sees
+schedules and outcomes) and the harness: each schedule becomes the base
+scenario with those faults, run in `out_dir/NN/` like a battery entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from chaos.engine import run_scenario
+from chaos.errors import CannotJudge
+from chaos.explore.search import ERROR
+from chaos.harness.runner import Progress
+from chaos.report.model import Report
+from chaos.scenario.model import Scenario
+from chaos.scenario.spec import parse_fault_spec
+
+
+class ScheduleRuns:
+    """Callable: a schedule -> "pass" | "fail" | "error", keeping every report."""
+
+    def __init__(self, base: Scenario, out_dir: Path, cache_dir: Path,
+                 progress: Progress | None = None) -> None:
+        self.base, self.out_dir, self.cache_dir = base, out_dir, cache_dir
+        self.progress = progress or (lambda _msg: None)
+        self.reports: list[tuple[list[str], Report | None]] = []
+
+    def scenario(self, schedule: list[str]) -> Scenario:
+        return dataclasses.replace(self.base, faults=[parse_fault_spec(s) for s in schedule])
+
+    def __call__(self, schedule: list[str]) -> str:
+        run_dir = self.out_dir / f"{len(self.reports) + 1:02d}"
+        try:
+            # the engine's own progress lines stay out: the search says one line a run
+            report: Report | None = run_scenario(self.scenario(schedule), run_dir,
+                                                 self.cache_dir)
+        except CannotJudge as exc:
+            self.progress(f"could not judge {' '.join(schedule)}: {exc}")
+            report = None
+        self.reports.append((list(schedule), report))
+        return report.verdict if report else ERROR
+
+    def last_run_of(self, schedule: list[str]) -> Report | None:
+        """The report of the latest run of this schedule, if it ran."""
+        return next((r for s, r in reversed(self.reports) if s == list(schedule)), None)

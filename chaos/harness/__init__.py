@@ -1,0 +1,1 @@
+"""Running one job: torchrun launches, the nemesis, the reference run, hang watch."""

@@ -1,0 +1,381 @@
+"""Launch one job (reference or chaos) under torchrun and always clean up.
+
+A job is one torchrun agent per simulated node, each started in its own
+session (and, on a `netns` network, in its node's network namespace), with a
+deadline; harness faults (partitions) are applied and healed by the job's
+`Nemesis` while the runner waits. If the whole job dies (every torchrun exits, some
+non-zero), the runner relaunches it the way a cluster scheduler requeues a
+job, up to `max_relaunches`, so recovery from checkpoints is exercised for
+node loss too. Whatever happens — success, failure, deadline, Ctrl-C — the
+`finally` reaps every process of the run, found by tree and by marker, heals
+every fault and removes the namespaces.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import chaos
+from chaos import env
+from chaos.harness.hangwatch import STATE_ORDER, Hang, HangWatch
+from chaos.harness.nemesis import Nemesis
+from chaos.host import netns, procs, stacks
+from chaos.host.mounts import mounts_under
+from chaos.host.netns import Network
+from chaos.rundir.history import History, HistoryWriter
+from chaos.rundir.layout import RunLayout
+from chaos.scenario import schedule
+from chaos.scenario.model import Scenario
+from chaos.scenario.schedule import ResolvedFault
+from faults.contract import JobContext, JobResource
+from faults.registry import get_kind
+
+INJECT_DIR = Path(__file__).resolve().parents[1] / "rank" / "_inject"  # sitecustomize
+PACKAGE_ROOT = Path(chaos.__file__).resolve().parent.parent
+POLL_SECONDS = 0.1
+STORE_PORT = 29400  # the rendezvous store's port on node 0 (torchrun's usual one)
+ERROR_LINE = re.compile(r"\b\w+(Error|Exception)\b: ")
+COLLATERAL = re.compile(r"Connection (reset|closed|refused)|Broken pipe|DistNetworkError")
+# Set to stop every Job of this process that is waiting (runs on threads of a parallel
+# sweep, which a Ctrl-C in the main thread does not reach): each raises
+# KeyboardInterrupt in its own thread, so its `finally` heals and reaps as usual.
+_CANCELLED = threading.Event()
+
+Progress = Callable[[str], None]
+
+
+def cancel_all() -> None:
+    _CANCELLED.set()
+
+
+def reset_cancel() -> None:
+    _CANCELLED.clear()
+
+
+@dataclass
+class JobOutcome:
+    run_dir: Path
+    completed: bool = False  # the last launch exited 0 on every node (or stopped as asked)
+    stopped: bool = False  # every rank stopped as asked (Scenario.stop_after); then reaped
+    deadline_hit: bool = False
+    hang: dict[str, Any] | None = None  # the hang detector's finding (then torn down)
+    exit_codes: list[list[int | None]] = field(default_factory=list)  # per launch, per node
+    wall_seconds: float = 0.0
+    reaped: list[int] = field(default_factory=list)  # killed by the harness after the job ended
+    leftovers: list[int] = field(default_factory=list)  # alive even after reaping: a harness bug
+    leftover_mounts: list[str] = field(default_factory=list)  # mounted after teardown: a bug
+    leftover_network: list[str] = field(default_factory=list)  # namespaces, links: a bug
+
+    @property
+    def launches(self) -> int:
+        return len(self.exit_codes)
+
+    def log_tail(self) -> str:
+        """The first error line of the last launch (the root cause; peers fail after it),
+        else its last line: the one-line reason shown to the user."""
+        logs = sorted(RunLayout(self.run_dir).logs_dir.glob("launch-*.log"),
+                      key=lambda p: p.stat().st_mtime)
+        if not logs:
+            return ""
+        lines = [ln.strip() for ln in logs[-1].read_text(errors="replace").splitlines()
+                 if ln.strip()]
+        errors = [ln for ln in lines if ERROR_LINE.search(ln) and "ChildFailedError" not in ln]
+        # a peer's lost connection is the echo of a death, not its cause; with ranks
+        # printing at once it can come first
+        causes = [ln for ln in errors if not COLLATERAL.search(ln)] or errors
+        return causes[0][:300] if causes else (lines or [""])[-1][:300]
+
+
+def substitute(args: list[str], run_dir: Path) -> list[str]:
+    return [a.replace("{run_dir}", str(run_dir)) for a in args]
+
+
+def torchrun_command(scenario: Scenario, node: int, run_id: str, port: int,
+                     run_dir: Path, network: Network | None = None,
+                     proxied: str | None = None, endpoint: str | None = None) -> list[str]:
+    """One node's torchrun. Node 0's agent hosts the c10d rendezvous store; on a
+    simulated network each node runs inside its namespace and the store is at node 0's
+    address; `proxied` is where nodes 1.. reach the store instead (a Toxiproxy);
+    `endpoint` is where every node reaches it on a real network (HOST:PORT)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run",
+           "--nproc-per-node", str(scenario.nproc),
+           "--max-restarts", str(scenario.max_restarts),
+           "--monitor-interval", str(POLL_SECONDS)]
+    size = f"{scenario.min_nodes}:{scenario.nodes}" if scenario.min_nodes else str(scenario.nodes)
+    if scenario.nodes == 1 and not scenario.min_nodes:
+        cmd += ["--standalone"]
+    elif network is None:
+        endpoint = endpoint or (proxied if proxied and node > 0 else f"127.0.0.1:{port}")
+        cmd += ["--nnodes", size, "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                "--rdzv-id", run_id, "--rdzv-conf", f"is_host={int(node == 0)}"]
+    else:
+        me = network.nodes[node]
+        cmd = [*me.enter(), *cmd, "--nnodes", size, "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"{network.nodes[0].address}:{port}", "--rdzv-id", run_id,
+               # the store's host is told, not guessed from host names (all nodes share one)
+               "--rdzv-conf", f"is_host={int(node == 0)}",
+               # the address the workers' own store and gloo use, not the machine's name
+               "--local-addr", me.address]
+    script = str(Path(scenario.script).resolve())
+    return cmd + [script, *substitute(scenario.args, run_dir)]
+
+
+def job_environment(scenario: Scenario, run_dir: Path, run_id: str, launch: int,
+                    t0: float, reference: Path | None,
+                    extra: dict[str, str] | None = None) -> dict[str, str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCHCHAOS_")}
+    environ.update(scenario.env)
+    environ.update(extra or {})
+    path = [str(INJECT_DIR), str(PACKAGE_ROOT), environ.get("PYTHONPATH", "")]
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+    environ.setdefault("OMP_NUM_THREADS", "1")
+    # torchrun's c10d rendezvous shares its TCPStore with the workers by default, and
+    # workers of an elastic restart then read the previous attempt's peer addresses
+    # (pytorch/pytorch#135712, still seen on 2.13): every in-place restart fails to
+    # connect. A job may set it back to "0" through Scenario.env to test that path.
+    environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    environ.setdefault("PYTHONUNBUFFERED", "1")
+    environ.update({env.RUN_DIR: str(run_dir), env.RUN_ID: run_id, env.LAUNCH: str(launch),
+                    env.T0: repr(t0)})
+    # torchrun and torch make temporary folders (torchelastic_*); keep them in the run
+    environ["TMPDIR"] = str(RunLayout(run_dir).tmp_dir)
+    if reference is not None:
+        environ[env.REFERENCE] = str(reference)
+        if scenario.stop_after:
+            environ[env.STOP_AFTER] = str(scenario.stop_after)
+        if scenario.full_fingerprints:
+            environ[env.FULL_FINGERPRINTS] = "1"
+    return environ
+
+
+class Job:
+    """One run of the scenario's job in `run_dir` (which the caller created)."""
+
+    def __init__(self, scenario: Scenario, run_dir: Path, faults: list[ResolvedFault],
+                 reference: Path | None = None, progress: Progress | None = None,
+                 hang_timeout: float = 60.0, start_from: Path | None = None,
+                 record: str | None = None) -> None:
+        self.scenario = scenario
+        self.layout = RunLayout(run_dir)
+        self.hangs = HangWatch(self.layout.beats_dir, hang_timeout)
+        self.faults = faults
+        self.reference = reference
+        self.progress = progress or (lambda _msg: None)
+        self.run_id = uuid.uuid4().hex[:12]
+        self.nodes: list[subprocess.Popen[bytes]] = []
+        self.resources: list[JobResource] = []
+        self.network: Network | None = None
+        # one port for every launch's store (a proxy in front of it stays valid);
+        # namespaces keep ports apart, so a fixed one there
+        self.store_port = STORE_PORT if scenario.network_kind == "netns" else netns.free_port()
+        self.nemesis: Nemesis | None = None
+        self.start_from = start_from  # copied into the run dir first (Scenario.start_from)
+        self.record = record  # a folder the fault filesystem records (chaos.explore.crashstates)
+
+    def run(self) -> JobOutcome:
+        self.layout.create()
+        schedule.save(self.faults, self.layout.schedule_file)
+        outcome = JobOutcome(self.layout.run_dir)
+        log = self._harness_log()
+        t0 = time.monotonic()
+        deadline = t0 + self.scenario.timeout
+        try:
+            if self.start_from is not None:  # before a mount moves it into its backing store
+                shutil.copytree(self.start_from, self.layout.run_dir, symlinks=True,
+                                dirs_exist_ok=True)
+            if self.scenario.network_kind == "netns":
+                self.network = Network(self.run_id, self.scenario.nodes).create()
+            self._set_up_faults(log)
+            for launch in range(self.scenario.max_relaunches + 1):
+                for resource in self.resources:
+                    resource.settle()
+                self._start(launch, t0)
+                self.hangs.launch_began()
+                log.record("launch", launch=launch, pids=[p.pid for p in self.nodes])
+                codes, ended = self._wait(deadline, log)
+                if isinstance(ended, Hang):
+                    outcome.hang = self._capture_hang(ended, log)
+                    codes = [p.poll() for p in self.nodes]
+                outcome.exit_codes.append(codes)
+                log.record("job_exit", launch=launch, codes=codes, stopped=ended == "stopped")
+                if ended == "stopped":
+                    outcome.completed = outcome.stopped = True
+                    break
+                if ended == "deadline":
+                    outcome.deadline_hit = True
+                    log.record("deadline", seconds=self.scenario.timeout)
+                    break
+                if outcome.hang is not None:
+                    break  # torn down below: a hung job is not requeued
+                if all(code == 0 for code in codes):
+                    outcome.completed = True
+                    break
+                self.progress(f"job died (exit codes {codes}); requeueing"
+                              if launch < self.scenario.max_relaunches else
+                              f"job died (exit codes {codes}); no relaunch left")
+                self._reap(log)
+        finally:
+            killed = self._reap(log)
+            if outcome.completed and not outcome.stopped:  # ended, yet these still ran
+                outcome.reaped = killed
+            outcome.leftovers = procs.marked_pids(self.run_id)
+            self._tear_down()
+            outcome.leftover_mounts = mounts_under(self.layout.run_dir)
+            outcome.leftover_network = netns.leftovers(self.run_id)
+            outcome.wall_seconds = time.monotonic() - t0
+            log.close()
+        return outcome
+
+    def _harness_log(self) -> HistoryWriter:
+        """The harness's own stream of the run."""
+        return HistoryWriter(self.layout.harness_history, source="harness")
+
+    def _set_up_faults(self, log: HistoryWriter) -> None:
+        """Let each fault kind set up what its faults need for the whole job."""
+        ctx = JobContext(self.layout.run_dir, self.run_id, self.network, self.store_port)
+        if self.record is not None:
+            self.resources.append(get_kind("storage").setup_recording(self.record, ctx))
+        for name in dict.fromkeys(f.kind for f in self.faults):
+            mine = [f for f in self.faults if f.kind == name]
+            ctx.resources[name] = get_kind(name).setup_job(mine, ctx)
+            self.resources.append(ctx.resources[name])
+        outside = [f for f in self.faults if get_kind(f.kind).side == "harness"]
+        if outside:
+            self.nemesis = Nemesis(outside, ctx, log,
+                                   lambda fault, c: get_kind(fault.kind).cut(fault, c))
+
+    def _tear_down(self) -> None:
+        """Heal every harness fault, close the kinds' resources, remove the network."""
+        try:
+            if self.nemesis is not None:
+                self.nemesis.close()
+            for resource in reversed(self.resources):
+                resource.close()
+        finally:
+            if self.network is not None:
+                self.network.close()
+
+    def _start(self, launch: int, t0: float) -> None:
+        extra = {k: v for r in self.resources for k, v in r.environ.items()}
+        environ = job_environment(self.scenario, self.layout.run_dir, self.run_id, launch, t0,
+                                  self.reference, extra)
+        port = self.store_port
+        proxied = next((r.rendezvous_endpoint for r in self.resources if r.rendezvous_endpoint),
+                       None)
+        self.nodes = []
+        for node in range(self.scenario.nodes):
+            log_path = self.layout.logs_dir / f"launch-{launch}-node-{node}.log"
+            command = torchrun_command(self.scenario, node, self.run_id, port,
+                                       self.layout.run_dir, self.network, proxied)
+            node_environ = environ
+            if self.network is not None:  # gloo and NCCL: the node's own interface
+                node_environ = {"GLOO_SOCKET_IFNAME": netns.INTERFACE,
+                                "NCCL_SOCKET_IFNAME": netns.INTERFACE,
+                                # NCCL would see one host and bypass the network (shared
+                                # memory, P2P), where a partition cannot cut it
+                                "NCCL_HOSTID": f"torchchaos-{self.run_id}-node-{node}",
+                                **environ}
+            with open(log_path, "ab") as log_file:
+                self.nodes.append(subprocess.Popen(
+                    command, cwd=self.layout.run_dir, env=node_environ, stdin=subprocess.DEVNULL,
+                    stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                ))
+
+    def _wait(self, deadline: float,
+              log: HistoryWriter) -> tuple[list[int | None], str | Hang]:
+        """Wait until every node exited, one failed, every rank stopped as asked, the job
+        hung or the deadline passed. Returns the exit codes and "exited", "stopped",
+        "deadline" or the hang."""
+        while True:
+            if _CANCELLED.is_set():
+                raise KeyboardInterrupt("cancelled")
+            codes = [p.poll() for p in self.nodes]
+            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+                return codes, "exited"
+            if self._all_stopped():
+                return codes, "stopped"
+            if time.monotonic() > deadline:
+                return codes, "deadline"
+            if self.nemesis is not None:
+                self.nemesis.poll()
+                self.hangs.excuse_until(self.nemesis.heals_by())
+            exits, hang = self.hangs.poll()
+            for beat in exits:  # the job reacting: a rank is gone
+                log.record("rank_exit", rank=beat.rank, pid=beat.pid, step=beat.step,
+                           launch=beat.launch, attempt=beat.attempt)
+            if hang is not None:
+                return codes, hang
+            time.sleep(POLL_SECONDS)
+
+    def _capture_hang(self, hang: Hang, log: HistoryWriter) -> dict[str, Any]:
+        """Take every hung rank's stacks into the run, record the hang, say where."""
+        if hang.between_attempts:
+            return self._capture_stalled_agents(hang, log)
+        ranks = []
+        # a beat is up to half a second old; the history has each rank's true last step
+        last_step = {e["pid"]: e["step"] for e in History.of_run(self.layout.run_dir).steps()}
+        for rank in hang.ranks:
+            rank.step = last_step.get(rank.pid, rank.step)
+            text, taken = self._take_stacks(rank.pid, f"rank-{rank.rank}",
+                                            self.layout.faulthandler_file(rank.rank, rank.pid))
+            if rank.state == "waiting" and text and not stacks.waits_in_framework(text):
+                rank.state = "stuck"  # not in a collective: the likely cause, not a victim
+            ranks.append({**rank.to_dict(), **taken})
+        ranks.sort(key=lambda r: STATE_ORDER.index(r["state"]))  # stable: idle longest first
+        event = self._record_hang(hang, log, ranks=ranks)
+        culprit = ranks[0]
+        self.progress(f"hang: no progress for {hang.seconds:.0f} s; rank {culprit['rank']}"
+                      f" {culprit['state']} after step {culprit['step']} in {culprit['where']};"
+                      " tearing the job down")
+        return event
+
+    def _capture_stalled_agents(self, hang: Hang, log: HistoryWriter) -> dict[str, Any]:
+        """No worker is left: the torchrun agents' stacks say what they wait for."""
+        agents = [{"node": node, "pid": proc.pid,
+                   **self._take_stacks(proc.pid, f"torchrun-node-{node}", None)[1]}
+                  for node, proc in enumerate(self.nodes) if proc.poll() is None]
+        event = self._record_hang(hang, log, ranks=[], between_attempts=True, agents=agents)
+        where = "; ".join(f"node {a['node']} in {a['where']}" for a in agents)
+        self.progress(f"hang: every rank exited {hang.seconds:.0f} s ago and no new attempt"
+                      f" started (torchrun: {where or 'gone'}); tearing the job down")
+        return event
+
+    def _take_stacks(self, pid: int, name: str,
+                     fallback: Path | None) -> tuple[str, dict[str, str]]:
+        """`pid`'s stacks, written to `_chaos/stacks/NAME.txt`; the text and what the
+        hang event says about them."""
+        text, how = stacks.capture(pid, fallback)
+        dump = self.layout.stacks_dir / f"{name}.txt"
+        dump.write_text(text)
+        return text, {"where": stacks.summarize(text), "stack_tool": how,
+                      "stacks": str(dump.relative_to(self.layout.run_dir))}
+
+    def _record_hang(self, hang: Hang, log: HistoryWriter, **found: Any) -> dict[str, Any]:
+        return log.record("hang", seconds=round(hang.seconds, 1), timeout=self.hangs.timeout,
+                          after_exit=hang.after_exit, **found,
+                          stacks_dir=str(self.layout.stacks_dir.relative_to(self.layout.run_dir)))
+
+    def _all_stopped(self) -> bool:
+        if not self.scenario.stop_after or self.reference is None:
+            return False
+        stopped = sum(1 for _ in self.layout.stopped_dir.iterdir())
+        return stopped >= self.scenario.world_size
+
+    def _reap(self, log: HistoryWriter) -> list[int]:
+        killed = procs.reap(self.run_id, [p.pid for p in self.nodes])
+        for proc in self.nodes:
+            proc.wait()
+        if killed:
+            log.record("reaped", pids=killed)
+        return killed

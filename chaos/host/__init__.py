@@ -1,0 +1,1 @@
+"""Things of this machine the harness drives: processes, network namespaces, mounts, stacks."""

@@ -1,0 +1,167 @@
+"""Where is each rank stuck? Capture a process's Python stacks from outside.
+
+py-spy reads the stacks straight from the process's memory: it needs no
+cooperation, works while the main thread is blocked in native code (a gloo or
+NCCL wait) and, with `--nonblocking`, on a process that is stopped (SIGSTOP).
+Where py-spy cannot attach (no ptrace permission, as in a container without
+CAP_SYS_PTRACE), the agent's faulthandler, registered on `STACK_SIGNAL` at
+boot, writes the stacks of every thread into a file; a stopped process must
+then be continued for it to run.
+
+`summarize` turns a dump into one line for the verdict: the innermost
+framework call (a collective, backward) and the innermost call in the
+target's own code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaos.host.procs import pid_stopped
+
+STACK_SIGNAL = signal.SIGRTMIN + 6  # real-time: no target or library uses it for anything
+PY_SPY_SECONDS = 10.0
+FAULTHANDLER_SECONDS = 2.0
+
+PY_SPY_THREAD = re.compile(r'^Thread \S+ \((?:idle|active|gil)[^)]*\): "(?P<name>[^"]*)"')
+PY_SPY_FRAME = re.compile(r"^\s+(?P<func>\S+) \((?P<file>.+?):(?P<line>\d+)\)")
+FH_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
+FH_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+# Framework calls worth naming (innermost first wins): collectives, backward, waits.
+FRAMEWORK = ("torch/distributed/", "torch/autograd/", "torch/_tensor.py", "torch/cuda/")
+_ROOT = Path(__file__).resolve().parents[2]
+FAULTS = str(_ROOT / "faults") + os.sep
+HARNESS = (str(_ROOT / "chaos") + os.sep, FAULTS)
+STDLIB = os.path.dirname(os.__file__) + os.sep
+WRAPPERS = {"wrapper", "inner", "_fn", "decorate_context"}
+
+
+@dataclass
+class Frame:
+    func: str
+    file: str
+    line: int
+
+    def short(self) -> str:
+        return f"{self.func} ({os.path.basename(self.file)}:{self.line})"
+
+
+def capture(pid: int, fallback_file: Path | None) -> tuple[str, str]:
+    """The stacks of `pid` as text, and how they were taken ("py-spy",
+    "faulthandler" or "none"). `fallback_file` is where the agent's faulthandler
+    writes them on STACK_SIGNAL; None for a process without an agent (a torchrun
+    agent), which that signal, left at its default action, would kill."""
+    text = _py_spy(pid)
+    if text:
+        return text, "py-spy"
+    if fallback_file is None:
+        return "", "none"
+    text = _faulthandler(pid, fallback_file)
+    return (text, "faulthandler") if text else ("", "none")
+
+
+def _py_spy_binary() -> str | None:
+    beside = Path(sys.executable).with_name("py-spy")  # installed with torchchaos
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def _py_spy(pid: int) -> str:
+    binary = _py_spy_binary()
+    if binary is None:
+        return ""
+    command = [binary, "dump", "--full-filenames", "--pid", str(pid)]
+    # A stopped process is still already, and py-spy cannot suspend it again: read it
+    # without suspending. A running one is suspended for a consistent stack; if that
+    # fails (it was being stopped just then), read it without.
+    attempts = [["--nonblocking"]] if pid_stopped(pid) else [[], ["--nonblocking"]]
+    for extra in attempts:
+        try:
+            done = subprocess.run(command + extra, capture_output=True, text=True,
+                                  timeout=PY_SPY_SECONDS)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        if done.returncode == 0 and "Thread" in done.stdout:
+            return done.stdout
+    return ""
+
+
+def _faulthandler(pid: int, path: Path) -> str:
+    """Ask the agent's faulthandler for the stacks; read what it appended."""
+    start = path.stat().st_size if path.exists() else 0
+    try:
+        os.kill(pid, STACK_SIGNAL)
+        if pid_stopped(pid):  # the handler runs only once the process runs
+            os.kill(pid, signal.SIGCONT)
+    except (ProcessLookupError, PermissionError):
+        return ""
+    deadline = time.monotonic() + FAULTHANDLER_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        if path.exists() and path.stat().st_size > start:
+            time.sleep(0.1)  # let it finish writing every thread
+            with open(path, errors="replace") as f:
+                f.seek(start)
+                return f.read()
+    return ""
+
+
+def threads(text: str) -> list[tuple[str, list[Frame]]]:
+    """(thread name, frames innermost first) from a py-spy or faulthandler dump."""
+    found: list[tuple[str, list[Frame]]] = []
+    for line in text.splitlines():
+        if m := PY_SPY_THREAD.match(line):
+            found.append((m["name"], []))
+        elif FH_THREAD.match(line):
+            found.append(("", []))
+        elif found and (m := PY_SPY_FRAME.match(line) or FH_FRAME.match(line)):
+            found[-1][1].append(Frame(m["func"], m["file"], int(m["line"])))
+    return found
+
+
+def main_thread(text: str) -> list[Frame]:
+    """The frames of the thread that runs the script: its outermost frame is `<module>`."""
+    found = threads(text)
+    for name, frames in found:
+        if name == "MainThread" or (frames and frames[-1].func == "<module>"):
+            return frames
+    return found[0][1] if found else []
+
+
+def summarize(text: str) -> str:
+    """One line: 'all_reduce (distributed_c10d.py:2950) <- train_step (ddp_lm.py:240)'."""
+    frames = main_thread(text)
+    if not frames:
+        return "no stack could be taken"
+    framework = _framework_frame(frames)
+    own = next((f for f in frames if _own_code(f.file)), None)
+    parts = [f.short() for f in (framework, own) if f is not None] or [frames[0].short()]
+    line = " <- ".join(parts)
+    fault = next((f for f in frames if f.file.startswith(FAULTS)), None)
+    if fault is not None:  # a hang fault holds the rank there
+        line += f", held there by torchchaos ({fault.func})"
+    return line
+
+
+def waits_in_framework(text: str) -> bool:
+    """Is the main thread inside a collective or backward (waiting on its peers, most
+    likely), rather than in the target's own code?"""
+    return _framework_frame(main_thread(text)) is not None
+
+
+def _framework_frame(frames: list[Frame]) -> Frame | None:
+    return next((f for f in frames if any(p in f.file for p in FRAMEWORK)
+                 and not f.func.startswith("_") and f.func not in WRAPPERS), None)
+
+
+def _own_code(file: str) -> bool:
+    """The target's own code: not the standard library, site-packages or the harness."""
+    return not (file.startswith((STDLIB, "<", *HARNESS)) or "site-packages" in file)

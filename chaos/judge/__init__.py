@@ -1,0 +1,1 @@
+"""Pure functions over histories: evidence, the checks and their diagnoses. No torch."""

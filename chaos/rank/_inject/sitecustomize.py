@@ -1,0 +1,32 @@
+"""Loaded by every Python process started with this folder on PYTHONPATH.
+
+It arms the torchchaos agent only in torchrun workers of a harness run (the
+launcher itself and unrelated processes stay untouched), then hands over to
+any other `sitecustomize` further down the path so a user's own keeps working.
+"""
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+if (
+    os.environ.get("TORCHCHAOS_RUN_DIR")
+    and "LOCAL_RANK" in os.environ
+    and "TORCHCHAOS_AGENT_PID" not in os.environ
+):
+    from chaos.rank.agent import boot
+
+    boot()
+
+
+def _chain_next_sitecustomize() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+
+_chain_next_sitecustomize()

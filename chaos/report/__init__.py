@@ -1,0 +1,1 @@
+"""What a judged run says: the report, its HTML page and the timeline."""

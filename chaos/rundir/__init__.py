@@ -1,0 +1,1 @@
+"""The run directory every process shares: its layout, the history files, heartbeats."""

@@ -1,0 +1,1 @@
+"""What to run: fault specs, scenarios, resolved schedules, scenario files and exports."""

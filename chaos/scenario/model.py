@@ -1,0 +1,141 @@
+"""A scenario: which job to run, which faults to inject, which checks to apply.
+
+Python (pytest), the CLI and (later) YAML files all build this one object.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chaos.errors import UsageError
+from chaos.host import netns
+from chaos.judge.checkers import CHECKERS
+from chaos.scenario.spec import FaultSpec, parse_fault_spec
+from faults.registry import get_kind
+
+NETWORKS = ("auto", "netns", "host")
+PROCESSES_PER_CORE = 4  # beyond this many ranks per core a run only measures the scheduler
+
+
+@dataclass
+class Scenario:
+    script: str
+    args: list[str] = field(default_factory=list)
+    nproc: int = 2
+    nodes: int = 1
+    # "netns": each node in its own network namespace (root); "host": the nodes share
+    # the machine's loopback; "auto": netns for 2+ nodes where it can be made
+    network: str = "auto"
+    min_nodes: int | None = None  # elastic: torchrun --nnodes MIN:nodes (None: fixed size)
+    faults: list[FaultSpec] = field(default_factory=list)
+    checks: list[str] | None = None  # None: every check that applies
+    max_lost_steps: int | None = None  # None: the checkpoint interval seen in the reference
+    max_lost_seconds: float | None = None
+    max_detect_steps: int | None = None  # sdc_detected: None means the checkpoint interval
+    # hang_detected: the job is hung after this many seconds without progress on any rank
+    # (None: 10 s, or 3x the longest the reference went without progress)
+    hang_timeout: float | None = None
+    seed: int = 0
+    timeout: float = 300.0  # seconds, for each run (reference and chaos)
+    max_restarts: int = 3  # torchrun's elastic restarts within one launch
+    max_relaunches: int = 2  # times the whole job is requeued after it died
+    reference_runs: int = 1  # 2 also proves the target deterministic without faults
+    # End the chaos run this many steps after a recovery instead of at the last step
+    # (crash points: what matters is the restore and the first steps after it).
+    stop_after: int | None = None
+    # Fingerprint every step of the chaos run in full, not only around restores and faults
+    # (a divergence that first shows on a light step is then attributed to a component).
+    full_fingerprints: bool = False
+    # A folder copied into the chaos run's directory before it starts (crash points start
+    # from the checkpoints there were before the save under test); never the reference's.
+    start_from: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    # Failure rate for the report's Young/Daly checkpoint interval (large jobs: about one
+    # interruption every 3 hours); it changes no verdict
+    mtbf_hours: float = 3.0
+
+    @classmethod
+    def build(cls, script: str, faults: list[str] | None = None, **kwargs: object) -> Scenario:
+        """Build from fault spec strings; validates everything."""
+        specs = [parse_fault_spec(text) for text in faults or []]
+        scenario = cls(script=script, faults=specs, **kwargs)  # type: ignore[arg-type]
+        scenario.validate()
+        return scenario
+
+    def validate(self) -> None:
+        path = Path(self.script)
+        if not path.is_file():
+            raise UsageError(f"training script not found: {self.script}")
+        if self.nproc < 1 or self.nodes < 1:
+            raise UsageError("--nproc and --nodes must be >= 1")
+        if self.network not in NETWORKS:
+            raise UsageError(f"unknown --network {self.network!r} (known: {', '.join(NETWORKS)})")
+        if self.network == "netns" and netns.unavailable_reason():
+            raise UsageError(f"--network netns: {netns.unavailable_reason()}")
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
+            raise UsageError(f"--min-nodes must be between 1 and --nodes ({self.nodes})")
+        self._check_faults()
+        if self.timeout <= 0:
+            raise UsageError("--timeout must be > 0 seconds")
+        if self.hang_timeout is not None and self.hang_timeout <= 0:
+            raise UsageError("--hang-timeout must be > 0 seconds")
+        if self.max_lost_steps is not None and self.max_lost_steps < 0:
+            raise UsageError("--max-lost-steps must be >= 0")
+        if self.max_lost_seconds is not None and not self.max_lost_seconds >= 0:
+            raise UsageError("--max-lost-seconds must be >= 0")
+        if self.max_detect_steps is not None and self.max_detect_steps < 0:
+            raise UsageError("--max-detect-steps must be >= 0")
+        if self.stop_after is not None and self.stop_after < 1:
+            raise UsageError("--steps-after-resume must be >= 1")
+        if not self.mtbf_hours > 0:
+            raise UsageError("--mtbf must be > 0 hours")
+        if self.reference_runs not in (1, 2):
+            raise UsageError("--reference-runs must be 1 or 2")
+        for name in self.checks or []:
+            if name not in CHECKERS:
+                raise UsageError(f"unknown check {name!r} (known: {', '.join(CHECKERS)})")
+
+    def _check_faults(self) -> None:
+        """Each fault against the job's shape, then each kind's faults together."""
+        by_kind: dict[str, list[dict[str, object]]] = {}
+        for spec in self.faults:
+            get_kind(spec.kind).check_job(spec.params, self.nodes, self.network_kind)
+            self._check_target(spec)
+            by_kind.setdefault(spec.kind, []).append(spec.params)
+        for name, params in by_kind.items():
+            get_kind(name).check_together(params)
+
+    def _check_target(self, spec: FaultSpec) -> None:
+        """A rank or node index the job has (symbolic targets are drawn from those)."""
+        if not spec.target.isdigit():
+            return
+        size = self.world_size if spec.target_type == "rank" else self.nodes
+        if int(spec.target) >= size:
+            raise UsageError(f"fault {spec.text!r}: {spec.target_type} {spec.target} does not"
+                             f" exist (the job has {size} {spec.target_type}s)")
+
+    def check_machine(self, force: bool = False) -> None:
+        """Refuse (unless forced) a job with far more ranks than this machine has cores:
+        every simulated node runs here, and such a run judges only the scheduler. The
+        CLI's job options call it (they have --force); not part of validate(), so that a
+        scenario file recorded on a bigger machine still replays."""
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+        if force or self.world_size <= PROCESSES_PER_CORE * cores:
+            return
+        raise UsageError(f"--nproc {self.nproc} x --nodes {self.nodes} = {self.world_size}"
+                         f" ranks on {cores} core(s), more than {PROCESSES_PER_CORE} per core:"
+                         " pass --force to run anyway")
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nodes
+
+    @property
+    def network_kind(self) -> str:
+        """"netns" or "host": what `network` comes to on this machine."""
+        if self.network != "auto":
+            return self.network
+        return "netns" if self.nodes > 1 and not netns.unavailable_reason() else "host"

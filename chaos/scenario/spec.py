@@ -1,0 +1,135 @@
+"""Fault specs: `KIND:key=value,key=value` parsed into `FaultSpec`.
+
+A spec has three parts, told apart by key:
+- target: `rank=` or `node=` (an index, or `one` for a seeded random pick);
+- trigger: `step=N`, `phase=checkpoint_save|checkpoint_load` with `event=N`
+  (and `save=K`), `time=SECONDS`, or `p=PROB` (per step, seeded);
+- everything else is a parameter of the kind (e.g. `signal=SIGTERM`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chaos.errors import UsageError
+from faults.contract import Trigger
+from faults.registry import get_kind
+
+PHASES = ("checkpoint_save", "checkpoint_load")
+SYMBOLIC_TARGETS = ("one",)
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    kind: str
+    target_type: str  # "rank" or "node"
+    target: str  # an index as text, or a symbolic target
+    trigger: Trigger
+    params: dict[str, object] = field(default_factory=dict)
+    text: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            self.target_type: self.target,
+            "trigger": self.trigger.describe(),
+            "params": dict(self.params),
+            "spec": self.text,
+        }
+
+
+def _int(key: str, value: str, minimum: int = 0) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise UsageError(f"{key}= needs an integer, got {value!r}") from None
+    if number < minimum:
+        raise UsageError(f"{key}= must be >= {minimum}, got {number}")
+    return number
+
+
+def _float(key: str, value: str, low: float, high: float | None = None) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise UsageError(f"{key}= needs a number, got {value!r}") from None
+    if number < low or (high is not None and number > high) or number != number:
+        upper = f" and <= {high:g}" if high is not None else ""
+        raise UsageError(f"{key}= must be >= {low:g}{upper}, got {value}")
+    return number
+
+
+def _split_pairs(text: str, body: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in body.split(","):
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise UsageError(f"malformed fault spec {text!r}: expected key=value, got {item!r}")
+        if key in pairs:
+            raise UsageError(f"malformed fault spec {text!r}: {key}= given twice")
+        pairs[key] = value
+    return pairs
+
+
+def _parse_trigger(text: str, pairs: dict[str, str]) -> Trigger:
+    given = [k for k in ("step", "phase", "time", "p") if k in pairs]
+    if len(given) != 1:
+        raise UsageError(
+            f"fault spec {text!r} needs exactly one trigger (step=, phase=, time= or p=),"
+            f" got {len(given)}"
+        )
+    if "step" in pairs:
+        return Trigger(step=_int("step", pairs.pop("step"), minimum=1))
+    if "time" in pairs:
+        return Trigger(time=_float("time", pairs.pop("time"), 0.0))
+    if "p" in pairs:
+        return Trigger(p=_float("p", pairs.pop("p"), 0.0, 1.0))
+    phase = pairs.pop("phase")
+    if phase not in PHASES:
+        raise UsageError(f"unknown phase {phase!r} in {text!r} (known: {', '.join(PHASES)})")
+    event = _int("event", pairs.pop("event", "1"), minimum=1)
+    save = _int("save", pairs.pop("save", "1"), minimum=1)
+    return Trigger(phase=phase, event=event, save=save)
+
+
+def _parse_target(text: str, pairs: dict[str, str],
+                  kinds: tuple[str, ...]) -> tuple[str, str]:
+    given = [k for k in ("rank", "node") if k in pairs]
+    if len(given) > 1:
+        raise UsageError(f"fault spec {text!r} names both rank= and node=")
+    if not given:
+        return kinds[0], "one"
+    key = given[0]
+    value = pairs.pop(key)
+    if value not in SYMBOLIC_TARGETS:
+        _int(key, value)
+    return key, value
+
+
+def parse_fault_spec(text: str) -> FaultSpec:
+    """Parse `KIND:key=value,...`; raises UsageError with a one-line reason."""
+    kind_name, sep, body = text.partition(":")
+    kind_name = kind_name.strip()
+    if not kind_name:
+        raise UsageError(f"malformed fault spec {text!r}: expected KIND:key=value,...")
+    kind = get_kind(kind_name)
+    pairs = _split_pairs(text, body) if sep and body.strip() else {}
+    target_type, target = _parse_target(text, pairs, kind.targets)
+    if target_type not in kind.targets:
+        raise UsageError(f"fault {kind_name!r} hits a {' or '.join(kind.targets)}, not a"
+                         f" {target_type} ({text!r})")
+    trigger = _parse_trigger(text, pairs)
+    params: dict[str, object] = {}
+    for key, value in pairs.items():
+        parser = kind.params.get(key)
+        if parser is None:
+            known = ", ".join(sorted(kind.params)) or "none"
+            raise UsageError(f"fault {kind_name!r} has no parameter {key!r}"
+                             f" (its parameters: {known})")
+        try:
+            params[key] = parser(value)
+        except ValueError as exc:
+            raise UsageError(f"bad value for {kind_name} {key}=: {exc}") from None
+    kind.validate(params)
+    return FaultSpec(kind_name, target_type, target, trigger, params, text)

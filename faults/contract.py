@@ -1,0 +1,199 @@
+"""Fault kinds register here; the engine looks them up by name.
+
+The engine never imports a specific fault module: `faults/__init__.py` imports
+its modules, each of which calls `register`. A kind says which parameters it
+accepts and how it fires. Kinds that fire inside a rank (kill, bit flip) are
+"agent" kinds; kinds the harness applies from outside (partition) are
+"harness" kinds, injected and healed by the runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from chaos.rundir import requests
+
+if TYPE_CHECKING:
+    from chaos.host.netns import Network
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """When a fault fires. Exactly one of step / phase / time / p is set."""
+
+    step: int | None = None
+    phase: str | None = None
+    event: int = 1  # N-th file event of the phase (1-based)
+    save: int = 1  # K-th checkpoint save / load of the process (1-based)
+    time: float | None = None  # seconds after the job started
+    p: float | None = None  # probability per step
+
+    def describe(self) -> str:
+        if self.step is not None:
+            return f"step={self.step}"
+        if self.phase is not None:
+            return f"phase={self.phase},save={self.save},event={self.event}"
+        if self.time is not None:
+            return f"time={self.time:g}"
+        return f"p={self.p:g}"
+
+
+@dataclass(frozen=True)
+class ResolvedFault:
+    id: str  # unique within the run; names the fault's "fired" marker file
+    kind: str
+    target_type: str  # "rank" or "node"
+    index: int
+    trigger: Trigger
+    params: dict[str, object]
+    spec: str
+    seed: int  # for probabilistic triggers
+
+    def describe(self) -> str:
+        return f"{self.kind}:{self.target_type}={self.index},{self.trigger.describe()}"
+
+    def to_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        data["trigger"] = asdict(self.trigger)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ResolvedFault:
+        fields = dict(data)
+        fields["trigger"] = Trigger(**fields["trigger"])
+        return cls(**fields)
+
+
+class TrainingView(Protocol):
+    """The training state of a rank, as the agent sees it (for faults that corrupt it)."""
+
+    def step(self) -> int:
+        """Optimizer steps completed (global numbering)."""
+
+    def named_parameters(self) -> list[tuple[str, Any]]:
+        """Every parameter an optimizer holds, named after the module it belongs to."""
+
+    def optimizers(self) -> list[Any]: ...
+
+    def named_modules(self) -> list[tuple[str, Any]]:
+        """Every module under the modules the target ran forward on."""
+
+    def before_next_backward(self, change: Callable[[Any], Any]) -> None:
+        """Call `change(loss)` once, at the next `loss.backward()`; what it returns
+        (if not None) is passed to backward as the gradient of the loss."""
+
+    def after_every_step(self, action: Callable[[int], bool]) -> None:
+        """Call `action(step)` after every optimizer step of this rank from now on,
+        until it returns False."""
+
+
+@dataclass
+class FireContext:
+    """What a firing fault may use inside the rank it fires in."""
+
+    rank: int
+    local_rank: int
+    node: int
+    record: Callable[..., None]  # write an event to this rank's history
+    path: str | None = None  # the file of the event that triggered a phase fault
+    run_dir: str = ""
+    training: TrainingView | None = None
+
+
+@dataclass
+class JobContext:
+    """What a kind may use to set up for one job (a chaos run)."""
+
+    run_dir: Path
+    run_id: str  # the marker every process of the run carries
+    network: Network | None = None  # the simulated nodes' namespaces (`--network netns`)
+    store_port: int | None = None  # the rendezvous store's port on node 0
+    resources: dict[str, JobResource] = field(default_factory=dict)  # by kind, once set up
+
+
+class JobResource(Protocol):
+    """Something a kind sets up for a whole job (a mount) and tears down after it."""
+
+    environ: dict[str, str]  # added to every rank's environment
+    # where nodes 1.. reach the rendezvous store instead of node 0 (a proxy), if anywhere
+    rendezvous_endpoint: str | None
+
+    def settle(self) -> None:
+        """Before a relaunch: wait until pending fault work (a crash) is done."""
+
+    def close(self) -> None:
+        """Heal and tear down; called on every exit path, safe to call twice."""
+
+
+@dataclass
+class NoResource:
+    environ: dict[str, str] = field(default_factory=dict)
+    rendezvous_endpoint: str | None = None
+
+    def settle(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class FaultKind:
+    """One kind of fault. Subclasses set `name` and `params` and implement `fire`."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+    # parameter name -> parser (str -> value); parsers raise ValueError on bad input
+    params: ClassVar[dict[str, Callable[[str], object]]] = {}
+    side: ClassVar[str] = "agent"  # "agent": fires in a rank; "harness": fired by the runner
+    targets: ClassVar[tuple[str, ...]] = ("rank", "node")  # what `rank=` / `node=` it accepts
+    # A kind whose firing only arms a hook names the event it records once the hook
+    # acted: the fault counts as fired when that event (with the fault's id) is there.
+    effect_event: ClassVar[str | None] = None
+
+    def validate(self, params: dict[str, object]) -> None:
+        """Check the combination of parameters; raise UsageError if it makes no sense."""
+
+    def check_job(self, params: dict[str, object], nodes: int, network: str) -> None:
+        """Raise UsageError if a job of `nodes` simulated nodes on `network` ("netns"
+        or "host") cannot have this fault."""
+
+    def check_together(self, faults: list[dict[str, object]]) -> None:
+        """Raise UsageError if these faults of this kind (their params) cannot share one
+        job (e.g. storage: one mount per folder, and mounts cannot nest)."""
+
+    def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
+        """Inject the fault from inside the rank (agent kinds)."""
+        raise NotImplementedError
+
+    def fire_after_step(self, fault: ResolvedFault) -> int | None:
+        """For `step=N`: after which completed step to fire. A fault that acts during
+        step N (it hooks the next forward or backward) fires after step N - 1."""
+        return fault.trigger.step
+
+    def setup_job(self, faults: list[ResolvedFault], ctx: JobContext) -> JobResource:
+        """Prepare what this kind's faults need during a job (called with this kind's
+        faults only, before the first launch); the runner closes it after the job."""
+        return NoResource()
+
+
+class HarnessKind(FaultKind):
+    """A kind the runner applies from outside the job (`chaos.harness.nemesis`): the rank that
+    sees the trigger asks for it; `cut` makes it and returns how to heal it."""
+
+    side = "harness"
+    targets = ("node",)
+
+    def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
+        step = ctx.training.step() if ctx.training is not None else None
+        if not requests.request(ctx.run_dir, fault.id, step):
+            ctx.record("fault_error", id=fault.id,
+                       error=f"the harness did not apply it within {requests.ACK_TIMEOUT:g} s")
+
+    def cut(self, fault: ResolvedFault, ctx: JobContext
+            ) -> tuple[Callable[[], None], dict[str, Any]]:
+        """Put the fault in force; returns its heal (safe to call twice) and what to
+        record about it."""
+        raise NotImplementedError

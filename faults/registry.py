@@ -1,0 +1,70 @@
+"""Fault kinds by name, loaded on first use.
+
+The registry imports no fault implementation: it maps each kind's name to a
+dotted path (`module:Class`) and imports the module only when the kind is
+first asked for. The built-in kinds are listed below; other packages add
+kinds through the `torchchaos.faults` entry-point group, whose entries have
+the same shape (see the README's "Writing a fault kind"):
+
+    [project.entry-points."torchchaos.faults"]
+    slowdisk = "mypackage.slowdisk:SlowDisk"
+
+A name is the spec's `KIND` (`slowdisk:rank=0,step=5`); the class is a
+`faults.contract.FaultKind` whose `name` must equal it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+
+from chaos.errors import UsageError
+from faults.contract import FaultKind
+
+ENTRY_POINT_GROUP = "torchchaos.faults"
+
+BUILTIN: dict[str, str] = {
+    "bitflip": "faults.bitflip:BitFlip",
+    "hang": "faults.hang:Hang",
+    "kill": "faults.kill:Kill",
+    "partition": "faults.partition:Partition",
+    "storage": "faults.storage:Storage",
+    "straggler": "faults.straggler:Straggler",
+    "toxic": "faults.toxic:Toxic",
+}
+
+_loaded: dict[str, FaultKind] = {}
+
+
+def kind_paths() -> dict[str, str]:
+    """Every known kind's name and dotted path; built-ins win over plug-ins."""
+    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    return {**found, **BUILTIN}
+
+
+def load_object(path: str, what: str) -> object:
+    """Import `module:attribute` (or `module.attribute`); a UsageError names `what`."""
+    module, _, attribute = path.partition(":") if ":" in path else path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as error:
+        raise UsageError(f"{what}: cannot load {path!r} ({error})") from None
+
+
+def get_kind(name: str) -> FaultKind:
+    """The kind named `name`, imported now if it was not yet."""
+    if name not in _loaded:
+        paths = kind_paths()
+        if name not in paths:
+            raise UsageError(f"unknown fault kind {name!r} (known: {', '.join(sorted(paths))})")
+        cls = load_object(paths[name], f"fault kind {name!r}")
+        if not (isinstance(cls, type) and issubclass(cls, FaultKind)) or cls.name != name:
+            raise UsageError(f"fault kind {name!r}: {paths[name]!r} is not a FaultKind"
+                             f" named {name!r}")
+        _loaded[name] = cls()
+    return _loaded[name]
+
+
+def all_kinds() -> dict[str, FaultKind]:
+    """Every kind, loaded (for `torchchaos kinds` and the help)."""
+    return {name: get_kind(name) for name in sorted(kind_paths())}

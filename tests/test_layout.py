@@ -1,0 +1,159 @@
+"""The tree's shape: no import circles, and every import goes down the floors.
+
+The floors, lowest first (ARCHITECTURE.md explains each). A module may import
+its own package and anything on a lower floor, nothing else. Imports made only
+for type checking (`if TYPE_CHECKING:`) do not count: they never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+FLOORS: list[tuple[str, ...]] = [
+    ("chaos.errors", "chaos.env", "chaos.api"),
+    ("chaos.host",),
+    ("chaos.rundir",),
+    ("faults", "faults.contract"),
+    ("faults.registry",),
+    ("chaos.judge",),
+    ("chaos.report",),
+    ("chaos.scenario",),
+    ("faults.*", "chaos.rank"),
+    ("chaos.harness",),
+    ("chaos.engine",),
+    ("chaos.explore",),
+    ("chaos.cli", "chaos.plugin", "chaos"),
+]
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in ("chaos", "faults"):
+        for path in (REPO / package).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+def _runtime_imports(tree: ast.Module) -> list[str]:
+    """Absolute imports outside `if TYPE_CHECKING:` blocks."""
+    names: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.extend([node.module] + [f"{node.module}.{a.name}" for a in node.names])
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        targets = {resolve(t) for t in _runtime_imports(ast.parse(path.read_text()))}
+        # a module importing its own package's __init__ (for a submodule) is not an edge
+        graph[name] = {t for t in targets if t and t != name and not name.startswith(t + ".")}
+    return graph
+
+
+def floor_of(module: str) -> tuple[int, str]:
+    """(floor, the FLOORS entry that holds it): the longest matching entry wins."""
+    for number, entries in enumerate(FLOORS):
+        if module in entries:
+            return number, module
+    best: tuple[int, str, int] | None = None
+    for number, entries in enumerate(FLOORS):
+        for entry in entries:
+            prefix = entry.removesuffix(".*")
+            matches = module.startswith(prefix + ".")
+            if matches and (best is None or len(prefix) >= best[2]):
+                best = (number, entry, len(prefix))
+    assert best is not None, f"{module} is on no floor: add it to FLOORS and ARCHITECTURE.md"
+    return best[0], best[1]
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles() -> None:
+    assert circles(import_graph()) == []
+
+
+def test_every_import_goes_down_the_floors() -> None:
+    wrong = []
+    for module, targets in sorted(import_graph().items()):
+        if module == "chaos":
+            continue  # the public face: lazy re-exports (PEP 562), imported on first use
+        floor, entry = floor_of(module)
+        for target in sorted(targets):
+            their_floor, their_entry = floor_of(target)
+            if their_floor > floor or (their_floor == floor and their_entry != entry):
+                wrong.append(f"{module} (floor {floor}) imports {target} (floor {their_floor})")
+    assert wrong == []
+
+
+def test_fault_kinds_import_only_the_contract_and_the_layers_below_it() -> None:
+    allowed = ("faults.", "chaos.errors", "chaos.env", "chaos.host", "chaos.rundir")
+    wrong = [f"{m} imports {t}" for m, targets in import_graph().items()
+             if m.startswith("faults.") for t in targets
+             if not t.startswith(allowed) or t == "faults.registry"]
+    assert wrong == []
+
+
+def test_nothing_imports_the_command_line() -> None:
+    users = [m for m, targets in import_graph().items() if not m.startswith("chaos.cli")
+             and any(t.startswith("chaos.cli") for t in targets)]
+    assert users == []
+
+
+def test_at_most_twelve_modules_directly_in_chaos() -> None:
+    direct = sorted(p.name for p in (REPO / "chaos").glob("*.py"))
+    assert len(direct) <= 12, direct
