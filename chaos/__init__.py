@@ -1,6 +1,72 @@
-"""torchchaos engine: scenario -> schedule -> runner -> history -> checkers -> report.
+"""torchchaos: real faults in real torchrun jobs, judged against a fault-free run.
 
-Kept free of heavy imports: the agent imports this package inside every rank.
+What a user imports lives here; everything else is the engine (ARCHITECTURE.md
+draws the packages). The names are loaded on first use: the agent imports this
+package inside every training rank, and a rank must not pay for the harness.
+
+    from chaos import Scenario, run_scenario
+    report = run_scenario(Scenario.build("train.py", faults=["kill:rank=1,step=12"]),
+                          out_dir, cache_dir)
+    assert report.verdict == "pass", report.table()
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+# name -> the module that defines it
+_PUBLIC = {
+    "Scenario": "chaos.scenario.model",
+    "run_scenario": "chaos.engine",
+    "Report": "chaos.report.model",
+    "report_detection": "chaos.api",
+    "report_checkpoint_committed": "chaos.api",
+    "load_scenario_file": "chaos.scenario.files",
+    "chaos_machine": "chaos.explore.stateful",
+    "FaultKind": "faults.contract",
+    "HarnessKind": "faults.contract",
+    "ChaosError": "chaos.errors",
+    "UsageError": "chaos.errors",
+    "CannotJudge": "chaos.errors",
+}
+_RENAMED = {"load_scenario_file": "load"}
+
+__all__ = [
+    "CannotJudge",
+    "ChaosError",
+    "FaultKind",
+    "HarnessKind",
+    "Report",
+    "Scenario",
+    "UsageError",
+    "chaos_machine",
+    "load_scenario_file",
+    "report_checkpoint_committed",
+    "report_detection",
+    "run_scenario",
+]
+
+if TYPE_CHECKING:
+    from chaos.api import report_checkpoint_committed, report_detection
+    from chaos.engine import run_scenario
+    from chaos.errors import CannotJudge, ChaosError, UsageError
+    from chaos.explore.stateful import chaos_machine
+    from chaos.report.model import Report
+    from chaos.scenario.files import load as load_scenario_file
+    from chaos.scenario.model import Scenario
+    from faults.contract import FaultKind, HarnessKind
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'chaos' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), _RENAMED.get(name, name))
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

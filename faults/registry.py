@@ -15,9 +15,7 @@ A name is the spec's `KIND` (`slowdisk:rank=0,step=5`); the class is a
 
 from __future__ import annotations
 
-import importlib
-from importlib.metadata import entry_points
-
+from chaos.entrypoints import installed, load_object
 from chaos.errors import UsageError
 from faults.contract import FaultKind
 
@@ -38,17 +36,7 @@ _loaded: dict[str, FaultKind] = {}
 
 def kind_paths() -> dict[str, str]:
     """Every known kind's name and dotted path; built-ins win over plug-ins."""
-    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
-    return {**found, **BUILTIN}
-
-
-def load_object(path: str, what: str) -> object:
-    """Import `module:attribute` (or `module.attribute`); a UsageError names `what`."""
-    module, _, attribute = path.partition(":") if ":" in path else path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as error:
-        raise UsageError(f"{what}: cannot load {path!r} ({error})") from None
+    return {**installed(ENTRY_POINT_GROUP), **BUILTIN}
 
 
 def get_kind(name: str) -> FaultKind:

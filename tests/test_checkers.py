@@ -6,6 +6,7 @@ import pytest
 from histories import Timeline, evidence, fp
 
 from chaos.judge import checkers
+from chaos.judge.registry import run_checks
 
 
 def killed_and_resumed(restored: int = 10, kill_step: int = 12, **train: object) -> Timeline:
@@ -19,7 +20,7 @@ def killed_and_resumed(restored: int = 10, kill_step: int = 12, **train: object)
 
 def test_clean_recovery_passes_every_check():
     ev = evidence(killed_and_resumed().history())
-    results = checkers.run_checks(ev)
+    results = run_checks(ev)
     assert {name: r.ok for name, r in results.items()} == {
         "completes": True, "atomic_recovery": True, "deterministic_resume": True,
         "bounded_lost_work": True, "no_orphans": True,

@@ -19,7 +19,7 @@ from histories import Timeline, evidence, fp, reference
 
 from chaos.cli import main as cli
 from chaos.judge import interval
-from chaos.judge.checkers import run_checks
+from chaos.judge.registry import run_checks
 from chaos.report import html_report, timeline
 from chaos.report.model import Report
 from chaos.rundir.history import History

@@ -59,7 +59,7 @@ from chaos.harness.runner import (
 )
 from chaos.host import procs
 from chaos.judge import interval
-from chaos.judge.checkers import CHECKERS
+from chaos.judge import registry as check_registry
 from chaos.judge.evidence import Evidence
 from chaos.report.model import Report
 from chaos.report.verdict import judge, write_html
@@ -404,11 +404,7 @@ def _evidence(run_dir: Path, nodes: list[dict[str, Any]], reference: Path,
 def gather(run_dir: Path, reference: Path | None, checks: list[str] | None, wait: float,
            progress: Progress, max_lost_steps: int | None = None) -> Report:
     """Judge a finished multi-node run; writes report.json and report.html into it."""
-    # imported here: the CLI imports this module for its parsers, and stays quick to start
-
-    for name in checks or []:
-        if name not in CHECKERS:
-            raise UsageError(f"unknown check {name!r} (known: {', '.join(CHECKERS)})")
+    check_registry.validate(checks or [])
     run_dir = _run_dir(run_dir)
     nodes = wait_for_nodes(run_dir, wait, progress)
     _check_finished(nodes, run_dir, "run")

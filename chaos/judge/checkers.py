@@ -7,7 +7,6 @@ to judge). `detail` is one sentence a person can act on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -607,20 +606,3 @@ def no_orphans(ev: Evidence) -> CheckResult:
         return CheckResult(True, f"nothing survived; the harness reaped {len(ev.reaped)}"
                                  " process(es) the job left running after it exited")
     return CheckResult(True, "nothing of the run survived it")
-
-
-CHECKERS: dict[str, Callable[[Evidence], CheckResult]] = {
-    "completes": completes,
-    "atomic_recovery": atomic_recovery,
-    "deterministic_resume": deterministic_resume,
-    "bounded_lost_work": bounded_lost_work,
-    "durable_checkpoints": durable_checkpoints,
-    "sdc_detected": sdc_detected,
-    "hang_detected": hang_detected,
-    "no_split_brain": no_split_brain,
-    "no_orphans": no_orphans,
-}
-
-
-def run_checks(ev: Evidence, names: list[str] | None = None) -> dict[str, CheckResult]:
-    return {name: CHECKERS[name](ev) for name in (names or list(CHECKERS))}

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from chaos.judge.components import cause_rank, diverging_component, same_state
 from chaos.judge.evidence import Evidence
 from chaos.rundir.history import Event, History
-from chaos.rundir.layout import RunLayout
 
 CATEGORIES = ("masked", "detected", "silent divergence", "crash", "hang")
 
@@ -270,19 +268,14 @@ def _final_loss(history: History) -> float | None:
     return steps[-1].get("loss") if steps else None
 
 
-def _max_deviation(chaos_dir: Path | None, reference_dir: Path | None,
-                   ranks: list[int]) -> float | None:
-    if chaos_dir is None or reference_dir is None:
-        return None
-    from chaos.rank import weights  # torch: only once there is something to compare
-
+def _max_deviation(chaos: History) -> float | None:
+    """The largest elementwise drift of the final weights from the reference's, over the
+    ranks (the agent measures each rank's at the reference's last step); None where a
+    rank has no measurement (a large model, a run that did not get there)."""
     worst: float | None = None
-    for rank in ranks:
-        mine = weights.load(RunLayout(chaos_dir).weights_file(rank))
-        ref = weights.load(RunLayout(reference_dir).weights_file(rank))
-        if mine is None or ref is None or mine[0] != ref[0]:
-            return None
-        value = weights.max_deviation(mine[1], ref[1])
+    for rank in chaos.ranks():
+        measured = [e for e in chaos.of("weights_deviation") if e.get("rank") == rank]
+        value = measured[-1].get("value") if measured else None
         if value is None:
             return None
         worst = value if worst is None or not value <= worst else worst
@@ -314,8 +307,7 @@ def analyse(ev: Evidence) -> SdcAnalysis | None:
         category = "masked"
     else:
         category = "silent divergence"
-    deviation = None if equal else _max_deviation(ev.chaos_dir, ev.reference_dir,
-                                                   ev.chaos.ranks())
+    deviation = None if equal else _max_deviation(ev.chaos)
     return SdcAnalysis(inj, category, groups, rep, div, detection, max(end - start, 0), equal,
                        went_nan, crashed, _final_loss(ev.chaos), _final_loss(ev.reference),
                        0.0 if equal else deviation)

@@ -118,11 +118,13 @@ class Agent:
         self.heartbeat = Heartbeat(self.layout.beat_file(self.rank), self.rank, launch, attempt)
         reference = environ.get(env.REFERENCE)
         self.reference = ReferenceTable.load(Path(reference), self.rank) if reference else None
+        self.reference_dir = Path(reference) if reference else None
         every_fault = schedule.load(self.layout.schedule_file)
         self.faults = [f for f in every_fault if self._mine(f)]
         # The weights after the last step, for a bit flip's blast radius: the reference
-        # keeps them after every step (its last is not known in advance), a chaos run
-        # with a bit flip at the reference's last step only, any other run never.
+        # keeps them after every step (its last is not known in advance); a chaos run
+        # with a bit flip compares its own with them at the reference's last step,
+        # any other run never.
         # During a partition, the split-brain check compares what each node published.
         self.digest_publishes = any(get_kind(f.kind).side == "harness" for f in every_fault)
         flips = any(f.kind == "bitflip" for f in every_fault)
@@ -428,13 +430,22 @@ class Agent:
         threading.Event().wait()
 
     def _keep_weights(self) -> None:
-        if self.weights_at is not None and self.global_step() != self.weights_at:
+        step = self.global_step() or 0
+        if self.weights_at is not None and step != self.weights_at:
             return
         params = self.params()
         if self.keep_weights is None:
             self.keep_weights = weights.small_enough(params)
-        if self.keep_weights:
-            weights.save(self.layout.weights_file(self.rank), self.global_step() or 0, params)
+        if not self.keep_weights:
+            return
+        if self.reference_dir is None:
+            weights.save(self.layout.weights_file(self.rank), step, params)
+            return
+        # Measured here, while the weights are in memory: the checks read histories only.
+        ref = weights.load(RunLayout(self.reference_dir).weights_file(self.rank))
+        mine = [t.cpu() for t in weights.local_tensors(params)]
+        value = None if ref is None or ref[0] != step else weights.max_deviation(mine, ref[1])
+        self.history.record("weights_deviation", step=step, value=value)
 
     def _check_step_triggers(self, step: int) -> None:
         """Fire what is due after `step` (0: before the first step)."""

@@ -10,8 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chaos.judge.checkers import CheckResult, run_checks
+from chaos.judge.checkers import CheckResult
 from chaos.judge.evidence import Evidence
+from chaos.judge.registry import run_checks
 from chaos.report import html_report
 from chaos.report.model import Report
 from chaos.rundir.history import History

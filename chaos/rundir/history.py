@@ -6,10 +6,7 @@ merge into one order. Each event is written with a single `os.write` on an
 O_APPEND descriptor: a process killed at any moment leaves at most one torn
 last line, which the reader skips.
 
-Event types (`ev`): boot, restore, step, file, save_begin, save_end, load,
-exception, fault (and what a fault records: bitflip, hang_begin, hang_end,
-straggler, ...), detection, rollback, stopped, exit; from the harness: launch,
-rank_exit, hang, job_exit, reaped, deadline.
+Every event's name and fields: `chaos.rundir.events`.
 """
 
 from __future__ import annotations

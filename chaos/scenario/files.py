@@ -329,9 +329,9 @@ def _expectation(value: Any) -> Expectation | None:
 
 
 def _check_names() -> list[str]:
-    from chaos.judge.checkers import CHECKERS
+    from chaos.judge.registry import check_paths
 
-    return list(CHECKERS)
+    return list(check_paths())
 
 
 def _resolved(value: Any, scenario: Scenario) -> list[dict[str, Any]] | None:

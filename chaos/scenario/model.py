@@ -11,7 +11,7 @@ from pathlib import Path
 
 from chaos.errors import UsageError
 from chaos.host import netns
-from chaos.judge.checkers import CHECKERS
+from chaos.judge import registry as check_registry
 from chaos.scenario.spec import FaultSpec, parse_fault_spec
 from faults.registry import get_kind
 
@@ -93,9 +93,7 @@ class Scenario:
             raise UsageError("--mtbf must be > 0 hours")
         if self.reference_runs not in (1, 2):
             raise UsageError("--reference-runs must be 1 or 2")
-        for name in self.checks or []:
-            if name not in CHECKERS:
-                raise UsageError(f"unknown check {name!r} (known: {', '.join(CHECKERS)})")
+        check_registry.validate(self.checks or [])
 
     def _check_faults(self) -> None:
         """Each fault against the job's shape, then each kind's faults together."""

@@ -1,0 +1,73 @@
+"""Checks by name, loaded on first use; the built-in ones run when none are named.
+
+A check is a function `(Evidence) -> CheckResult` (`chaos.judge.checkers` holds
+the built-in ones and says what each decides). Other packages add checks
+through the `torchchaos.checks` entry-point group; those run when named
+(`--check NAME`, a scenario's `checks:`), never by default, so installing a
+plug-in does not change anyone's verdicts:
+
+    [project.entry-points."torchchaos.checks"]
+    loss_spikes = "mypackage.checks:loss_spikes"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from chaos.entrypoints import installed, load_object
+from chaos.errors import UsageError
+
+if TYPE_CHECKING:
+    from chaos.judge.checkers import CheckResult
+    from chaos.judge.evidence import Evidence
+
+ENTRY_POINT_GROUP = "torchchaos.checks"
+
+# In the order of the verdict table's columns.
+BUILTIN: dict[str, str] = {
+    "completes": "chaos.judge.checkers:completes",
+    "atomic_recovery": "chaos.judge.checkers:atomic_recovery",
+    "deterministic_resume": "chaos.judge.checkers:deterministic_resume",
+    "bounded_lost_work": "chaos.judge.checkers:bounded_lost_work",
+    "durable_checkpoints": "chaos.judge.checkers:durable_checkpoints",
+    "sdc_detected": "chaos.judge.checkers:sdc_detected",
+    "hang_detected": "chaos.judge.checkers:hang_detected",
+    "no_split_brain": "chaos.judge.checkers:no_split_brain",
+    "no_orphans": "chaos.judge.checkers:no_orphans",
+}
+
+Check = Callable[["Evidence"], "CheckResult"]
+_loaded: dict[str, Check] = {}
+
+
+def check_paths() -> dict[str, str]:
+    """Every known check's name and dotted path; built-ins win over plug-ins."""
+    return {**installed(ENTRY_POINT_GROUP), **BUILTIN}
+
+
+def default_checks() -> list[str]:
+    return list(BUILTIN)
+
+
+def validate(names: list[str]) -> None:
+    """Raise UsageError for a name no built-in check or installed plug-in has."""
+    paths = check_paths()
+    for name in names:
+        if name not in paths:
+            raise UsageError(f"unknown check {name!r} (known: {', '.join(paths)})")
+
+
+def get_check(name: str) -> Check:
+    if name not in _loaded:
+        validate([name])
+        check = load_object(check_paths()[name], f"check {name!r}")
+        if not callable(check):
+            raise UsageError(f"check {name!r}: {check_paths()[name]!r} is not callable")
+        _loaded[name] = check  # type: ignore[assignment]
+    return _loaded[name]
+
+
+def run_checks(ev: Evidence, names: list[str] | None = None) -> dict[str, CheckResult]:
+    """Each named check's result (the built-in ones when `names` is empty), in order."""
+    return {name: get_check(name)(ev) for name in (names or default_checks())}
