@@ -25,21 +25,26 @@ from __future__ import annotations
 import fnmatch
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chaos.errors import UsageError
 from chaos.rundir.layout import CHAOS_DIR
 from faults.contract import FaultKind, FireContext, ResolvedFault, TrainingView
-from faults.params import choice, non_negative_int, run_relative_dir
+from faults.params import BIT_CLASSES, choice, non_negative_int, run_relative_dir
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+    from chaos.explore.strategies import JobShape
 
 TENSORS = ("param", "grad", "optim", "activation", "loss", "checkpoint")
 DURING_STEP = ("grad", "activation", "loss")  # these act inside step N, the others after it
 
 
 def _bit(value: str) -> int | str:
-    from faults.bits import BIT_CLASSES, MAX_WIDTH
+    from faults.bits import MAX_WIDTH
 
     if value.isdigit():
         # the dtype is known only when the flip happens; no dtype has a bit past these
@@ -57,6 +62,8 @@ class BitFlip(FaultKind):
     summary = ("silent data corruption: flip a bit (or write NaN/inf) in a parameter,"
                " gradient, optimizer state, activation, the loss or a checkpoint file")
     effect_event = "bitflip"
+    marks = ("bitflip",)
+    choices = {"tensor": TENSORS, "bit": BIT_CLASSES}
     params = {"tensor": choice(TENSORS), "bit": _bit, "value": choice(("nan", "inf", "-inf")),
               "name": str, "element": non_negative_int, "dir": run_relative_dir, "file": str}
 
@@ -80,6 +87,11 @@ class BitFlip(FaultKind):
         if step is not None and fault.params.get("tensor") in DURING_STEP:
             return step - 1
         return step
+
+    def strategies(self, shape: JobShape) -> dict[str, SearchStrategy[str] | None]:
+        """One seeded element of a parameter, gradient or optimizer state gets one bit of
+        its sign, high exponent or high mantissa flipped (`bitflips` draws others)."""
+        return {"bitflip": bitflips(shape)}
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         tensor = str(fault.params.get("tensor", "param"))
@@ -275,3 +287,11 @@ def _flip_checkpoint_file(fault: ResolvedFault, ctx: FireContext, rng: random.Ra
     Kill().kill_node("SIGKILL", 0.0, 0)
 
 
+def bitflips(shape: JobShape, tensors: Sequence[str] = ("param", "grad", "optim"),
+             bits: Sequence[str] = ("sign", "exp_high", "mant_high")) -> SearchStrategy[str]:
+    """Bit flips of one of `tensors`, in one of the bit classes `bits`, for a search."""
+    from hypothesis import strategies as st
+
+    return st.builds(lambda r, s, t, b: f"bitflip:rank={r},step={s},tensor={t},bit={b}",
+                     shape.a_rank(), shape.a_step(), st.sampled_from(list(tensors)),
+                     st.sampled_from(list(bits)))

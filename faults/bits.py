@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from faults.params import BIT_CLASSES
+
 # dtype -> (exponent bits, mantissa bits); the sign is the top bit
 LAYOUT: dict[torch.dtype, tuple[int, int]] = {
     torch.float64: (11, 52),
@@ -26,7 +28,6 @@ LAYOUT: dict[torch.dtype, tuple[int, int]] = {
 # the widest float dtype: a bit index from here up exists in none
 MAX_WIDTH = max(exponent + mantissa + 1 for exponent, mantissa in LAYOUT.values())
 _SIGNED = {8: torch.int64, 4: torch.int32, 2: torch.int16}
-BIT_CLASSES = ("sign", "exp_high", "exp_low", "mant_high", "mant_low")
 VALUES = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 

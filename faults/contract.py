@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from chaos.rundir import requests
 
 if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+    from chaos.explore.strategies import JobShape
     from chaos.host.netns import Network
 
 
@@ -152,6 +155,26 @@ class FaultKind:
     # A kind whose firing only arms a hook names the event it records once the hook
     # acted: the fault counts as fired when that event (with the fault's id) is there.
     effect_event: ClassVar[str | None] = None
+
+    # -- optional facets: what the engine asks of a kind beside firing it ----------------
+    # The values some parameters accept, for help texts and planners (campaign).
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # Events this kind records where it acted; the timeline marks each on its rank's lane.
+    marks: ClassVar[tuple[str, ...]] = ()
+
+    def strategies(self, shape: JobShape) -> dict[str, SearchStrategy[str] | None]:
+        """How a search draws this kind: search names (`torchchaos search --kind NAME`) to
+        Hypothesis strategies of spec strings for a job of `shape` (its ranks, nodes,
+        steps and saves, with strategies for each: `chaos.explore.strategies.JobShape`);
+        None for a name this job cannot have (a node kill with one node). Import
+        Hypothesis inside: ranks import the kinds too."""
+        return {}
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why this machine cannot have this kind at all (no /dev/fuse, not root), or
+        None. Planners leave such kinds out; a run that asks for one is refused."""
+        return None
 
     def validate(self, params: dict[str, object]) -> None:
         """Check the combination of parameters; raise UsageError if it makes no sense."""

@@ -32,14 +32,20 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chaos.errors import UsageError
 from chaos.rundir.heartbeat import peers_gone
 from chaos.rundir.layout import RunLayout
 from faults.contract import FaultKind, FireContext, ResolvedFault
 from faults.params import choice, seconds
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+    from chaos.explore.strategies import JobShape
 
 MODES = ("stop", "collective", "spin", "mismatch")
 COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_object",
@@ -67,6 +73,9 @@ class Hang(FaultKind):
             raise UsageError("hang op= applies to mode=collective only")
         if "for" in params and params.get("mode") == "mismatch":
             raise UsageError("hang mode=mismatch lasts until a timeout ends it; it takes no for=")
+
+    def strategies(self, shape: JobShape) -> dict[str, SearchStrategy[str] | None]:
+        return {"hang": hangs(shape)}
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         mode = str(fault.params.get("mode", "stop"))
@@ -171,3 +180,9 @@ def _step(ctx: FireContext) -> int | None:
     return ctx.training.step() if ctx.training is not None else None
 
 
+def hangs(shape: JobShape, modes: Sequence[str] = ("stop", "collective")) -> SearchStrategy[str]:
+    """A rank stops making progress after a step (SIGSTOP, or held in a collective)."""
+    from hypothesis import strategies as st
+
+    return st.builds(lambda r, s, m: f"hang:rank={r},step={s},mode={m}", shape.a_rank(),
+                     shape.a_step(), st.sampled_from(list(modes)))

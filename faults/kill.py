@@ -18,11 +18,17 @@ import os
 import signal
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import psutil
 
 from faults.contract import FaultKind, FireContext, ResolvedFault
 from faults.params import seconds
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+    from chaos.explore.strategies import JobShape
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGSEGV": signal.SIGSEGV,
            "SIGINT": signal.SIGINT, "exit": None}
@@ -58,6 +64,27 @@ class Kill(FaultKind):
     name = "kill"
     summary = "kill a rank or a node (SIGKILL, SIGTERM with grace, SIGSEGV, exit)"
     params = {"signal": _signal, "grace": seconds, "code": int}
+
+    def strategies(self, shape: JobShape) -> dict[str, SearchStrategy[str] | None]:
+        from hypothesis import strategies as st
+
+        def at_steps(extra: str = "") -> SearchStrategy[str]:
+            return st.builds(lambda r, s: f"kill:rank={r},step={s}{extra}", shape.a_rank(),
+                             shape.a_step())
+
+        return {
+            # a crash: no chance to react
+            "kill": at_steps(),
+            # a preemption notice: SIGTERM, then SIGKILL after the grace period
+            "preempt": at_steps(",signal=SIGTERM"),
+            # a whole node (its torchrun agent and workers)
+            "node_kill": st.builds(lambda n, s: f"kill:node={n},step={s}", shape.a_node(),
+                                   shape.a_step()) if shape.nodes > 1 else None,
+            # the writer right after a file event of one of its checkpoint saves
+            "save_kill": st.builds(lambda p: f"kill:rank={shape.writer},phase=checkpoint_save,"
+                                             f"save={p[0]},event={p[1]}",
+                                   shape.a_save_point()) if shape.save_events else None,
+        }
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         sig = str(fault.params.get("signal", "SIGKILL"))

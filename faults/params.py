@@ -11,6 +11,9 @@ from pathlib import Path
 
 from chaos.rundir.layout import CHAOS_DIR
 
+# Parts of a float's IEEE layout a bit flip may hit (`faults.bits` maps them to bit
+# indices per dtype); here, without torch, for help texts and planners.
+BIT_CLASSES = ("sign", "exp_high", "exp_low", "mant_high", "mant_low")
 
 def seconds(value: str) -> float:
     number = float(value)

@@ -40,12 +40,18 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from chaos.errors import UsageError
 from chaos.rundir.layout import CHAOS_DIR, RunLayout
 from faults.contract import FaultKind, FireContext, JobContext, JobResource, ResolvedFault
 from faults.faultfs.armed import OPS
 from faults.params import choice, fraction, positive_int, run_relative_dir, seconds
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+    from chaos.explore.strategies import JobShape
 
 MODES = ("lose_unsynced", "torn", "enospc", "eio", "slow", "bitrot")
 SOCKETS_ENV = "TORCHCHAOS_FAULTFS"  # JSON: checkpoint dir -> daemon socket path
@@ -70,6 +76,8 @@ class FaultFSMounts:
 
 class Storage(FaultKind):
     name = "storage"
+    marks = ("fault_applied", "fs_crash", "fs_bitrot")
+    choices = {"mode": MODES}
     summary = ("checkpoint storage faults: power loss dropping unsynced data, torn write,"
                " ENOSPC/EIO, slow I/O, bit rot (FUSE)")
     params = {"mode": choice(MODES), "op": choice((*OPS, "any")), "count": positive_int,
@@ -83,12 +91,17 @@ class Storage(FaultKind):
             raise UsageError("storage via=agent supports mode=torn only (the others need"
                              " the fault filesystem)")
 
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """The fault filesystem's (mode=torn,via=agent needs none, but every other does)."""
+        from faults.faultfs.mount import unavailable_reason
+
+        return unavailable_reason() or None
+
     def check_job(self, params: dict[str, object], nodes: int, network: str) -> None:
         if params.get("via", "fuse") != "fuse":
             return
-        from faults.faultfs.mount import unavailable_reason
-
-        reason = unavailable_reason()
+        reason = self.unavailable_reason()
         if reason:  # known now, not after a reference run
             raise UsageError(f"storage faults need the fault filesystem: {reason}"
                              " (or mode=torn,via=agent)")
@@ -113,6 +126,15 @@ class Storage(FaultKind):
         write's bytes and every path the job looks at go into the run's history (crash
         states are rebuilt from that record)."""
         return _mount_all([folder], ctx, record=True)
+
+    def strategies(self, shape: JobShape) -> dict[str, SearchStrategy[str] | None]:
+        from hypothesis import strategies as st
+
+        # a power loss on the writer's node right after a file event of one of its saves
+        power_loss = st.builds(lambda p: f"storage:mode=lose_unsynced,rank={shape.writer},"
+                                         f"phase=checkpoint_save,save={p[0]},event={p[1]}",
+                               shape.a_save_point())
+        return {"power_loss": power_loss if shape.save_events else None}
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         params = fault.params

@@ -17,6 +17,7 @@ from faults.params import positive_int, seconds
 
 class Straggler(FaultKind):
     name = "straggler"
+    marks = ("straggler",)
     summary = "slow one rank down by a delay per step (for a while or for good)"
     targets = ("rank",)
     params = {"delay": seconds, "steps": positive_int}

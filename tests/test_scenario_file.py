@@ -30,7 +30,7 @@ notes = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), m
 
 @st.composite
 def scenario_files(draw) -> scenario_file.ScenarioFile:
-    faults = draw(strategies.schedules(strategies.faults(SHAPE, strategies.KINDS), 3, 0))
+    faults = draw(strategies.schedules(strategies.faults(SHAPE, sorted(strategies.by_name(SHAPE))), 3, 0))
     bounds = draw(st.fixed_dictionaries({}, optional={
         "max_lost_steps": st.integers(0, 50), "max_lost_seconds": st.floats(0.5, 100),
         "hang_timeout": st.floats(1, 60), "timeout": st.floats(1, 900),

@@ -55,7 +55,7 @@ def test_job_shape_from_a_history():
     assert shape.save_events == {2: 3}
 
 
-@given(strategies.schedules(strategies.faults(SHAPE, strategies.KINDS), max_faults=4))
+@given(strategies.schedules(strategies.faults(SHAPE, sorted(strategies.by_name(SHAPE))), max_faults=4))
 def test_every_drawn_schedule_parses_and_fits_the_job(schedule):
     from chaos.scenario.spec import parse_fault_spec
 

@@ -21,6 +21,7 @@ from chaos.cli.output import print_report
 from chaos.cli.output import progress as progress_printer
 from chaos.errors import CannotJudge, ChaosError, UsageError
 from chaos.harness.reference import default_cache_dir
+from faults.registry import get_kind
 
 if TYPE_CHECKING:
     from chaos.explore.battery import Entry
@@ -439,15 +440,14 @@ def cmd_crashpoints(ns: argparse.Namespace) -> int:
 def cmd_campaign(ns: argparse.Namespace) -> int:
     from chaos.engine import prepare_out_dir
     from chaos.explore import battery, campaign
-    from faults.bits import BIT_CLASSES
-
     if ns.script is None:
         ns.script, ns.args = str(battery.BUNDLED_TARGET), [*battery.BUNDLED_ARGS,
                                                            "--no-sdc-defences"]
     base, out, cache = _battery_base(ns)
     progress = progress_printer(ns.quiet)
     entries = campaign.plan(base, cache, progress, ns.runs, ns.seed,
-                            ns.tensor or list(campaign.TENSORS), ns.bit or list(BIT_CLASSES))
+                            ns.tensor or list(campaign.TENSORS),
+                            ns.bit or list(get_kind("bitflip").choices["bit"]))
     prepare_out_dir(out)
     battery.run_entries(entries, base, out, cache, progress, title="torchchaos bit-flip campaign",
                         jobs=ns.jobs)

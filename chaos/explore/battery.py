@@ -31,6 +31,7 @@ from chaos.report.model import MARK, Report
 from chaos.rundir.history import Event, History
 from chaos.scenario.model import Scenario
 from chaos.scenario.spec import parse_fault_spec
+from faults.registry import get_kind
 
 BUNDLED_TARGET = Path(__file__).resolve().parents[2] / "targets" / "ddp_lm.py"
 BUNDLED_ARGS = ["--steps", "20", "--ckpt-every", "5"]
@@ -110,11 +111,10 @@ def _power_losses(history: History, writer: int, progress: Progress) -> list[Ent
     is published, and only fsyncs of the file and its folder make it (and the save
     before) survive. Needs the fault filesystem; left out where FUSE is missing, and
     where the save does not write in one folder of the run directory to mount it on."""
-    from faults.faultfs.mount import unavailable_reason
 
     events = _save_events(history, writer, 2)
     index = next((e["index"] for e in events if e["op"] == "rename"), None)
-    if index is None or unavailable_reason():
+    if index is None or get_kind("storage").unavailable_reason():
         return []
     folder = history.checkpoint_dir(2)
     if folder is None:

@@ -20,22 +20,22 @@ from chaos.harness.reference import get_reference
 from chaos.harness.runner import Progress
 from chaos.judge.sdc import CATEGORIES
 from chaos.scenario.model import Scenario
+from faults.registry import get_kind
 
+# The in-memory tensors a campaign flips (the bit flip kind's others: the loss, a file).
 TENSORS = ("param", "grad", "optim", "activation")
 NOT_JUDGED = "not judged"
 
 
 def plan(base: Scenario, cache_dir: Path, progress: Progress, runs: int, seed: int,
          tensors: list[str], bit_classes: list[str]) -> list[Entry]:
-    from faults.bitflip import TENSORS as KNOWN
-    from faults.bits import BIT_CLASSES
-
+    known = get_kind("bitflip").choices
     for tensor in tensors:
-        if tensor not in KNOWN or tensor == "checkpoint":
-            raise UsageError(f"campaign --tensor {tensor!r}: choose from {', '.join(KNOWN[:-1])}")
+        if tensor not in TENSORS:
+            raise UsageError(f"campaign --tensor {tensor!r}: choose from {', '.join(TENSORS)}")
     for bit in bit_classes:
-        if bit not in BIT_CLASSES:
-            raise UsageError(f"campaign --bit {bit!r}: choose from {', '.join(BIT_CLASSES)}")
+        if bit not in known["bit"]:
+            raise UsageError(f"campaign --bit {bit!r}: choose from {', '.join(known['bit'])}")
     final = get_reference(base, cache_dir, progress).history().final_step()
     if final < 2:
         raise UsageError(f"the reference run has {final} step(s); a campaign needs at least 2")

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 
 from chaos.rundir.history import History
-
-KINDS = ("kill", "preempt", "node_kill", "save_kill", "power_loss", "bitflip", "hang")
+from faults.registry import all_kinds
 
 
 @dataclass(frozen=True)
@@ -54,6 +53,21 @@ class JobShape:
         return cls(len(history.ranks()), history.final_step(), nodes, history.save_interval(),
                    writer, events, every_step)
 
+    def a_rank(self) -> st.SearchStrategy[int]:
+        return st.integers(0, self.world_size - 1)
+
+    def a_node(self) -> st.SearchStrategy[int]:
+        return st.integers(0, self.nodes - 1)
+
+    def a_step(self) -> st.SearchStrategy[int]:
+        return st.sampled_from(self.steps)
+
+    def a_save_point(self) -> st.SearchStrategy[tuple[int, int]]:
+        """(save, file event) of the writer's saves."""
+        points = [(save, event) for save, count in sorted(self.save_events.items())
+                  for event in range(1, count + 1)]
+        return st.sampled_from(points) if points else st.nothing()
+
     @property
     def steps(self) -> list[int]:
         """Steps a fault may fire after (never the last: the job would be done)."""
@@ -65,82 +79,34 @@ class JobShape:
         return [s for s in middle if 1 <= s <= last] or [1]
 
 
-def _ranks(shape: JobShape) -> st.SearchStrategy[int]:
-    return st.integers(0, shape.world_size - 1)
+def by_name(shape: JobShape) -> dict[str, st.SearchStrategy[str] | None]:
+    """Every search name of every fault kind (`FaultKind.strategies`), for this job; None
+    where the job cannot have it."""
+    found: dict[str, st.SearchStrategy[str] | None] = {}
+    for kind in all_kinds().values():
+        found.update(kind.strategies(shape))
+    return found
 
 
-def _steps(shape: JobShape) -> st.SearchStrategy[int]:
-    return st.sampled_from(shape.steps)
-
-
-def kills(shape: JobShape, signal: str = "SIGKILL") -> st.SearchStrategy[str]:
+def kills(shape: JobShape) -> st.SearchStrategy[str]:
     """A rank killed after a step (SIGKILL: a crash, no chance to react)."""
-    extra = "" if signal == "SIGKILL" else f",signal={signal}"
-    return st.builds(lambda r, s: f"kill:rank={r},step={s}{extra}", _ranks(shape),
-                     _steps(shape))
-
-
-def preemptions(shape: JobShape) -> st.SearchStrategy[str]:
-    """A preemption notice: SIGTERM, then SIGKILL after the grace period."""
-    return kills(shape, "SIGTERM")
-
-
-def node_kills(shape: JobShape) -> st.SearchStrategy[str]:
-    """A whole node (its torchrun agent and workers) killed after a step."""
-    return st.builds(lambda n, s: f"kill:node={n},step={s}", st.integers(0, shape.nodes - 1),
-                     _steps(shape))
-
-
-def _save_points(shape: JobShape) -> st.SearchStrategy[tuple[int, int]]:
-    points = [(save, event) for save, count in sorted(shape.save_events.items())
-              for event in range(1, count + 1)]
-    return st.sampled_from(points) if points else st.nothing()
-
-
-def save_kills(shape: JobShape) -> st.SearchStrategy[str]:
-    """The writer killed right after a file event of one of its checkpoint saves."""
-    return st.builds(lambda p: f"kill:rank={shape.writer},phase=checkpoint_save,"
-                               f"save={p[0]},event={p[1]}", _save_points(shape))
-
-
-def power_losses(shape: JobShape) -> st.SearchStrategy[str]:
-    """A power loss on the writer's node right after a file event of a save (needs FUSE)."""
-    return st.builds(lambda p: f"storage:mode=lose_unsynced,rank={shape.writer},"
-                               f"phase=checkpoint_save,save={p[0]},event={p[1]}",
-                     _save_points(shape))
-
-
-def bitflips(shape: JobShape, tensors: Sequence[str] = ("param", "grad", "optim"),
-             bits: Sequence[str] = ("sign", "exp_high", "mant_high")) -> st.SearchStrategy[str]:
-    """One seeded element of a tensor kind gets one bit of a bit class flipped."""
-    return st.builds(lambda r, s, t, b: f"bitflip:rank={r},step={s},tensor={t},bit={b}",
-                     _ranks(shape), _steps(shape), st.sampled_from(list(tensors)),
-                     st.sampled_from(list(bits)))
-
-
-def hangs(shape: JobShape, modes: Sequence[str] = ("stop", "collective")) -> st.SearchStrategy[str]:
-    """A rank stops making progress after a step (SIGSTOP, or held in a collective)."""
-    return st.builds(lambda r, s, m: f"hang:rank={r},step={s},mode={m}", _ranks(shape),
-                     _steps(shape), st.sampled_from(list(modes)))
-
-
-_BY_KIND = {"kill": kills, "preempt": preemptions, "node_kill": node_kills,
-            "save_kill": save_kills, "power_loss": power_losses, "bitflip": bitflips,
-            "hang": hangs}
+    return by_name(shape)["kill"]  # type: ignore[return-value]
 
 
 def faults(shape: JobShape, kinds: Sequence[str] = ("kill", "preempt", "save_kill")
            ) -> st.SearchStrategy[str]:
-    """One fault of any of the kinds (names from KINDS); kinds the job cannot have (no
-    second node, no checkpoint saves) are left out."""
-    unknown = [k for k in kinds if k not in _BY_KIND]
+    """One fault of any of the search names `kinds` (e.g. `kill`, `preempt`, `node_kill`,
+    `save_kill`, `power_loss`, `bitflip`, `hang`: each kind's `strategies`); names the job
+    cannot have (no second node, no checkpoint saves) are left out."""
+    named = by_name(shape)
+    unknown = [k for k in kinds if k not in named]
     if unknown:
-        raise ValueError(f"unknown fault kind(s) {', '.join(unknown)} (known: {', '.join(KINDS)})")
-    usable = [k for k in kinds if not (k == "node_kill" and shape.nodes < 2)
-              and not (k in ("save_kill", "power_loss") and not shape.save_events)]
+        raise ValueError(f"unknown fault kind(s) {', '.join(unknown)}"
+                         f" (known: {', '.join(sorted(named))})")
+    usable = [named[k] for k in kinds if named[k] is not None]
     if not usable:
         raise ValueError(f"none of the kinds {', '.join(kinds)} fits this job")
-    return st.one_of([_BY_KIND[k](shape) for k in usable])
+    return st.one_of(usable)  # type: ignore[arg-type]
 
 
 def schedules(fault: st.SearchStrategy[str], max_faults: int = 3,

@@ -27,6 +27,7 @@ from chaos.host import netns
 from chaos.rundir.history import Event, History
 from chaos.scenario.model import Scenario
 from chaos.scenario.spec import FaultSpec, parse_fault_spec
+from faults.registry import get_kind
 
 PARTITION_SECONDS = 8  # long enough for a job tuned to react (collective timeout) to react
 STRAGGLER_STEPS = 5
@@ -191,10 +192,9 @@ def _storage_dir(plan: Plan) -> str:
     is not the default `ckpt`; the fault filesystem is mounted there, so a fault
     elsewhere would test nothing. The battery's and the crash points' storage specs
     carry it already."""
-    from faults.faultfs.mount import unavailable_reason
-
-    if unavailable_reason():
-        raise NotApplicable(f"storage faults need the fault filesystem: {unavailable_reason()}")
+    reason = get_kind("storage").unavailable_reason()
+    if reason:
+        raise NotApplicable(f"storage faults need the fault filesystem: {reason}")
     events = plan.save_events()
     folder = plan.history().checkpoint_dir(2)
     if folder is None:

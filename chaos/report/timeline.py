@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import cache
 from html import escape
 from statistics import median
 
 from chaos.judge.evidence import Recovery
 from chaos.rundir.history import Event, History
+from faults.registry import all_kinds
 
 WIDTH = 1120
 LEFT = 78  # lane labels
@@ -51,7 +53,6 @@ COLORS = {
 HALO = ' paint-order="stroke" stroke="#ffffff" stroke-width="3" stroke-linejoin="round"'
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 AXIS_IGNORES = ("reaped",)
-FAULT_EFFECTS = ("bitflip", "straggler", "fault_applied", "fs_crash", "fs_bitrot")
 
 
 @dataclass
@@ -486,7 +487,7 @@ def _draw_rank_events(pic: Picture) -> None:
             continue
         y = pic.lane_y(rank) + LANE_H / 2
         x = pic.x(e["t"])
-        mark = _RANK_MARKS.get(e["ev"])
+        mark = _mark_of(e["ev"])
         if mark is not None:
             mark(pic, e, x, y)
     for e in pic.history.of("hang_begin"):
@@ -575,7 +576,20 @@ def _detect_mark(pic: Picture, e: Event, x: float, y: float) -> None:
 
 _RANK_MARKS = {"fault": _fault_mark, "restore": _restore_mark, "rollback": _rollback_mark,
                "load": _load_mark, "rank_exit": _exit_mark, "exception": _exception_mark,
-               "detection": _detect_mark, **dict.fromkeys(FAULT_EFFECTS, _effect_mark)}
+               "detection": _detect_mark}
+
+
+def _mark_of(ev: str) -> Callable[..., None] | None:
+    """How to draw a rank's event: the timeline's own marks, then each fault kind's
+    (`FaultKind.marks`: the events a kind records where it acted)."""
+    if ev in _RANK_MARKS:
+        return _RANK_MARKS[ev]
+    return _effect_mark if ev in _effect_events() else None
+
+
+@cache
+def _effect_events() -> frozenset[str]:
+    return frozenset(name for kind in all_kinds().values() for name in kind.marks)
 
 
 def _job_marker(pic: Picture, t: float, cls: str, color: str, tip: str, shape: str) -> None:
