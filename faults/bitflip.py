@@ -31,7 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 from chaos.errors import UsageError
 from chaos.rundir.layout import CHAOS_DIR
-from faults.contract import FaultKind, FireContext, ResolvedFault, TrainingView
+from faults.contract import (
+    ClusterJob,
+    ClusterMapping,
+    FaultKind,
+    FireContext,
+    NotExported,
+    ResolvedFault,
+    TrainingView,
+)
 from faults.params import BIT_CLASSES, choice, non_negative_int, run_relative_dir
 
 if TYPE_CHECKING:
@@ -92,6 +100,13 @@ class BitFlip(FaultKind):
         """One seeded element of a parameter, gradient or optimizer state gets one bit of
         its sign, high exponent or high mantissa flipped (`bitflips` draws others)."""
         return {"bitflip": bitflips(shape)}
+
+    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
+        tensor = fault.params.get("tensor", "param")
+        if tensor != "checkpoint":
+            raise NotExported(f"flips bits of a {tensor} tensor inside the training process;"
+                              " Chaos Mesh has no fault in a process's memory")
+        return job.read_mistake(fault, 1)
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         tensor = str(fault.params.get("tensor", "param"))

@@ -70,6 +70,57 @@ class ResolvedFault:
         return cls(**fields)
 
 
+@dataclass
+class ClusterChaos:
+    """One Chaos Mesh object a fault becomes: its kind (PodChaos, NetworkChaos, IOChaos),
+    its spec without the duration, and the duration."""
+
+    kind: str
+    spec: dict[str, Any]
+    duration: float | None = None  # seconds; None: in force until deleted (or one-shot)
+    deadline: float | None = None  # a one-shot chaos's time in a Workflow
+
+
+# The Chaos Mesh objects of a fault and what differs from torchchaos's own ("" if nothing).
+ClusterMapping = tuple[list[ClusterChaos], str]
+
+
+class NotExported(Exception):
+    """A fault without a Chaos Mesh counterpart; the message says why."""
+
+
+class ClusterJob(Protocol):
+    """How the job's nodes and ranks are pods, for `FaultKind.chaos_mesh`
+    (`chaos.scenario.chaosmesh` implements it from the export's options)."""
+
+    nproc: int
+    nodes: int
+
+    def node_pods(self, node: int) -> list[str]:
+        """Label values of node `node`'s pods."""
+
+    def pods_of(self, fault: ResolvedFault) -> list[str] | None:
+        """The pods a fault's target is, or None for a rank that shares its pod."""
+
+    def host_pods(self, fault: ResolvedFault) -> list[str]:
+        """The pods whose volume a fault's target writes to (a rank: its own pod)."""
+
+    def selector(self, values: list[str]) -> dict[str, Any]:
+        """A Chaos Mesh selector of these pods."""
+
+    def rank_reason(self, fault: ResolvedFault) -> str:
+        """Why a fault on one rank that shares its pod cannot be exported."""
+
+    def io_base(self, fault: ResolvedFault) -> dict[str, Any]:
+        """The IOChaos spec's common part for the volume the fault's target writes to."""
+
+    def read_mistake(self, fault: ResolvedFault, bits: int) -> ClusterMapping:
+        """Random bytes returned to reads of the checkpoint volume (bit rot)."""
+
+    def go_duration(self, seconds: float) -> str:
+        """Seconds as a Go duration ("1m30s"), the form Chaos Mesh reads."""
+
+
 class TrainingView(Protocol):
     """The training state of a rank, as the agent sees it (for faults that corrupt it)."""
 
@@ -169,6 +220,12 @@ class FaultKind:
         None for a name this job cannot have (a node kill with one node). Import
         Hypothesis inside: ranks import the kinds too."""
         return {}
+
+    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
+        """This fault as Chaos Mesh objects on the job's pods (`torchchaos export`), and
+        what differs from torchchaos's own fault ("" if nothing); raise NotExported
+        with the reason where a cluster has no counterpart."""
+        raise NotExported(f"no Chaos Mesh counterpart for the {self.name} kind")
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -39,7 +39,14 @@ from typing import TYPE_CHECKING, Any
 from chaos.errors import UsageError
 from chaos.rundir.heartbeat import peers_gone
 from chaos.rundir.layout import RunLayout
-from faults.contract import FaultKind, FireContext, ResolvedFault
+from faults.contract import (
+    ClusterJob,
+    ClusterMapping,
+    FaultKind,
+    FireContext,
+    NotExported,
+    ResolvedFault,
+)
 from faults.params import choice, seconds
 
 if TYPE_CHECKING:
@@ -67,6 +74,12 @@ class Hang(FaultKind):
     targets = ("rank",)
     effect_event = "hang_begin"
     params = {"mode": choice(MODES), "op": choice(("ddp", *COLLECTIVES)), "for": seconds}
+
+    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
+        mode = fault.params.get("mode", "stop")
+        raise NotExported(f"a hang inside the rank's process (mode={mode}); Chaos Mesh cannot"
+                          " freeze or hold a process (pod-failure restarts the container"
+                          " instead)")
 
     def validate(self, params: dict[str, object]) -> None:
         if "op" in params and params.get("mode") != "collective":

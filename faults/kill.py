@@ -14,6 +14,7 @@ cluster's preemption notice does.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
@@ -22,7 +23,15 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from faults.contract import FaultKind, FireContext, ResolvedFault
+from faults.contract import (
+    ClusterChaos,
+    ClusterJob,
+    ClusterMapping,
+    FaultKind,
+    FireContext,
+    NotExported,
+    ResolvedFault,
+)
 from faults.params import seconds
 
 if TYPE_CHECKING:
@@ -60,6 +69,7 @@ def _sigkill_all(pids: list[int]) -> None:
             pass
 
 
+
 class Kill(FaultKind):
     name = "kill"
     summary = "kill a rank or a node (SIGKILL, SIGTERM with grace, SIGSEGV, exit)"
@@ -85,6 +95,21 @@ class Kill(FaultKind):
                                              f"save={p[0]},event={p[1]}",
                                    shape.a_save_point()) if shape.save_events else None,
         }
+
+    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
+        pods = job.pods_of(fault)
+        if pods is None:
+            raise NotExported(job.rank_reason(fault))
+        preempt = fault.params.get("signal") == "SIGTERM"
+        # A preemption notice is a pod deletion with a grace period: the pod gets SIGTERM and
+        # is killed after it. Every other signal kills a node's processes at once.
+        grace = math.ceil(float(fault.params.get("grace", 30.0))) if preempt else 0  # type: ignore[arg-type]
+        spec = {"action": "pod-kill", "mode": "all", "selector": job.selector(pods),
+                "gracePeriod": grace}
+        note = ""
+        if fault.params.get("signal") in ("SIGSEGV", "SIGINT", "exit"):
+            note = f"signal {fault.params['signal']} becomes a pod kill without grace"
+        return [ClusterChaos("PodChaos", spec, deadline=max(1.0, grace))], note
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         sig = str(fault.params.get("signal", "SIGKILL"))

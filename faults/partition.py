@@ -31,7 +31,15 @@ from typing import Any
 
 from chaos.errors import UsageError
 from chaos.host.netns import INTERFACE, Network, Node
-from faults.contract import HarnessKind, JobContext, ResolvedFault
+from faults.contract import (
+    ClusterChaos,
+    ClusterJob,
+    ClusterMapping,
+    HarnessKind,
+    JobContext,
+    NotExported,
+    ResolvedFault,
+)
 from faults.params import choice, non_negative_int, positive_int, seconds
 
 SHAPES = ("isolate", "halves", "majority", "oneway", "store")
@@ -59,6 +67,14 @@ def _peer(fault: ResolvedFault, count: int) -> int:
     return int(fault.params.get("to", (fault.index + 1) % count))  # type: ignore[call-overload]
 
 
+
+def _cut(job: ClusterJob, source: list[str], targets: list[list[str]], direction: str
+         ) -> dict[str, Any]:
+    (target,) = targets
+    return {"action": "partition", "mode": "all", "selector": job.selector(source),
+            "direction": direction, "target": {"mode": "all", "selector": job.selector(target)}}
+
+
 class Partition(HarnessKind):
     name = "partition"
     summary = ("cut the network between simulated nodes (isolate, halves, majority, oneway,"
@@ -73,6 +89,28 @@ class Partition(HarnessKind):
             raise UsageError("partition: to= goes with shape=oneway")
         if ("flaps" in params or "gap" in params) and "for" not in params:
             raise UsageError("partition: flaps= and gap= need for= (how long each cut lasts)")
+
+    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
+        shape = fault.params.get("shape", "isolate")
+        if shape == "store":
+            raise NotExported("cuts one TCP port (the rendezvous store on node 0); NetworkChaos"
+                              " partitions whole pods, not ports")
+        duration = fault.params.get("for")
+        seconds = float(duration) if duration is not None else None  # type: ignore[arg-type]
+        if shape == "oneway":
+            peer = self.peer(fault, job.nodes)
+            spec = _cut(job, job.node_pods(fault.index), [job.node_pods(peer)], "to")
+            return [ClusterChaos("NetworkChaos", spec, seconds)], (
+                f"direction 'to' drops node {fault.index}'s packets to node {peer}; torchchaos"
+                f" keeps the answers on connections node {peer} opened")
+        sides = self.sides(fault, job.nodes)
+        # Side i against every later side cuts each pair of sides once.
+        chaos = []
+        for i, side in enumerate(sides[:-1]):
+            mine = [p for n in side for p in job.node_pods(n)]
+            theirs = [p for s in sides[i + 1:] for n in s for p in job.node_pods(n)]
+            chaos.append(ClusterChaos("NetworkChaos", _cut(job, mine, [theirs], "both"), seconds))
+        return chaos, ""
 
     def check_job(self, params: dict[str, object], nodes: int, network: str) -> None:
         if nodes < 2:

@@ -44,7 +44,17 @@ from typing import TYPE_CHECKING
 
 from chaos.errors import UsageError
 from chaos.rundir.layout import CHAOS_DIR, RunLayout
-from faults.contract import FaultKind, FireContext, JobContext, JobResource, ResolvedFault
+from faults.contract import (
+    ClusterChaos,
+    ClusterJob,
+    ClusterMapping,
+    FaultKind,
+    FireContext,
+    JobContext,
+    JobResource,
+    NotExported,
+    ResolvedFault,
+)
 from faults.faultfs.armed import OPS
 from faults.params import choice, fraction, positive_int, run_relative_dir, seconds
 
@@ -72,6 +82,12 @@ class FaultFSMounts:
     def close(self) -> None:
         for mount in self.mounts:
             mount.close()
+
+# Chaos Mesh's names: the errno an IOChaos fault returns, and the FUSE method of an op.
+ERRNOS = {"enospc": 28, "eio": 5}
+IO_METHODS = {"open": "open", "create": "create", "write": "write", "truncate": "setattr",
+              "fsync": "fsync", "fsyncdir": "fsyncdir", "rename": "rename", "unlink": "unlink",
+              "rmdir": "rmdir", "mkdir": "mkdir", "link": "link", "read": "read"}
 
 
 class Storage(FaultKind):
@@ -135,6 +151,32 @@ class Storage(FaultKind):
                                          f"phase=checkpoint_save,save={p[0]},event={p[1]}",
                                shape.a_save_point())
         return {"power_loss": power_loss if shape.save_events else None}
+
+    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
+        mode = str(fault.params["mode"])
+        if mode == "lose_unsynced":
+            raise NotExported("a power loss drops what was not fsynced and kills every process;"
+                              " IOChaos cannot roll a volume back to what was durable")
+        if mode == "torn":
+            raise NotExported("a write cut short, then a crash; IOChaos can fail or corrupt a"
+                              " write, not keep part of it")
+        if mode == "bitrot":
+            return job.read_mistake(fault, int(fault.params.get("bits", 1)))  # type: ignore[call-overload]
+        spec = job.io_base(fault)
+        op = str(fault.params.get("op", "write"))
+        if mode == "slow":
+            # The fault filesystem slows every operation for `duration` seconds.
+            delay = float(fault.params.get("delay", 0.05))  # type: ignore[arg-type]
+            spec.update(action="latency", delay=job.go_duration(delay))
+            duration = float(fault.params.get("duration", 10.0))  # type: ignore[arg-type]
+            return [ClusterChaos("IOChaos", spec, duration)], ""
+        spec.update(action="fault", errno=ERRNOS[mode], percent=100)
+        if op != "any":
+            spec["methods"] = [IO_METHODS[op]]
+        count = fault.params.get("count", 1)
+        return [ClusterChaos("IOChaos", spec)], (f"torchchaos fails the next {count} {op}"
+                                                 " operation(s); IOChaos fails every one"
+                                                 " while it is in force")
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         params = fault.params

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import time
 
-from faults.contract import FaultKind, FireContext, ResolvedFault
+from faults.contract import (
+    ClusterJob,
+    ClusterMapping,
+    FaultKind,
+    FireContext,
+    NotExported,
+    ResolvedFault,
+)
 from faults.params import positive_int, seconds
 
 
@@ -21,6 +28,11 @@ class Straggler(FaultKind):
     summary = "slow one rank down by a delay per step (for a while or for good)"
     targets = ("rank",)
     params = {"delay": seconds, "steps": positive_int}
+
+
+    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
+        raise NotExported("slows one rank by a delay per step from inside its process; Chaos"
+                          " Mesh has no per-step delay")
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         if ctx.training is None:

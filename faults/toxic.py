@@ -39,7 +39,15 @@ from urllib.parse import urlsplit
 
 from chaos.errors import ChaosError, UsageError
 from chaos.host import netns
-from faults.contract import HarnessKind, JobContext, JobResource, ResolvedFault
+from faults.contract import (
+    ClusterJob,
+    ClusterMapping,
+    HarnessKind,
+    JobContext,
+    JobResource,
+    NotExported,
+    ResolvedFault,
+)
 from faults.params import choice, fraction, non_negative_int, positive_int, seconds
 
 URL_ENV = "TORCHCHAOS_TOXIPROXY"
@@ -119,6 +127,11 @@ class Toxic(HarnessKind):
               "size_variation": non_negative_int, "delay": non_negative_int,
               "bytes": non_negative_int, "for": seconds, "flaps": positive_int,
               "gap": seconds}
+
+
+    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
+        raise NotExported("degrades one TCP endpoint (the rendezvous store) through Toxiproxy;"
+                          " NetworkChaos acts on whole pods' traffic, not one port")
 
     def validate(self, params: dict[str, object]) -> None:
         kind = params.get("type")

@@ -16,6 +16,7 @@ from chaos.errors import UsageError
 from chaos.scenario import chaosmesh
 from chaos.scenario import files as scenario_file
 from chaos.scenario.chaosmesh import Options
+from faults import storage as storage_kind
 from faults.registry import get_kind
 
 REPO = Path(__file__).resolve().parent.parent
@@ -363,7 +364,7 @@ def test_the_schema_rejects_broken_workflows(tmp_path: Path) -> None:
 
 
 def test_an_invalid_manifest_is_never_written(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setitem(chaosmesh.IO_METHODS, "write", "scribble")  # an exporter bug
+    monkeypatch.setitem(storage_kind.IO_METHODS, "write", "scribble")  # an exporter bug
     with pytest.raises(chaosmesh.ManifestError, match="IOChaos torchchaos-f0-storage:"
                                                       " spec.methods.0: 'scribble'"):
         export(tmp_path, "storage:mode=enospc,node=0,step=3")

@@ -24,13 +24,14 @@ from chaos.scenario.spec import parse_fault_spec
 
 SHAPE = strategies.JobShape(world_size=4, final_step=20, checkpoint_every=5,
                             save_events={1: 5, 2: 5})
+ALL_KINDS = strategies.faults(SHAPE, sorted(strategies.by_name(SHAPE)))
 FILE = TARGET.parent / "x.chaos.yaml"  # where a loaded file says it was (never written)
 notes = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=30)
 
 
 @st.composite
 def scenario_files(draw) -> scenario_file.ScenarioFile:
-    faults = draw(strategies.schedules(strategies.faults(SHAPE, sorted(strategies.by_name(SHAPE))), 3, 0))
+    faults = draw(strategies.schedules(ALL_KINDS, 3, 0))
     bounds = draw(st.fixed_dictionaries({}, optional={
         "max_lost_steps": st.integers(0, 50), "max_lost_seconds": st.floats(0.5, 100),
         "hang_timeout": st.floats(1, 60), "timeout": st.floats(1, 900),

@@ -19,6 +19,7 @@ from chaos.rundir.history import History
 
 SHAPE = strategies.JobShape(world_size=2, final_step=20, checkpoint_every=5,
                             save_events={1: 4, 2: 4})
+ALL_KINDS = strategies.faults(SHAPE, sorted(strategies.by_name(SHAPE)))
 PAIR = {"kill:rank=1,step=7", "kill:rank=0,step=17"}
 
 
@@ -55,7 +56,7 @@ def test_job_shape_from_a_history():
     assert shape.save_events == {2: 3}
 
 
-@given(strategies.schedules(strategies.faults(SHAPE, sorted(strategies.by_name(SHAPE))), max_faults=4))
+@given(strategies.schedules(ALL_KINDS, max_faults=4))
 def test_every_drawn_schedule_parses_and_fits_the_job(schedule):
     from chaos.scenario.spec import parse_fault_spec
 

@@ -6,6 +6,8 @@ pods. A node is a pod, chosen by a label whose value is the node index
 (`--node-label`, default `torchchaos.io/node`; e.g. a PyTorchJob's
 `training.kubeflow.org/replica-index`). With `pod_per_rank` every rank has a
 pod of its own, labelled with its global rank, so rank faults map too.
+Each fault kind maps itself (`FaultKind.chaos_mesh`, in `faults/`); this module
+turns steps into times, builds the manifests and the Workflow, and checks them.
 
     kill (node; rank with pod_per_rank)  PodChaos pod-kill (SIGTERM: gracePeriod)
     partition isolate/halves/majority/sides  NetworkChaos partition, direction both
@@ -34,7 +36,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -44,7 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 from chaos.errors import ChaosError, UsageError
 from chaos.rundir.layout import CHAOS_DIR
-from chaos.scenario.schedule import ResolvedFault
+from faults.contract import ClusterChaos as Chaos
+from faults.contract import NotExported, ResolvedFault
 from faults.registry import get_kind
 
 if TYPE_CHECKING:  # the CLI's parser imports this module: keep its import light
@@ -56,11 +58,7 @@ DEFAULT_VOLUME_PATH = "/ckpt"
 FAULT_ANNOTATION = "torchchaos.io/fault"
 START_ANNOTATION = "torchchaos.io/start-after"  # bare manifests: apply this long after start
 EMBED_KEYS = {"PodChaos": "podChaos", "NetworkChaos": "networkChaos", "IOChaos": "ioChaos"}
-ERRNOS = {"enospc": 28, "eio": 5}
 # torchchaos's fault filesystem operations as Chaos Mesh's IOChaos methods (FUSE names)
-IO_METHODS = {"open": "open", "create": "create", "write": "write", "truncate": "setattr",
-              "fsync": "fsync", "fsyncdir": "fsyncdir", "rename": "rename", "unlink": "unlink",
-              "rmdir": "rmdir", "mkdir": "mkdir", "link": "link", "read": "read"}
 NODE_LABEL = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -95,16 +93,6 @@ class Options:
 
 
 @dataclass
-class Chaos:
-    """One chaos object of a fault: its kind, spec (without duration) and duration."""
-
-    kind: str
-    spec: dict[str, Any]
-    duration: float | None = None  # seconds; None: in force until deleted (or one-shot)
-    deadline: float | None = None  # a one-shot chaos's time in a Workflow
-
-
-@dataclass
 class Planned:
     """An exported fault: when it starts (seconds after the job's start) and what it is."""
 
@@ -125,12 +113,6 @@ class Export:
     not_exported: list[str] = field(default_factory=list)  # "<fault> — <reason>"
     approximations: list[str] = field(default_factory=list)  # "<fault> — <what differs>"
 
-
-class NotExported(Exception):
-    """A fault without a Chaos Mesh counterpart; the message says why."""
-
-
-# -- the public entry points -------------------------------------------------------------
 
 def export(loaded: ScenarioFile, options: Options) -> Export:
     """The Chaos Mesh manifests of a loaded scenario file (`chaos.scenario.files.load`).
@@ -234,16 +216,12 @@ def _workflow_references(spec: dict[str, Any]) -> list[str]:
 
 def _plan(number: int, fault: ResolvedFault, nproc: int, nodes: int, options: Options,
           result: Export) -> Planned:
-    mapper = MAPPERS.get(fault.kind)
-    if mapper is None:
-        raise NotExported(f"no Chaos Mesh counterpart for the {fault.kind} kind")
-    jobs = _Job(nproc, nodes, options)
-    chaos, note = mapper(fault, jobs)
+    chaos, note = get_kind(fault.kind).chaos_mesh(fault, _Job(nproc, nodes, options))
     start = _start(fault, options)
     if note:
         result.approximations.append(f"{fault.spec} — {note}")
     repeats, gap = 1, 0.0
-    if fault.kind == "partition" and "flaps" in fault.params:
+    if "flaps" in fault.params:  # a flapping partition
         repeats = int(fault.params["flaps"])  # type: ignore[call-overload]
         gap = float(fault.params.get("gap", fault.params["for"]))  # type: ignore[arg-type]
     return Planned(number, fault, start, chaos, repeats, gap)
@@ -306,6 +284,23 @@ class _Job:
             chosen["expressionSelectors"] = [{"key": key, "operator": "In", "values": values}]
         return chosen
 
+    def io_base(self, fault: ResolvedFault) -> dict[str, Any]:
+        return {"mode": "all", "selector": self.selector(self.host_pods(fault)),
+                "volumePath": self.options.volume_path}
+
+    def read_mistake(self, fault: ResolvedFault, bits: int) -> tuple[list[Chaos], str]:
+        spec = self.io_base(fault)
+        spec.update(action="mistake", methods=["read"],
+                    mistake={"filling": "random", "maxOccurrences": bits, "maxLength": 1})
+        if "file" in fault.params:
+            spec["path"] = f"{self.options.volume_path.rstrip('/')}/{fault.params['file']}"
+        return [Chaos("IOChaos", spec)], ("torchchaos flips bits in the committed file once"
+                                          " and crashes the job; IOChaos returns random bytes"
+                                          " to reads of it while in force")
+
+    def go_duration(self, seconds: float) -> str:
+        return go_duration(seconds)
+
     def rank_reason(self, fault: ResolvedFault) -> str:
         node = fault.index // self.nproc
         return (f"acts on one process (rank {fault.index}) inside node {node}'s pod; Chaos"
@@ -313,123 +308,6 @@ class _Job:
                 " --pod-per-rank if every rank has a pod of its own)")
 
 
-Mapped = tuple[list[Chaos], str]  # the chaos objects and what differs ("" if nothing)
-
-
-def _kill(fault: ResolvedFault, job: _Job) -> Mapped:
-    pods = job.pods_of(fault)
-    if pods is None:
-        raise NotExported(job.rank_reason(fault))
-    preempt = fault.params.get("signal") == "SIGTERM"
-    # A preemption notice is a pod deletion with a grace period: the pod gets SIGTERM and
-    # is killed after it. Every other signal kills a node's processes at once.
-    grace = math.ceil(float(fault.params.get("grace", 30.0))) if preempt else 0  # type: ignore[arg-type]
-    spec = {"action": "pod-kill", "mode": "all", "selector": job.selector(pods),
-            "gracePeriod": grace}
-    note = ""
-    if fault.params.get("signal") in ("SIGSEGV", "SIGINT", "exit"):
-        note = f"signal {fault.params['signal']} becomes a pod kill without grace"
-    return [Chaos("PodChaos", spec, deadline=max(1.0, grace))], note
-
-
-def _partition(fault: ResolvedFault, job: _Job) -> Mapped:
-    shape = fault.params.get("shape", "isolate")
-    if shape == "store":
-        raise NotExported("cuts one TCP port (the rendezvous store on node 0); NetworkChaos"
-                          " partitions whole pods, not ports")
-    kind = get_kind("partition")
-    duration = fault.params.get("for")
-    seconds = float(duration) if duration is not None else None  # type: ignore[arg-type]
-    if shape == "oneway":
-        peer = kind.peer(fault, job.nodes)  # type: ignore[attr-defined]
-        spec = _cut(job, job.node_pods(fault.index), [job.node_pods(peer)], "to")
-        return [Chaos("NetworkChaos", spec, seconds)], (
-            f"direction 'to' drops node {fault.index}'s packets to node {peer}; torchchaos"
-            f" keeps the answers on connections node {peer} opened")
-    sides = kind.sides(fault, job.nodes)  # type: ignore[attr-defined]
-    # Side i against every later side cuts each pair of sides once.
-    chaos = [Chaos("NetworkChaos", _cut(job, [p for n in side for p in job.node_pods(n)],
-                                        [[p for s in sides[i + 1:] for n in s
-                                          for p in job.node_pods(n)]], "both"), seconds)
-             for i, side in enumerate(sides[:-1])]
-    return chaos, ""
-
-
-def _cut(job: _Job, source: list[str], targets: list[list[str]], direction: str
-         ) -> dict[str, Any]:
-    (target,) = targets
-    return {"action": "partition", "mode": "all", "selector": job.selector(source),
-            "direction": direction, "target": {"mode": "all", "selector": job.selector(target)}}
-
-
-def _storage(fault: ResolvedFault, job: _Job) -> Mapped:
-    mode = str(fault.params["mode"])
-    if mode == "lose_unsynced":
-        raise NotExported("a power loss drops what was not fsynced and kills every process;"
-                          " IOChaos cannot roll a volume back to what was durable")
-    if mode == "torn":
-        raise NotExported("a write cut short, then a crash; IOChaos can fail or corrupt a"
-                          " write, not keep part of it")
-    if mode == "bitrot":
-        return _mistake(fault, job, int(fault.params.get("bits", 1)))  # type: ignore[call-overload]
-    spec = _io_base(fault, job)
-    op = str(fault.params.get("op", "write"))
-    if mode == "slow":
-        # The fault filesystem slows every operation for `duration` seconds.
-        spec.update(action="latency", delay=go_duration(float(fault.params.get("delay", 0.05))))  # type: ignore[arg-type]
-        duration = float(fault.params.get("duration", 10.0))  # type: ignore[arg-type]
-        return [Chaos("IOChaos", spec, duration)], ""
-    spec.update(action="fault", errno=ERRNOS[mode], percent=100)
-    if op != "any":
-        spec["methods"] = [IO_METHODS[op]]
-    count = fault.params.get("count", 1)
-    return [Chaos("IOChaos", spec)], (f"torchchaos fails the next {count} {op} operation(s);"
-                                      " IOChaos fails every one while it is in force")
-
-
-def _bitflip(fault: ResolvedFault, job: _Job) -> Mapped:
-    tensor = fault.params.get("tensor", "param")
-    if tensor != "checkpoint":
-        raise NotExported(f"flips bits of a {tensor} tensor inside the training process;"
-                          " Chaos Mesh has no fault in a process's memory")
-    return _mistake(fault, job, 1)
-
-
-def _mistake(fault: ResolvedFault, job: _Job, bits: int) -> Mapped:
-    spec = _io_base(fault, job)
-    spec.update(action="mistake", methods=["read"],
-                mistake={"filling": "random", "maxOccurrences": bits, "maxLength": 1})
-    if "file" in fault.params:
-        spec["path"] = f"{job.options.volume_path.rstrip('/')}/{fault.params['file']}"
-    return [Chaos("IOChaos", spec)], ("torchchaos flips bits in the committed file once and"
-                                      " crashes the job; IOChaos returns random bytes to"
-                                      " reads of it while in force")
-
-
-def _io_base(fault: ResolvedFault, job: _Job) -> dict[str, Any]:
-    return {"mode": "all", "selector": job.selector(job.host_pods(fault)),
-            "volumePath": job.options.volume_path}
-
-
-def _inside(what: str) -> Any:
-    def refuse(fault: ResolvedFault, job: _Job) -> Mapped:
-        raise NotExported(what.format(mode=fault.params.get("mode", "stop")))
-
-    return refuse
-
-
-MAPPERS = {
-    "kill": _kill,
-    "partition": _partition,
-    "storage": _storage,
-    "bitflip": _bitflip,
-    "hang": _inside("a hang inside the rank's process (mode={mode}); Chaos Mesh cannot"
-                    " freeze or hold a process (pod-failure restarts the container instead)"),
-    "straggler": _inside("slows one rank by a delay per step from inside its process; Chaos"
-                         " Mesh has no per-step delay"),
-    "toxic": _inside("degrades one TCP endpoint (the rendezvous store) through Toxiproxy;"
-                     " NetworkChaos acts on whole pods' traffic, not one port"),
-}
 
 
 # -- manifests ---------------------------------------------------------------------------
