@@ -207,7 +207,7 @@ def test_compose_keeps_toxiproxy_and_the_cpu_service() -> None:
     cpu = services["torchchaos"]
     assert cpu["build"] == "." and cpu["privileged"] is True
     assert cpu["environment"]["TORCHCHAOS_TOXIPROXY"] == "http://toxiproxy:8474"
-    assert cpu["command"][-1] == "tests/test_toxiproxy.py"
+    assert cpu["command"][-1] == "tests/faults/test_toxiproxy.py"
 
 
 def test_compose_trainer_has_every_gpu_and_shares_runs_with_the_report() -> None:

@@ -16,7 +16,7 @@ def test_the_marker_declares_a_scenario(chaos_report):
     assert chaos_report.faults[0]["fired_step"] == 7
 
 
-@pytest.mark.slow  # tests/test_suites.py's failing case checks the same lines in CI
+@pytest.mark.slow  # tests/explore/test_suites.py's failing case checks the same lines in CI
 def test_a_verdict_other_than_expected_fails_with_the_table(pytester, tmp_path_factory):
     runs = pytester.path / "kept-runs"
     # the scenario of test_e2e_kill.py's skip_optim case: its reference run is reused

@@ -4,7 +4,7 @@ A history is JSON lines, one stream per rank (`_chaos/history/rank-R.jsonl`),
 one per node's harness, and the fault filesystem's. Every event has `ev` (its
 name) and `t` (`time.monotonic()`); a rank's stream adds `rank`, `pid`,
 `launch` (the harness's relaunch count) and `attempt` (torchrun's restart
-count) to each. The fields below are the rest. `tests/test_events.py` keeps
+count) to each. The fields below are the rest. `tests/rundir/test_events.py` keeps
 this table and the code in step: an event written or read anywhere in
 `chaos/` or `faults/` is listed here, and every one listed is written.
 

@@ -6,7 +6,7 @@ ranks as the machine has GPUs, up to 2: the bundled target binds rank
 LOCAL_RANK to cuda:LOCAL_RANK and picks NCCL when CUDA is there, so these are
 the same scenarios the CPU tests run with gloo. Tests that need two ranks on
 two GPUs say so and skip on a one-GPU machine. The spinning-kernel hangs are
-in tests/test_e2e_hang.py.
+in tests/e2e/test_e2e_hang.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from chaos.rundir.history import History
 
-TARGET = str(Path(__file__).resolve().parent.parent / "targets" / "ddp_lm.py")
+TARGET = str(Path(__file__).resolve().parents[2] / "targets" / "ddp_lm.py")
 STEPS = ["--steps", "16", "--ckpt-every", "4"]
 
 

@@ -40,7 +40,7 @@ HANGS = {
 SLOW = frozenset({"held in dist.all_reduce"})
 SLOW_WITHOUT_TIMEOUTS = SLOW | {"collective order mismatch"}
 # a stopped rank ended by the target's timeouts, then a bitwise resume, is also the
-# ECC-hang incident's passing run (tests/test_incidents.py)
+# ECC-hang incident's passing run (tests/scenario/test_incidents.py)
 SLOW_WITH_TIMEOUTS = SLOW | {"SIGSTOP"}
 
 

@@ -10,7 +10,7 @@ import pytest
 from chaos.engine import run_scenario
 from chaos.scenario import files as scenario_file
 
-INCIDENTS = Path(__file__).resolve().parent.parent / "suites" / "incidents"
+INCIDENTS = Path(__file__).resolve().parents[2] / "suites" / "incidents"
 
 # incident -> (the flag that plants its bug in targets/ddp_lm.py, the check that must fail)
 PLANTED = {

@@ -125,7 +125,7 @@ def test_a_hung_target_meets_the_deadline_and_is_reaped(tmp_path):
     assert chaos_processes(tmp_path) == []
 
 
-# `run` writing report.json, and `report` reprinting it: tests/test_report_html.py's real run
+# `run` writing report.json, and `report` reprinting it: tests/report/test_report_html.py's real run
 
 
 def test_a_fault_that_never_fires_is_not_a_pass(tmp_path):

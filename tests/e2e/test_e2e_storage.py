@@ -34,8 +34,8 @@ CORRECT = {
 }
 
 
-# crash points (tests/test_crashpoints.py) and the battery cover the other power losses;
-# tests/test_faultfs.py every errno fault on real files
+# crash points (tests/explore/test_crashpoints.py) and the battery cover the other power losses;
+# tests/faults/test_faultfs.py every errno fault on real files
 @pytest.mark.parametrize("fault", cases(CORRECT, slow=frozenset({
     "power loss after manifest rename", "power loss after a finished save", "EIO on fsync"})))
 def test_reference_target_survives_every_storage_fault(chaos_run, fault):

@@ -31,7 +31,7 @@ CORRECT = {
 
 
 @needs_fuse
-# tests/test_e2e_storage.py runs bit rot against the other target
+# tests/e2e/test_e2e_storage.py runs bit rot against the other target
 # a kill mid-save is the power loss's gentler twin (the page cache survives it)
 @pytest.mark.parametrize("fault", cases(CORRECT, slow=frozenset({
     "bit rot in the newest checkpoint", "kill rank 1 while it writes its shard",

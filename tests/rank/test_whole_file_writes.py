@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 
 from chaos.rundir.history import History
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 WRITE = textwrap.dedent("""
     import json, os, shutil, signal, sys

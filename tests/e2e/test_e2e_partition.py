@@ -84,7 +84,7 @@ def test_a_target_without_timeouts_is_flagged_and_the_partition_named(chaos_run)
     assert time.monotonic() - start < 90
 
 
-@pytest.mark.slow  # tests/test_hangwatch.py has the rule; this is the whole path (13 s)
+@pytest.mark.slow  # tests/harness/test_hangwatch.py has the rule; this is the whole path (13 s)
 def test_a_partition_that_never_heals_fails_fast_with_torchruns_stacks(chaos_run):
     """The ranks' timeouts fire, but node 1 can never rejoin the rendezvous."""
     report = chaos_run(TARGET, faults=["partition:node=1,step=6"], args=[*STEPS, *TIMEOUTS],

@@ -30,7 +30,7 @@ def interval_of(spec: str) -> int:
 def test_search_finds_the_pair_shrinks_to_it_and_the_replay_reproduces(tmp_path, shared_cache):
     out = tmp_path / "search"
     # --repeats 1 and no Hypothesis shrinking keep this to a handful of runs in CI; the
-    # repeats and the shrinker are tested on their own in tests/test_search.py
+    # repeats and the shrinker are tested on their own in tests/explore/test_search.py
     found = torchchaos("search", "--kind", "kill", "--max-faults", "3", "--repeats", "1",
                        "--shrink-runs", "0", "--max-runs", "12", "--out", str(out),
                        "--cache-dir", str(shared_cache), "--quiet", *PAIR_BUG)

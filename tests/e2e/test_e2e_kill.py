@@ -28,7 +28,7 @@ CORRECT = {
 }
 
 
-# the battery (tests/test_cli.py) runs rank, node and in-save kills and a preemption too
+# the battery (tests/cli/test_cli.py) runs rank, node and in-save kills and a preemption too
 @pytest.mark.parametrize("fault", cases(CORRECT, slow=frozenset({
     "kill rank 0", "kill rank 1", "kill node 0", "kill during save", "exit 3", "preemption"})))
 def test_reference_target_passes_every_check(chaos_run, fault):
@@ -81,9 +81,9 @@ BUGS = {
 }
 
 
-# The incidents (tests/test_incidents.py) run the same fault on write_in_place (torn
+# The incidents (tests/scenario/test_incidents.py) run the same fault on write_in_place (torn
 # checkpoint) and another lost data position (replay_data): these only with -m slow.
-# skip_optim is caught in CI by the suites' and the replay-file tests (tests/test_suites.py).
+# skip_optim is caught in CI by the suites' and the replay-file tests (tests/explore/test_suites.py).
 @pytest.mark.parametrize("bug", cases({b: b for b in BUGS}, slow=frozenset({
     "write_in_place", "off_by_one", "skip_optim"})))
 def test_each_planted_bug_is_caught_by_its_check(chaos_run, bug):
@@ -123,7 +123,7 @@ def test_verdicts_repeat(chaos_run, round_):
     assert bad.checks["deterministic_resume"]["divergent_step"] == 6
 
 
-@pytest.mark.slow  # multi-node recovery runs in CI through tests/test_e2e_partition.py
+@pytest.mark.slow  # multi-node recovery runs in CI through tests/e2e/test_e2e_partition.py
 @pytest.mark.parametrize("fault", ["kill:node=1,step=12", "kill:rank=0,step=12"])
 def test_two_simulated_nodes_recover(chaos_run, fault):
     """Two torchrun agents, one rank each (as root: each in its own network namespace,

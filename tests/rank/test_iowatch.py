@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 SAVE = textwrap.dedent("""
     import json, os, sys, torch

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from chaos.rundir.events import EVENTS
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SOURCES = [p for package in ("chaos", "faults") for p in (REPO / package).rglob("*.py")]
 
 

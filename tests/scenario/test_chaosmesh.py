@@ -19,7 +19,7 @@ from chaos.scenario.chaosmesh import Options
 from faults import storage as storage_kind
 from faults.registry import get_kind
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "targets" / "ddp_lm.py"
 INCIDENTS = sorted((REPO / "suites" / "incidents").glob("*.chaos.yaml"))
 LABEL = chaosmesh.DEFAULT_NODE_LABEL
