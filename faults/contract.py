@@ -1,10 +1,31 @@
-"""Fault kinds register here; the engine looks them up by name.
+"""The fault-kind contract: everything a kind is and may be asked, in one place.
 
-The engine never imports a specific fault module: `faults/__init__.py` imports
-its modules, each of which calls `register`. A kind says which parameters it
-accepts and how it fires. Kinds that fire inside a rank (kill, bit flip) are
-"agent" kinds; kinds the harness applies from outside (partition) are
-"harness" kinds, injected and healed by the runner.
+A kind is a subclass of `FaultKind` in a module of its own, named in
+`faults/registry.py` (built in) or by an installed package's `torchchaos.faults`
+entry point (a plug-in); the registry imports it the first time its name is
+used. Two sides:
+
+- an *agent* kind (`side = "agent"`: kill, bitflip, hang, straggler, storage)
+  fires inside the targeted rank: `fire(fault, FireContext)` runs in the
+  training process when the trigger is reached, and records what it did;
+- a *harness* kind (`HarnessKind`: partition, toxic) is applied from outside
+  the job: the rank that sees the trigger asks the harness
+  (`chaos.rundir.requests`), and the runner calls `cut`, which returns the heal.
+
+Every kind declares `name`, `summary`, its `params` (text parsers) and may
+check them (`validate`, `check_job`, `check_together`) and prepare the job
+(`setup_job`, e.g. a mount). The optional facets tell the rest of the engine
+about the kind, so that adding a kind is one file:
+
+    strategies(shape)      how `torchchaos search` draws it (Hypothesis)
+    chaos_mesh(fault, job) its Chaos Mesh objects for `torchchaos export`
+    marks                  the events the timeline marks where it acted
+    choices                the values some parameters take (help, planners)
+    unavailable_reason()   why this machine cannot have it (no FUSE, not root)
+    effect_event           the event that proves an armed hook acted
+
+This module runs inside every rank too: it imports nothing heavy (Hypothesis
+and torch only inside the methods that need them).
 """
 
 from __future__ import annotations
@@ -21,177 +42,6 @@ if TYPE_CHECKING:
 
     from chaos.explore.strategies import JobShape
     from chaos.host.netns import Network
-
-
-@dataclass(frozen=True)
-class Trigger:
-    """When a fault fires. Exactly one of step / phase / time / p is set."""
-
-    step: int | None = None
-    phase: str | None = None
-    event: int = 1  # N-th file event of the phase (1-based)
-    save: int = 1  # K-th checkpoint save / load of the process (1-based)
-    time: float | None = None  # seconds after the job started
-    p: float | None = None  # probability per step
-
-    def describe(self) -> str:
-        if self.step is not None:
-            return f"step={self.step}"
-        if self.phase is not None:
-            return f"phase={self.phase},save={self.save},event={self.event}"
-        if self.time is not None:
-            return f"time={self.time:g}"
-        return f"p={self.p:g}"
-
-
-@dataclass(frozen=True)
-class ResolvedFault:
-    id: str  # unique within the run; names the fault's "fired" marker file
-    kind: str
-    target_type: str  # "rank" or "node"
-    index: int
-    trigger: Trigger
-    params: dict[str, object]
-    spec: str
-    seed: int  # for probabilistic triggers
-
-    def describe(self) -> str:
-        return f"{self.kind}:{self.target_type}={self.index},{self.trigger.describe()}"
-
-    def to_dict(self) -> dict[str, object]:
-        data = asdict(self)
-        data["trigger"] = asdict(self.trigger)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ResolvedFault:
-        fields = dict(data)
-        fields["trigger"] = Trigger(**fields["trigger"])
-        return cls(**fields)
-
-
-@dataclass
-class ClusterChaos:
-    """One Chaos Mesh object a fault becomes: its kind (PodChaos, NetworkChaos, IOChaos),
-    its spec without the duration, and the duration."""
-
-    kind: str
-    spec: dict[str, Any]
-    duration: float | None = None  # seconds; None: in force until deleted (or one-shot)
-    deadline: float | None = None  # a one-shot chaos's time in a Workflow
-
-
-# The Chaos Mesh objects of a fault and what differs from torchchaos's own ("" if nothing).
-ClusterMapping = tuple[list[ClusterChaos], str]
-
-
-class NotExported(Exception):
-    """A fault without a Chaos Mesh counterpart; the message says why."""
-
-
-class ClusterJob(Protocol):
-    """How the job's nodes and ranks are pods, for `FaultKind.chaos_mesh`
-    (`chaos.scenario.chaosmesh` implements it from the export's options)."""
-
-    nproc: int
-    nodes: int
-
-    def node_pods(self, node: int) -> list[str]:
-        """Label values of node `node`'s pods."""
-
-    def pods_of(self, fault: ResolvedFault) -> list[str] | None:
-        """The pods a fault's target is, or None for a rank that shares its pod."""
-
-    def host_pods(self, fault: ResolvedFault) -> list[str]:
-        """The pods whose volume a fault's target writes to (a rank: its own pod)."""
-
-    def selector(self, values: list[str]) -> dict[str, Any]:
-        """A Chaos Mesh selector of these pods."""
-
-    def rank_reason(self, fault: ResolvedFault) -> str:
-        """Why a fault on one rank that shares its pod cannot be exported."""
-
-    def io_base(self, fault: ResolvedFault) -> dict[str, Any]:
-        """The IOChaos spec's common part for the volume the fault's target writes to."""
-
-    def read_mistake(self, fault: ResolvedFault, bits: int) -> ClusterMapping:
-        """Random bytes returned to reads of the checkpoint volume (bit rot)."""
-
-    def go_duration(self, seconds: float) -> str:
-        """Seconds as a Go duration ("1m30s"), the form Chaos Mesh reads."""
-
-
-class TrainingView(Protocol):
-    """The training state of a rank, as the agent sees it (for faults that corrupt it)."""
-
-    def step(self) -> int:
-        """Optimizer steps completed (global numbering)."""
-
-    def named_parameters(self) -> list[tuple[str, Any]]:
-        """Every parameter an optimizer holds, named after the module it belongs to."""
-
-    def optimizers(self) -> list[Any]: ...
-
-    def named_modules(self) -> list[tuple[str, Any]]:
-        """Every module under the modules the target ran forward on."""
-
-    def before_next_backward(self, change: Callable[[Any], Any]) -> None:
-        """Call `change(loss)` once, at the next `loss.backward()`; what it returns
-        (if not None) is passed to backward as the gradient of the loss."""
-
-    def after_every_step(self, action: Callable[[int], bool]) -> None:
-        """Call `action(step)` after every optimizer step of this rank from now on,
-        until it returns False."""
-
-
-@dataclass
-class FireContext:
-    """What a firing fault may use inside the rank it fires in."""
-
-    rank: int
-    local_rank: int
-    node: int
-    record: Callable[..., None]  # write an event to this rank's history
-    path: str | None = None  # the file of the event that triggered a phase fault
-    run_dir: str = ""
-    training: TrainingView | None = None
-
-
-@dataclass
-class JobContext:
-    """What a kind may use to set up for one job (a chaos run)."""
-
-    run_dir: Path
-    run_id: str  # the marker every process of the run carries
-    network: Network | None = None  # the simulated nodes' namespaces (`--network netns`)
-    store_port: int | None = None  # the rendezvous store's port on node 0
-    resources: dict[str, JobResource] = field(default_factory=dict)  # by kind, once set up
-
-
-class JobResource(Protocol):
-    """Something a kind sets up for a whole job (a mount) and tears down after it."""
-
-    environ: dict[str, str]  # added to every rank's environment
-    # where nodes 1.. reach the rendezvous store instead of node 0 (a proxy), if anywhere
-    rendezvous_endpoint: str | None
-
-    def settle(self) -> None:
-        """Before a relaunch: wait until pending fault work (a crash) is done."""
-
-    def close(self) -> None:
-        """Heal and tear down; called on every exit path, safe to call twice."""
-
-
-@dataclass
-class NoResource:
-    environ: dict[str, str] = field(default_factory=dict)
-    rendezvous_endpoint: str | None = None
-
-    def settle(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class FaultKind:
@@ -230,7 +80,8 @@ class FaultKind:
     @classmethod
     def unavailable_reason(cls) -> str | None:
         """Why this machine cannot have this kind at all (no /dev/fuse, not root), or
-        None. Planners leave such kinds out; a run that asks for one is refused."""
+        None. Planners leave such kinds out; `check_job` refuses a run that
+        needs it."""
         return None
 
     def validate(self, params: dict[str, object]) -> None:
@@ -277,3 +128,174 @@ class HarnessKind(FaultKind):
         """Put the fault in force; returns its heal (safe to call twice) and what to
         record about it."""
         raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ResolvedFault:
+    id: str  # unique within the run; names the fault's "fired" marker file
+    kind: str
+    target_type: str  # "rank" or "node"
+    index: int
+    trigger: Trigger
+    params: dict[str, object]
+    spec: str
+    seed: int  # for probabilistic triggers
+
+    def describe(self) -> str:
+        return f"{self.kind}:{self.target_type}={self.index},{self.trigger.describe()}"
+
+    def to_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        data["trigger"] = asdict(self.trigger)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ResolvedFault:
+        fields = dict(data)
+        fields["trigger"] = Trigger(**fields["trigger"])
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """When a fault fires. Exactly one of step / phase / time / p is set."""
+
+    step: int | None = None
+    phase: str | None = None
+    event: int = 1  # N-th file event of the phase (1-based)
+    save: int = 1  # K-th checkpoint save / load of the process (1-based)
+    time: float | None = None  # seconds after the job started
+    p: float | None = None  # probability per step
+
+    def describe(self) -> str:
+        if self.step is not None:
+            return f"step={self.step}"
+        if self.phase is not None:
+            return f"phase={self.phase},save={self.save},event={self.event}"
+        if self.time is not None:
+            return f"time={self.time:g}"
+        return f"p={self.p:g}"
+
+
+@dataclass
+class FireContext:
+    """What a firing fault may use inside the rank it fires in."""
+
+    rank: int
+    local_rank: int
+    node: int
+    record: Callable[..., None]  # write an event to this rank's history
+    path: str | None = None  # the file of the event that triggered a phase fault
+    run_dir: str = ""
+    training: TrainingView | None = None
+
+
+class TrainingView(Protocol):
+    """The training state of a rank, as the agent sees it (for faults that corrupt it)."""
+
+    def step(self) -> int:
+        """Optimizer steps completed (global numbering)."""
+
+    def named_parameters(self) -> list[tuple[str, Any]]:
+        """Every parameter an optimizer holds, named after the module it belongs to."""
+
+    def optimizers(self) -> list[Any]: ...
+
+    def named_modules(self) -> list[tuple[str, Any]]:
+        """Every module under the modules the target ran forward on."""
+
+    def before_next_backward(self, change: Callable[[Any], Any]) -> None:
+        """Call `change(loss)` once, at the next `loss.backward()`; what it returns
+        (if not None) is passed to backward as the gradient of the loss."""
+
+    def after_every_step(self, action: Callable[[int], bool]) -> None:
+        """Call `action(step)` after every optimizer step of this rank from now on,
+        until it returns False."""
+
+
+@dataclass
+class JobContext:
+    """What a kind may use to set up for one job (a chaos run)."""
+
+    run_dir: Path
+    run_id: str  # the marker every process of the run carries
+    network: Network | None = None  # the simulated nodes' namespaces (`--network netns`)
+    store_port: int | None = None  # the rendezvous store's port on node 0
+    resources: dict[str, JobResource] = field(default_factory=dict)  # by kind, once set up
+
+
+class JobResource(Protocol):
+    """Something a kind sets up for a whole job (a mount) and tears down after it."""
+
+    environ: dict[str, str]  # added to every rank's environment
+    # where nodes 1.. reach the rendezvous store instead of node 0 (a proxy), if anywhere
+    rendezvous_endpoint: str | None
+
+    def settle(self) -> None:
+        """Before a relaunch: wait until pending fault work (a crash) is done."""
+
+    def close(self) -> None:
+        """Heal and tear down; called on every exit path, safe to call twice."""
+
+
+@dataclass
+class NoResource:
+    environ: dict[str, str] = field(default_factory=dict)
+    rendezvous_endpoint: str | None = None
+
+    def settle(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class ClusterJob(Protocol):
+    """How the job's nodes and ranks are pods, for `FaultKind.chaos_mesh`
+    (`chaos.scenario.chaosmesh` implements it from the export's options)."""
+
+    nproc: int
+    nodes: int
+
+    def node_pods(self, node: int) -> list[str]:
+        """Label values of node `node`'s pods."""
+
+    def pods_of(self, fault: ResolvedFault) -> list[str] | None:
+        """The pods a fault's target is, or None for a rank that shares its pod."""
+
+    def host_pods(self, fault: ResolvedFault) -> list[str]:
+        """The pods whose volume a fault's target writes to (a rank: its own pod)."""
+
+    def selector(self, values: list[str]) -> dict[str, Any]:
+        """A Chaos Mesh selector of these pods."""
+
+    def rank_reason(self, fault: ResolvedFault) -> str:
+        """Why a fault on one rank that shares its pod cannot be exported."""
+
+    def io_base(self, fault: ResolvedFault) -> dict[str, Any]:
+        """The IOChaos spec's common part for the volume the fault's target writes to."""
+
+    def read_mistake(self, fault: ResolvedFault, bits: int) -> ClusterMapping:
+        """Random bytes returned to reads of the checkpoint volume (bit rot)."""
+
+    def go_duration(self, seconds: float) -> str:
+        """Seconds as a Go duration ("1m30s"), the form Chaos Mesh reads."""
+
+
+@dataclass
+class ClusterChaos:
+    """One Chaos Mesh object a fault becomes: its kind (PodChaos, NetworkChaos, IOChaos),
+    its spec without the duration, and the duration."""
+
+    kind: str
+    spec: dict[str, Any]
+    duration: float | None = None  # seconds; None: in force until deleted (or one-shot)
+    deadline: float | None = None  # a one-shot chaos's time in a Workflow
+
+
+# The Chaos Mesh objects of a fault and what differs from torchchaos's own ("" if nothing).
+ClusterMapping = tuple[list[ClusterChaos], str]
+
+
+class NotExported(Exception):
+    """A fault without a Chaos Mesh counterpart; the message says why."""
