@@ -15,7 +15,7 @@ A name is the spec's `KIND` (`slowdisk:rank=0,step=5`); the class is a
 
 from __future__ import annotations
 
-from chaos.entrypoints import installed, load_object
+from chaos.entrypoints import load_object, merged
 from chaos.errors import UsageError
 from faults.contract import FaultKind
 
@@ -36,7 +36,7 @@ _loaded: dict[str, FaultKind] = {}
 
 def kind_paths() -> dict[str, str]:
     """Every known kind's name and dotted path; built-ins win over plug-ins."""
-    return {**installed(ENTRY_POINT_GROUP), **BUILTIN}
+    return merged(ENTRY_POINT_GROUP, BUILTIN, "fault kind")
 
 
 def get_kind(name: str) -> FaultKind:
@@ -54,5 +54,17 @@ def get_kind(name: str) -> FaultKind:
 
 
 def all_kinds() -> dict[str, FaultKind]:
-    """Every kind, loaded (for `torchchaos kinds` and the help)."""
+    """Every kind, loaded (`torchchaos faults`): a plug-in that does not load is an error."""
     return {name: get_kind(name) for name in sorted(kind_paths())}
+
+
+def loadable_kinds() -> dict[str, FaultKind]:
+    """Every kind that loads, for what only looks kinds over (the timeline's marks, the
+    search's names): a broken plug-in the job does not use must not stop those."""
+    found = {}
+    for name in sorted(kind_paths()):
+        try:
+            found[name] = get_kind(name)
+        except UsageError:
+            continue
+    return found

@@ -21,6 +21,7 @@ import pytest
 from conftest import REPO, TARGET
 from histories import Timeline, evidence, reference
 
+from chaos import entrypoints
 from chaos.cli.main import main as cli
 from chaos.errors import UsageError
 from chaos.judge import registry as check_registry
@@ -173,7 +174,9 @@ def test_pause_absorbed_passes_and_is_undecided_without_a_pause(pause_absorbed):
 ], ids=["no module", "no attribute", "not a kind of that name"])
 def test_a_broken_fault_entry_point_is_a_one_line_usage_error(monkeypatch, capsys, tmp_path,
                                                               path, reason):
-    monkeypatch.setattr(kind_registry, "installed", lambda group: {"broken": path})
+    monkeypatch.setattr(entrypoints, "installed",
+                        lambda group: {"broken": path} if group == kind_registry.ENTRY_POINT_GROUP
+                        else {})
     with pytest.raises(UsageError) as raised:
         kind_registry.get_kind("broken")
     assert str(raised.value).startswith(reason) and "\n" not in str(raised.value)
@@ -187,9 +190,10 @@ def test_a_broken_fault_entry_point_is_a_one_line_usage_error(monkeypatch, capsy
 
 
 def test_a_broken_check_entry_point_is_a_one_line_usage_error(monkeypatch):
-    monkeypatch.setattr(check_registry, "installed",
+    monkeypatch.setattr(entrypoints, "installed",
                         lambda group: {"broken": "torchchaos_no_such_module:check",
-                                       "not_callable": "faults.registry:ENTRY_POINT_GROUP"})
+                                       "not_callable": "faults.registry:ENTRY_POINT_GROUP"}
+                        if group == check_registry.ENTRY_POINT_GROUP else {})
     with pytest.raises(UsageError) as raised:
         check_registry.get_check("broken")
     assert str(raised.value) == ("check 'broken': cannot load 'torchchaos_no_such_module:check'"
@@ -197,3 +201,41 @@ def test_a_broken_check_entry_point_is_a_one_line_usage_error(monkeypatch):
     with pytest.raises(UsageError, match="^check 'not_callable': .* is not callable$"):
         check_registry.get_check("not_callable")
     assert "broken" not in check_registry.default_checks(), "plug-ins run only when named"
+
+
+def test_a_broken_check_is_refused_before_any_run(monkeypatch, capsys, tmp_path):
+    """Named checks load when the scenario is validated, as fault kinds do: a broken
+    plug-in costs no reference run and no chaos run."""
+    monkeypatch.setattr(entrypoints, "installed",
+                        lambda group: {"broken": "torchchaos_no_such_module:check"}
+                        if group == check_registry.ENTRY_POINT_GROUP else {})
+    monkeypatch.chdir(tmp_path)
+    args = ["run", "--check", "broken", "--out", str(tmp_path / "out"), "--cache-dir",
+            str(tmp_path / "cache"), "--", str(TARGET)]
+    assert cli(args) == 2
+    line, = capsys.readouterr().err.splitlines()
+    assert line.startswith("torchchaos: error: check 'broken': cannot load"), line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_plugin_that_takes_a_built_in_name_is_ignored_with_a_warning(monkeypatch):
+    monkeypatch.setattr(entrypoints, "installed",
+                        lambda group: {"kill": "mypackage:MyKill"}
+                        if group == kind_registry.ENTRY_POINT_GROUP else {})
+    with pytest.warns(UserWarning, match="the plug-in fault kind 'kill' .* is ignored"):
+        paths = kind_registry.kind_paths()
+    assert paths["kill"] == kind_registry.BUILTIN["kill"]
+
+
+def test_a_broken_plugin_does_not_stop_what_only_looks_kinds_over(monkeypatch):
+    """The timeline's marks and the search's names skip a plug-in that does not load;
+    `torchchaos faults` (above) and a run that names it still say it is broken."""
+    from chaos.explore import strategies
+
+    monkeypatch.setattr(entrypoints, "installed",
+                        lambda group: {"broken": "torchchaos_no_such_module:Broken"}
+                        if group == kind_registry.ENTRY_POINT_GROUP else {})
+    assert "broken" not in kind_registry.loadable_kinds()
+    assert "kill" in kind_registry.loadable_kinds()
+    shape = strategies.JobShape(world_size=2, final_step=20, checkpoint_every=5)
+    assert {"kill", "preempt", "bitflip", "hang"} <= set(strategies.by_name(shape))

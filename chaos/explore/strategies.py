@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 
 from chaos.rundir.history import History
-from faults.registry import all_kinds
+from faults.registry import loadable_kinds
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def by_name(shape: JobShape) -> dict[str, st.SearchStrategy[str] | None]:
     """Every search name of every fault kind (`FaultKind.strategies`), for this job; None
     where the job cannot have it."""
     found: dict[str, st.SearchStrategy[str] | None] = {}
-    for kind in all_kinds().values():
+    for kind in loadable_kinds().values():
         found.update(kind.strategies(shape))
     return found
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from chaos.entrypoints import installed, load_object
+from chaos.entrypoints import load_object, merged
 from chaos.errors import UsageError
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ _loaded: dict[str, Check] = {}
 
 def check_paths() -> dict[str, str]:
     """Every known check's name and dotted path; built-ins win over plug-ins."""
-    return {**installed(ENTRY_POINT_GROUP), **BUILTIN}
+    return merged(ENTRY_POINT_GROUP, BUILTIN, "check")
 
 
 def default_checks() -> list[str]:
@@ -51,19 +51,20 @@ def default_checks() -> list[str]:
 
 
 def validate(names: list[str]) -> None:
-    """Raise UsageError for a name no built-in check or installed plug-in has."""
-    paths = check_paths()
+    """Raise UsageError for a name no built-in check or installed plug-in has, or whose
+    plug-in does not load: before any run starts, not after two."""
     for name in names:
-        if name not in paths:
-            raise UsageError(f"unknown check {name!r} (known: {', '.join(paths)})")
+        get_check(name)
 
 
 def get_check(name: str) -> Check:
     if name not in _loaded:
-        validate([name])
-        check = load_object(check_paths()[name], f"check {name!r}")
+        paths = check_paths()
+        if name not in paths:
+            raise UsageError(f"unknown check {name!r} (known: {', '.join(sorted(paths))})")
+        check = load_object(paths[name], f"check {name!r}")
         if not callable(check):
-            raise UsageError(f"check {name!r}: {check_paths()[name]!r} is not callable")
+            raise UsageError(f"check {name!r}: {paths[name]!r} is not callable")
         _loaded[name] = check  # type: ignore[assignment]
     return _loaded[name]
 

@@ -29,7 +29,7 @@ from statistics import median
 
 from chaos.judge.evidence import Recovery
 from chaos.rundir.history import Event, History
-from faults.registry import all_kinds
+from faults.registry import loadable_kinds
 
 WIDTH = 1120
 LEFT = 78  # lane labels
@@ -589,7 +589,7 @@ def _mark_of(ev: str) -> Callable[..., None] | None:
 
 @cache
 def _effect_events() -> frozenset[str]:
-    return frozenset(name for kind in all_kinds().values() for name in kind.marks)
+    return frozenset(name for kind in loadable_kinds().values() for name in kind.marks)
 
 
 def _job_marker(pic: Picture, t: float, cls: str, color: str, tip: str, shape: str) -> None:

@@ -83,7 +83,8 @@ BUGS = {
 
 # The incidents (tests/scenario/test_incidents.py) run the same fault on write_in_place (torn
 # checkpoint) and another lost data position (replay_data): these only with -m slow.
-# skip_optim is caught in CI by the suites' and the replay-file tests (tests/explore/test_suites.py).
+# skip_optim is caught in CI by the suites' and the replay-file tests
+# (tests/explore/test_suites.py).
 @pytest.mark.parametrize("bug", cases({b: b for b in BUGS}, slow=frozenset({
     "write_in_place", "off_by_one", "skip_optim"})))
 def test_each_planted_bug_is_caught_by_its_check(chaos_run, bug):
