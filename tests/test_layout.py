@@ -184,3 +184,15 @@ def test_architecture_md_lists_the_floors_in_this_order() -> None:
             as_path = shown.replace(".", "/")
             assert shown in row[2] or as_path in row[2] or f"{as_path}/" in row[2] \
                 or f"{as_path}.py" in row[2], (entry, row[2])
+
+
+def test_the_public_face_exports_each_name_and_loads_nothing_until_asked() -> None:
+    """`import chaos` happens in every rank (the agent's package): it must stay free;
+    each name in `chaos.__all__` must still resolve on first use."""
+    code = ("import sys, chaos\n"
+            "heavy = [m for m in sys.modules if m.startswith(('torch', 'chaos.', 'faults'))]\n"
+            "assert heavy == [], heavy\n"
+            "missing = [n for n in chaos.__all__ if getattr(chaos, n, None) is None]\n"
+            "assert missing == [], missing\n"
+            "assert sorted(chaos.__all__) == sorted(chaos._PUBLIC)\n")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
