@@ -12,13 +12,13 @@ import os
 import signal
 import sys
 import time
+import traceback
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from chaos.cli import multinode
-from chaos.cli.output import print_report
-from chaos.cli.output import progress as progress_printer
+from chaos.cli.output import print_report, progress_printer
 from chaos.errors import CannotJudge, ChaosError, UsageError
 from chaos.harness.reference import default_cache_dir
 from faults.registry import get_kind
@@ -119,6 +119,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job_options(battery)
     _add_parallel(battery)
     _add_optional_script(battery)
+    doctor = sub.add_parser(
+        "doctor", help="check that a script can be judged: runs, seeded, saves, resumes",
+        description="Answers a new user's first questions about a script from real runs,"
+        " before any campaign: does it run under torchchaos (its working directory is the"
+        " run directory), is it seeded (two fault-free runs agree bitwise), do its weights"
+        " change, where and how often does it save, does it fsync what it saves, and does"
+        " it resume (one kill between two checkpoints, judged in full). Each line is ok,"
+        " WARN (judging works, a check may fail) or FAIL (fix it first), with what to do."
+        " Exit 0 when nothing FAILs, 1 when something does, 2 on bad input. With no"
+        " SCRIPT, examines the bundled reference target.")
+    _add_job_options(doctor)
+    _add_optional_script(doctor)
     points = sub.add_parser(
         "crashpoints", help="judge every crash state of one checkpoint save",
         description="Runs the job once to the step after save --save with the fault"
@@ -404,6 +416,20 @@ def cmd_battery(ns: argparse.Namespace) -> int:
     return _print_battery(entries, out)
 
 
+def cmd_doctor(ns: argparse.Namespace) -> int:
+    from chaos.engine import prepare_out_dir
+    from chaos.explore import doctor
+
+    base, out, cache = _battery_base(ns)
+    prepare_out_dir(out)
+    findings = doctor.examine(base, cache, out, progress_printer(ns.quiet))
+    print(f"torchchaos doctor: {' '.join([base.script, *base.args])}"
+          f" ({base.nproc} rank(s) x {base.nodes} node(s))")
+    print(doctor.table(findings))
+    print(f"runs: {out}")
+    return doctor.exit_code(findings)
+
+
 def cmd_crashpoints(ns: argparse.Namespace) -> int:
     from chaos.engine import prepare_out_dir
     from chaos.explore import battery, crashpoints, crashsweep
@@ -647,7 +673,8 @@ def main(argv: list[str] | None = None) -> int:
         commands = {"run": cmd_run, "battery": cmd_battery, "crashpoints": cmd_crashpoints,
                     "campaign": cmd_campaign, "report": cmd_report, "replay": cmd_replay,
                     "search": cmd_search, "shrink": cmd_shrink,
-                    "faults": cmd_faults, "export": cmd_export, **multinode.COMMANDS}
+                    "faults": cmd_faults, "export": cmd_export, "doctor": cmd_doctor,
+                    **multinode.COMMANDS}
         return commands[ns.command](ns)
     except ChaosError as exc:
         print(f"torchchaos: error: {exc}", file=sys.stderr)
@@ -656,10 +683,12 @@ def main(argv: list[str] | None = None) -> int:
         print("torchchaos: interrupted; every process of the run was reaped", file=sys.stderr)
         return 130
     except Exception as exc:  # a harness bug: still one line, exit 2
-        if os.environ.get("TORCHCHAOS_DEBUG"):
-            raise
-        print(f"torchchaos: internal error: {type(exc).__name__}: {exc}"
-              " (set TORCHCHAOS_DEBUG=1 for a traceback)", file=sys.stderr)
+        debug = bool(os.environ.get("TORCHCHAOS_DEBUG"))
+        if debug:
+            traceback.print_exc()  # the traceback asked for; the exit status stays 2
+        where = "the traceback is above" if debug else "set TORCHCHAOS_DEBUG=1 for a traceback"
+        print(f"torchchaos: internal error: {type(exc).__name__}: {exc} ({where})",
+              file=sys.stderr)
         return 2
 
 

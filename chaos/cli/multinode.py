@@ -7,8 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chaos.cli.output import print_report
-from chaos.cli.output import progress as progress_printer
+from chaos.cli.output import print_report, progress_printer
 from chaos.harness.multinode import (
     REFERENCE_ID,
     NodeSpec,

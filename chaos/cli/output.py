@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 
-def progress(quiet: bool) -> Callable[[str], None]:
+def progress_printer(quiet: bool) -> Callable[[str], None]:
+    """Where long work says how far it got: each message on stderr with the seconds
+    since the printer was made; nothing with --quiet."""
     start = time.monotonic()
 
     def say(message: str) -> None:

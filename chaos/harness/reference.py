@@ -1,7 +1,8 @@
 """The fault-free reference run, cached by what determines its outcome.
 
 The cache key covers the bytes of the script and of the Python files beside
-it (modules it may import), its arguments, the job's shape, the
+it (modules it may import), its arguments and the files they name (a config
+file edited between two runs makes a new reference), the job's shape, the
 extra environment and the torch / torchchaos versions. An entry is complete
 only once its `meta.json` exists, so an interrupted reference run is never
 reused. With two reference runs the entry also records whether the target is
@@ -14,6 +15,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from importlib import metadata
@@ -56,6 +58,30 @@ def _source_digest(script: Path) -> str:
     return h.hexdigest()
 
 
+# Files above this size (a data set) are keyed by size and modification time, not read.
+HASHED_BYTES = 64 << 20
+
+
+def argument_files(args: list[str]) -> dict[str, str]:
+    """Each argument, or the value of a `--key=value` / `key=value` argument, that names an
+    existing file (relative paths from where torchchaos was started): its digest."""
+    found: dict[str, str] = {}
+    for arg in args:
+        for text in (arg, arg.partition("=")[2]):
+            if not text or "{run_dir}" in text or text in found:
+                continue
+            path = Path(text).expanduser()
+            try:
+                if not path.is_file():
+                    continue
+                size, mtime = path.stat().st_size, path.stat().st_mtime_ns
+                found[text] = (f"size={size},mtime={mtime}" if size > HASHED_BYTES
+                               else hashlib.sha256(path.read_bytes()).hexdigest())
+            except (OSError, ValueError):  # unreadable, or not a path at all
+                continue
+    return found
+
+
 # What a reference step's fingerprints hold; a change makes older cached runs unusable.
 # 2: the loss joined them (light steps of a chaos run compare it).
 # 3: the gradients of optimizer.step(closure) are taken after the closure ran.
@@ -76,7 +102,8 @@ def _torch_version() -> str:
 def cache_key(scenario: Scenario) -> str:
     blob = {
         "script": _source_digest(Path(scenario.script)),
-        "args": scenario.args, "nproc": scenario.nproc, "nodes": scenario.nodes,
+        "args": scenario.args, "files": argument_files(scenario.args),
+        "nproc": scenario.nproc, "nodes": scenario.nodes,
         "env": scenario.env, "torch": _torch_version(), "torchchaos": chaos.__version__,
         "fingerprints": FINGERPRINT_FORMAT,
     }
@@ -95,20 +122,43 @@ def _compare(first: History, second: History) -> tuple[bool, str]:
     return True, f"two fault-free runs matched bitwise over {len(a)} rank-steps"
 
 
+def relative_path_hint(output: str) -> str:
+    """Where a job failed to open a relative path that exists where torchchaos was started:
+    the job runs in its run directory, so say so (nanoGPT's `open('configurator.py')`)."""
+    for name in re.findall(r"No such file or directory: '([^'/][^']*)'", output):
+        if Path(name).exists():
+            return (f" (the job runs in its run directory, not here: {name} exists here;"
+                    f" pass it as an absolute path, {Path(name).resolve()})")
+    return ""
+
+
+def _torchft_hint(scenario: Scenario) -> str:
+    """torchft's Manager reaches torchrun's rendezvous store as a client at MASTER_ADDR:
+    MASTER_PORT; torchchaos turns that shared store off by default (runner.py), so a
+    torchft job waits for a store nobody serves."""
+    script = Path(scenario.script)
+    sources = [script, *sorted(script.resolve().parent.glob("*.py"))]
+    if not any("torchft" in path.read_text(errors="replace") for path in sources):
+        return ""
+    return ("; it uses torchft, whose Manager connects to torchrun's store at"
+            " MASTER_ADDR:MASTER_PORT, which torchchaos turns off unless told otherwise:"
+            " run with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0 in the environment")
+
+
 def _run_once(scenario: Scenario, run_dir: Path, progress: Progress) -> float:
     bound = scenario.hang_timeout or REFERENCE_TIMEOUT  # a bound the user set holds here too
     outcome = Job(scenario, run_dir, faults=[], progress=progress, hang_timeout=bound).run()
     if outcome.hang is not None:
         raise CannotJudge(f"the target hangs without faults: no progress for"
                           f" {outcome.hang['seconds']:g} s: {describe_hang(outcome.hang)}"
-                          f" (stacks in {RunLayout(run_dir).stacks_dir})")
+                          f" (stacks in {RunLayout(run_dir).stacks_dir}){_torchft_hint(scenario)}")
     if outcome.deadline_hit:
         raise CannotJudge(f"the target did not finish without faults within {scenario.timeout:g}"
                           f" s (see {RunLayout(run_dir).logs_dir})")
     if not outcome.completed:
         tail = outcome.log_tail()
         raise CannotJudge(f"the target fails without faults (exit codes"
-                          f" {outcome.exit_codes[-1]}): {tail}")
+                          f" {outcome.exit_codes[-1]}): {tail}{relative_path_hint(tail)}")
     history = History.of_run(run_dir)
     if not history.steps():
         raise CannotJudge("the target ran without any optimizer step the agent could see"
@@ -129,7 +179,30 @@ def get_reference(scenario: Scenario, cache_root: Path, progress: Progress) -> R
     entry = cache_root / f"ref-{cache_key(scenario)}"
     with open(entry.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _cached_or_new(scenario, entry, progress)
+        reference = _cached_or_new(scenario, entry, progress)
+    why = unjudgeable(reference)
+    if why:  # said before any run with faults: every verdict would rest on it
+        raise CannotJudge(f"{why} (the reference is cached in {entry})")
+    return reference
+
+
+def unjudgeable(reference: Reference) -> str | None:
+    """Why no run with faults could be judged against this reference, or None: two
+    fault-free runs that differ, or parameters that never change (every step would
+    look like every other, so no restore could be placed)."""
+    if reference.deterministic is False:
+        return (f"the target is not deterministic without faults: {reference.detail}; seed"
+                " it (torch.manual_seed, the data order, dropout) so that two fault-free"
+                " runs agree, and a resume can be compared with them")
+    steps = sorted(reference.history().steps(0), key=lambda e: e["step"])
+    if len(steps) >= 3 and len({e["fp"].get("params_start") for e in steps}) == 1:
+        losses = {e.get("loss") for e in steps}
+        loss = f" (its loss is {losses.pop()} at every step)" if len(losses) == 1 else ""
+        return (f"the reference run's parameters never changed in {len(steps)} steps{loss}:"
+                " every step looks like every other, so no restore can be placed and no"
+                " resume judged; give the job a loss that trains (a loss of exactly 0, or"
+                " a learning rate of 0, leaves the weights as they are)")
+    return None
 
 
 def _cached_or_new(scenario: Scenario, entry: Path, progress: Progress) -> Reference:

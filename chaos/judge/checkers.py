@@ -145,6 +145,13 @@ def _before_faults(ev: Evidence) -> list[tuple[dict[str, Any], dict[str, str]]]:
     return pairs
 
 
+# A fresh start that differs from a cached reference may be a stale reference: a file the
+# script reads by a fixed name is not in the cache key (chaos.harness.reference).
+STALE_REFERENCE = ("or a stale cached reference: it is keyed on the script, the .py files"
+                   " beside it, its arguments and the files they name; run with a new"
+                   " --cache-dir to rule it out")
+
+
 def nondeterminism(ev: Evidence) -> str | None:
     """Why the target is not deterministic without faults, if it shows it is not.
 
@@ -159,11 +166,11 @@ def nondeterminism(ev: Evidence) -> str | None:
         if ((event["launch"], event["attempt"]) == (0, 0) and event["restored"] is None
                 and not event.get("loads", 0)):
             return (f"rank {event['rank']} started from a state the reference run never had"
-                    " (is it seeded from its arguments?)")
+                    f" (is it seeded from its arguments? {STALE_REFERENCE})")
     for e, ref in _before_faults(ev):
         if not same_state(ref, e["fp"]):
             return (f"step {e['step']} on rank {e['rank']} differs from the reference before"
-                    f" any fault fired ({diverging_component(e['fp'], ref)})")
+                    f" any fault fired ({diverging_component(e['fp'], ref)}; {STALE_REFERENCE})")
     return None
 
 

@@ -37,6 +37,7 @@ def _env() -> dict[str, str]:
     (["run", "--nodes", "0", "--", str(TARGET)], "--nproc and --nodes must be >= 1"),
     (["run"], "the following arguments are required: SCRIPT"),
     (["report", "nowhere"], "no report.json in nowhere"),
+    (["doctor", "--", "no/such/train.py"], "training script not found"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, reason):
@@ -62,6 +63,7 @@ NODE = ["node", "--node-rank", "0", "--nnodes", "2", "--rdzv-endpoint", "127.0.0
     ([*NODE, "--nproc", "2", "--fault", "kill:rank=4,step=3"], "rank 4 does not exist"),
     (["run", "--nproc", TOO_MANY], "pass --force to run anyway"),
     (["battery", "--nproc", TOO_MANY], "pass --force to run anyway"),
+    (["doctor", "--nproc", TOO_MANY], "pass --force to run anyway"),
     (["crashpoints", "--nodes", "2", "--nproc", TOO_MANY], "pass --force to run anyway"),
     (["run", "--fault", "storage:mode=lose_unsynced,rank=0,step=3,dir=.",
       "--fault", "storage:mode=eio,rank=0,step=4,dir=ckpt"], "cannot be combined"),
@@ -164,3 +166,19 @@ def test_the_battery_passes_the_reference_target_and_prints_one_table(tmp_path, 
     assert "tear rank 0's last write in its 2nd save" in result.stdout
     assert "mid-write in its 2nd save" in result.stdout
     assert "right after a rename in its 2nd save" in result.stdout
+
+
+@pytest.mark.parametrize("debug", ["", "1"], ids=["plain", "TORCHCHAOS_DEBUG=1"])
+def test_a_harness_bug_is_exit_2_with_or_without_the_traceback(monkeypatch, capsys, debug):
+    from chaos.cli import main as cli_main
+
+    def broken(ns):
+        raise RuntimeError("a harness bug")
+
+    monkeypatch.setattr(cli_main, "cmd_faults", broken)
+    monkeypatch.setenv("TORCHCHAOS_DEBUG", debug)
+    assert cli_main.main(["faults"]) == 2
+    err = capsys.readouterr().err
+    assert ("Traceback (most recent call last)" in err) == bool(debug)
+    assert err.strip().splitlines()[-1].startswith(
+        "torchchaos: internal error: RuntimeError: a harness bug (")

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
-from conftest import PLAIN, TARGET
+import pytest
+from conftest import PLAIN, REPO, TARGET
 
-from chaos.harness.reference import get_reference
+from chaos.errors import CannotJudge
+from chaos.harness.reference import (
+    _torchft_hint,
+    argument_files,
+    cache_key,
+    get_reference,
+    relative_path_hint,
+)
 from chaos.scenario.model import Scenario
 
 
@@ -37,6 +47,76 @@ def test_two_reference_runs_prove_or_disprove_determinism(tmp_path):
     good = get_reference(Scenario(script=str(TARGET), args=args, reference_runs=2), tmp_path,
                          lambda _: None)
     assert good.deterministic is True and "matched bitwise" in good.detail
-    bad = get_reference(Scenario(script=str(TARGET), args=[*args, "--bug", "nondeterministic"],
-                                 reference_runs=2), tmp_path, lambda _: None)
-    assert bad.deterministic is False and "differ at step 1" in bad.detail
+    bad = Scenario(script=str(TARGET), args=[*args, "--bug", "nondeterministic"],
+                   reference_runs=2)
+    with pytest.raises(CannotJudge, match="^the target is not deterministic without faults:"
+                                          " two fault-free runs differ at step 1 on rank"):
+        get_reference(bad, tmp_path, lambda _: None)
+    said: list[str] = []
+    with pytest.raises(CannotJudge, match="differ at step 1"):  # cached: said again at once
+        get_reference(bad, tmp_path, said.append)
+    assert any("reusing cached run" in line for line in said)
+
+
+def test_disagreeing_references_stop_the_command_before_any_run_with_faults(tmp_path):
+    """`--reference-runs 2` on a job that is not deterministic: exit 2 after the two
+    references, no chaos run."""
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "chaos.cli", "run", "--reference-runs", "2", "--fault",
+         "kill:rank=1,step=4", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+         "--", str(TARGET), "--steps", "6", "--ckpt-every", "3", "--bug", "nondeterministic"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "torchchaos: error: the target is not deterministic without faults: two fault-free"
+        " runs differ at step 1")
+    assert "chaos run" not in result.stderr and not (out / "chaos").exists()
+
+
+def test_a_reference_whose_parameters_never_change_is_refused_up_front(tmp_path):
+    with pytest.raises(CannotJudge, match=r"parameters never changed in 30 steps \(its loss"
+                                          r" is 0.0 at every step\).*loss that trains"):
+        get_reference(Scenario(script=str(PLAIN), args=["--zero-loss"]), tmp_path,
+                      lambda _: None)
+    get_reference(Scenario(script=str(PLAIN)), tmp_path, lambda _: None)  # the same, training
+
+
+def test_the_cache_key_covers_the_files_the_arguments_name(tmp_path, monkeypatch):
+    """A config edited between two runs makes a new reference; the key does not move
+    when nothing the arguments name changed."""
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "train.yaml"
+    config.write_text("lr: 0.1\n")
+    forms = [["--config", "train.yaml"], ["--config=train.yaml"], [f"config={config}"]]
+    keys = {str(f): cache_key(Scenario(script=str(TARGET), args=f)) for f in forms}
+    (tmp_path / "unrelated.txt").write_text("x")
+    assert keys == {str(f): cache_key(Scenario(script=str(TARGET), args=f)) for f in forms}
+    config.write_text("lr: 0.2\n")
+    for form in forms:
+        assert cache_key(Scenario(script=str(TARGET), args=form)) != keys[str(form)], form
+    assert argument_files(["--out", "{run_dir}/ckpt", "--steps", "6"]) == {}
+
+
+def test_a_relative_path_the_job_cannot_find_but_exists_here_is_named(tmp_path):
+    """The job's working directory is its run directory: a relative config path given on
+    the command line is looked up there, and the error says where it does exist."""
+    (tmp_path / "config.py").write_text("learning_rate = 0.1\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "chaos.cli", "run", "--fault", "kill:rank=0,step=3", "--out",
+         str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), "--",
+         str(REPO / "tests" / "scripts" / "reads_config.py"), "config.py"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().endswith(
+        "(the job runs in its run directory, not here: config.py exists here; pass it as an"
+        f" absolute path, {tmp_path / 'config.py'})"), result.stderr
+    assert relative_path_hint("No such file or directory: 'nowhere.py'") == ""
+
+
+def test_a_torchft_job_that_hangs_at_start_is_told_about_the_shared_store(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import torchft\n")
+    hint = _torchft_hint(Scenario(script=str(script)))
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0" in hint and "torchft" in hint
+    assert _torchft_hint(Scenario(script=str(TARGET))) == ""

@@ -240,8 +240,9 @@ def test_deterministic_resume_reports_a_nondeterministic_target_instead_of_faili
     timeline.train(2, range(11, 21), attempt=1, restored=10)
     result = checkers.deterministic_resume(evidence(timeline.history()))
     assert result.ok is None and "not deterministic without faults" in result.detail
-    assert "step 3 on rank 0 differs from the reference before any fault fired (data)" in (
+    assert "step 3 on rank 0 differs from the reference before any fault fired (data;" in (
         result.detail)
+    assert "or a stale cached reference" in result.detail and "--cache-dir" in result.detail
     proven = evidence(killed_and_resumed().history(), reference_deterministic=False,
                       reference_detail="two fault-free runs differ at step 4 on rank 0")
     assert checkers.deterministic_resume(proven).ok is None
