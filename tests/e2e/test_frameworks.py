@@ -295,3 +295,55 @@ def test_gpt_with_the_fixes_recovers_bitwise(chaos_run, fault):
     report = chaos_run(GPT, faults=[fault], args=GPT_FIXED, max_relaunches=1)
     assert report.verdict == "pass", report.table()
     assert report.checks["deterministic_resume"]["ok"] is True, report.table()
+
+
+# -- torchft -----------------------------------------------------------------------------
+
+TORCHFT = REPO / "tests" / "scripts" / "torchft_ddp.py"
+
+
+@pytest.fixture
+def lighthouse(tmp_path, monkeypatch):
+    """torchft's lighthouse on a free port, as a torchft user runs one beside the job."""
+    pytest.importorskip("torchft")
+    import shutil
+    import socket
+    import subprocess
+
+    binary = shutil.which("torchft_lighthouse")
+    if binary is None:
+        pytest.skip("torchft_lighthouse is not on PATH")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([binary, "--min_replicas", "1", "--join_timeout_ms", "1000",
+                               "--bind", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", f"http://127.0.0.1:{port}")
+    yield
+    server.kill()
+    server.wait()
+
+
+def test_torchft_hangs_on_the_unshared_store_and_the_error_says_what_to_set(
+        lighthouse, tmp_path):
+    from chaos.errors import CannotJudge
+    from chaos.harness.reference import get_reference
+    from chaos.scenario.model import Scenario
+
+    with pytest.raises(CannotJudge, match="it uses torchft, whose Manager connects to"
+                                          " torchrun's store.*"
+                                          "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0"):
+        get_reference(Scenario(script=str(TORCHFT), hang_timeout=15), tmp_path,
+                      lambda _: None)
+
+
+def test_torchft_with_the_shared_store_runs_and_a_lone_group_starts_over(
+        lighthouse, chaos_run, monkeypatch):
+    """With the store shared, the job runs; one replica group with no checkpoint on disk
+    restarts from step 0 after a kill, which bounded_lost_work reports."""
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0")
+    report = chaos_run(TORCHFT, faults=["kill:rank=1,step=6"], expect="fail")
+    assert_holds(report, ("completes", "atomic_recovery", "deterministic_resume",
+                          "no_orphans"))
+    assert "its restarts began again from step 0" in failing(report)["bounded_lost_work"]
