@@ -6,7 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import TARGET
+import pytest
+from conftest import REPO, TARGET
 from histories import Timeline
 
 from chaos.explore import doctor
@@ -82,3 +83,37 @@ def test_a_script_that_does_not_fsync_is_warned_and_still_resumes(tmp_path, shar
     for topic in ("runs", "seeded", "trains", "saves", "resumes"):
         assert lines[topic].startswith("ok "), result.stdout
     assert "it resumed from step 5" in lines["resumes"]
+
+
+TUTORIAL = [str(REPO / "tests" / "scripts" / "ddp_tutorial.py"), "6", "2", "--batch_size", "32"]
+
+
+def doctor_lines(tmp_path, cache, *script: str) -> tuple[int, dict[str, str]]:
+    result = subprocess.run(
+        [sys.executable, "-m", "chaos.cli", "doctor", "--quiet", "--out", str(tmp_path / "d"),
+         "--cache-dir", str(cache), "--", *script],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    lines = {line.split()[1]: line for line in result.stdout.splitlines()[1:-1]}
+    return result.returncode, lines
+
+
+def test_the_ddp_tutorial_as_written_is_not_seeded(tmp_path, shared_cache):
+    """The torchrun tutorial's shape draws its data and its model with torch.rand and
+    no seed: doctor stops at 'seeded', before any fault, and says what to do."""
+    code, lines = doctor_lines(tmp_path, shared_cache, *TUTORIAL)
+    assert code == 1, lines
+    assert lines["seeded"].startswith("FAIL  seeded   the target is not deterministic without"
+                                      " faults: two fault-free runs differ at step 1")
+    assert "seed it (torch.manual_seed" in lines["seeded"]
+    assert lines["runs"] == "ok    runs     it ran to its last step without faults"
+    assert lines["resumes"] == "----  resumes  needs 'seeded' first"
+
+
+@pytest.mark.slow  # three more runs; the CI case above and the no-fsync run cover the paths
+def test_the_seeded_ddp_tutorial_resumes_and_is_warned_about_fsync(tmp_path, shared_cache):
+    code, lines = doctor_lines(tmp_path, shared_cache, *TUTORIAL, "--fix", "seed")
+    assert code == 0, lines
+    assert lines["saves"].startswith("ok    saves    3 save(s), every 8 steps, by rank 0,"
+                                     " into the run directory itself"), lines
+    assert lines["fsyncs"].startswith("WARN  fsyncs   it does not fsync the files it writes")
+    assert lines["resumes"].startswith("ok    resumes  killed after step "), lines
