@@ -139,5 +139,3 @@ class Kill(FaultKind):
             _sigkill_all([p for p in tree[1:] if p != os.getpid()])
             os._exit(code)
         _sigkill_all(tree[1:])
-
-

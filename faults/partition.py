@@ -230,5 +230,3 @@ def heal(nodes: list[Node]) -> None:
     the job may be torn down already)."""
     for node in nodes:
         node.run("nft", "delete", "table", "inet", TABLE)
-
-

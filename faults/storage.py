@@ -257,5 +257,3 @@ def _tear_in_process(ctx: FireContext, keep: float) -> None:
         os.truncate(ctx.path, int(size * keep))
         ctx.record("fault_applied", torn=ctx.path, size=size, kept=int(size * keep))
     Kill().kill_node("SIGKILL", 0.0, 0)
-
-

@@ -24,11 +24,10 @@ from faults.params import positive_int, seconds
 
 class Straggler(FaultKind):
     name = "straggler"
-    marks = ("straggler",)
     summary = "slow one rank down by a delay per step (for a while or for good)"
     targets = ("rank",)
     params = {"delay": seconds, "steps": positive_int}
-
+    marks = ("straggler",)
 
     def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
         raise NotExported("slows one rank by a delay per step from inside its process; Chaos"
@@ -50,5 +49,3 @@ class Straggler(FaultKind):
 
         if slow_down(ctx.training.step()):  # the trigger step is the first one slowed
             ctx.training.after_every_step(slow_down)
-
-

@@ -128,7 +128,6 @@ class Toxic(HarnessKind):
               "bytes": non_negative_int, "for": seconds, "flaps": positive_int,
               "gap": seconds}
 
-
     def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
         raise NotExported("degrades one TCP endpoint (the rendezvous store) through Toxiproxy;"
                           " NetworkChaos acts on whole pods' traffic, not one port")
@@ -190,5 +189,3 @@ class Toxic(HarnessKind):
                 pass
 
         return heal, {"toxic": kind, "attributes": attributes, "proxy": proxy.name}
-
-
