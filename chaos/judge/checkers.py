@@ -187,10 +187,16 @@ def atomic_recovery(ev: Evidence) -> CheckResult:
     recoveries = ev.recoveries
     if not recoveries:
         return CheckResult(None, "no recovery happened, nothing to judge")
+    own: list[str] = []
     for rec in recoveries:
         for rank, restored in sorted(rec.restored.items()):
             if restored is None and (reason := nondeterminism(ev)):
                 return _undecidable(reason)
+            if restored is None and (step := _own_state(ev, rec, rank)) is not None:
+                # A faithful save of a state this run had after an earlier resume went
+                # astray: consistent, and deterministic_resume names that divergence.
+                own.append(f"rank {rank} restored this run's own step {step}")
+                continue
             if restored is None:
                 return CheckResult(False, f"after the failure at step {rec.failed_step}, rank"
                                           f" {rank} restored a state that matches no step of"
@@ -200,8 +206,25 @@ def atomic_recovery(ev: Evidence) -> CheckResult:
         return CheckResult(False, f"{mixed}: the job's checkpoint was torn, its replicas now"
                                   " hold different states")
     steps = [r.restored_step for r in recoveries]
+    also = f"; {', '.join(own)}, saved after it diverged from the reference" if own else ""
     return CheckResult(True, f"{len(recoveries)} recovery(ies), each restored a consistent"
-                             f" checkpoint (steps {steps})", {"restored_steps": steps})
+                             f" checkpoint (steps {steps}){also}", {"restored_steps": steps})
+
+
+def _own_state(ev: Evidence, rec: Recovery, rank: int) -> int | None:
+    """The step of this chaos run, before the recovery, whose end state the rank restored
+    (weights and optimizer bitwise), or None. A state that matches no reference step
+    may still be a whole checkpoint: one the run saved after a resume diverged."""
+    restore = next((e for e in ev.chaos.of("restore") if e.get("rank") == rank
+                    and (e.get("launch"), e.get("attempt")) == (rec.launch, rec.attempt)), None)
+    fp = (restore or {}).get("fp") or {}
+    if not fp.get("params_start") or not fp.get("optim_start"):
+        return None
+    for e in reversed(ev.chaos.steps(rank)):
+        if e["t"] < rec.started and (e["fp"].get("params"), e["fp"].get("optim")) == (
+                fp["params_start"], fp["optim_start"]):
+            return e["step"]
+    return None
 
 
 def _mixed_restore(ev: Evidence) -> str | None:
@@ -266,6 +289,8 @@ def deterministic_resume(ev: Evidence) -> CheckResult:
     divergent: list[tuple[Event, str]] = []
     for e in ev.chaos.steps():
         if not e.get("aligned", True):
+            if divergent:  # an earlier resume went astray: that is the cause to name
+                break
             return CheckResult(False, f"rank {e['rank']} resumed from a state that matches no"
                                       " reference step; its steps cannot be aligned")
         ref = reference.get((e["rank"], e["step"]))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from histories import Timeline, evidence, fp
+from histories import Timeline, evidence, fp, reference
 
 from chaos.judge import checkers
 from chaos.judge.registry import run_checks
@@ -575,3 +575,47 @@ def test_a_checkpoint_a_power_loss_dropped_is_not_overwritten_by_the_restart():
     assert checkers._among("out/ckpt.pt", ["ckpt.pt"])
     assert checkers._among("out/checkpoint-10/config.json", ["checkpoint-10"])
     assert not checkers._among("out/checkpoint-100/config.json", ["checkpoint-10"])
+
+
+def test_a_restart_onto_a_checkpoint_saved_after_a_diverged_resume_blames_the_resume():
+    """Seen on the Lightning target: a kill at step 7, a resume from step 5 that diverges
+    at step 6, the job done at step 14, then one more restart (torch's gloo teardown
+    abort) that loads the checkpoint of step 10. That checkpoint is whole, a faithful
+    save of the diverged state; the cause is the first resume, not a torn file."""
+    timeline = Timeline()
+    timeline.train(2, range(1, 8))
+    timeline.fault(0, 7)
+    astray = {s: fp(s, batch="other" if s == 6 else f"batch@{s}", params=f"x@{s}",
+                    optim=f"o@{s}", **({"params_start": f"x@{s - 1}", "optim_start": f"o@{s - 1}"}
+                                       if s > 6 else {})) for s in range(6, 15)}
+    timeline.train(2, range(6, 15), attempt=1, restored=5, fps=astray)
+    for rank in range(2):
+        timeline.add("boot", **timeline.proc(rank, attempt=2))
+        timeline.add("restore", restored=None, match=None,
+                     fp={"params_start": "x@10", "optim_start": "o@10"},
+                     **timeline.proc(rank, attempt=2))
+    for step in range(1, 5):
+        for rank in range(2):
+            timeline.add("step", step=step, local=step, aligned=False, loss=1.0,
+                         fp=fp(step, params=f"y@{step}"), **timeline.proc(rank, attempt=2))
+    ev = evidence(timeline.history(), reference(14))
+    atomic = checkers.atomic_recovery(ev)
+    assert atomic.ok is True, atomic.detail
+    assert "rank 0 restored this run's own step 10, rank 1 restored this run's own step 10" in (
+        atomic.detail)
+    resume = checkers.deterministic_resume(ev)
+    assert resume.ok is False and resume.detail.startswith(
+        "diverged from the reference at step 6 on rank"), resume.detail
+
+
+def test_a_restore_that_matches_nothing_this_run_had_is_still_torn():
+    timeline = Timeline()
+    timeline.train(2, range(1, 8))
+    timeline.fault(0, 7)
+    for rank in range(2):
+        timeline.add("boot", **timeline.proc(rank, attempt=1))
+        timeline.add("restore", restored=None, match=None,
+                     fp={"params_start": "torn", "optim_start": "torn"},
+                     **timeline.proc(rank, attempt=1))
+    atomic = checkers.atomic_recovery(evidence(timeline.history(), reference(14)))
+    assert atomic.ok is False and "matches no step of the reference (torn" in atomic.detail
