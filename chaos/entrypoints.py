@@ -1,4 +1,4 @@
-"""Plug-ins by dotted path: what the fault-kind and check registries share.
+"""Plug-ins by dotted path: the mechanism the fault-kind and check registries share.
 
 A plug-in is named `module:attribute` (or `module.attribute`), either in a
 registry's built-in table or by an installed package's entry point, and is
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from collections.abc import Callable
 from importlib.metadata import entry_points
+from typing import Generic, TypeVar
 
 from chaos.errors import UsageError
 
@@ -37,3 +39,41 @@ def load_object(path: str, what: str) -> object:
         return getattr(importlib.import_module(module), attribute)
     except (ImportError, AttributeError) as error:
         raise UsageError(f"{what}: cannot load {path!r} ({error})") from None
+
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Names to dotted paths (a built-in table plus the plug-ins of an entry-point group),
+    each object imported the first time its name is asked for and kept. `accept` turns
+    what was imported into the registry's object, or raises UsageError."""
+
+    def __init__(self, group: str, builtin: dict[str, str], what: str,
+                 accept: Callable[[str, str, object], T]) -> None:
+        self.group, self.builtin, self.what, self.accept = group, builtin, what, accept
+        self._loaded: dict[str, T] = {}
+
+    def paths(self) -> dict[str, str]:
+        """Every known name and its dotted path; built-ins win over plug-ins."""
+        return merged(self.group, self.builtin, self.what)
+
+    def get(self, name: str) -> T:
+        if name not in self._loaded:
+            paths = self.paths()
+            if name not in paths:
+                raise UsageError(f"unknown {self.what} {name!r}"
+                                 f" (known: {', '.join(sorted(paths))})")
+            found = load_object(paths[name], f"{self.what} {name!r}")
+            self._loaded[name] = self.accept(name, paths[name], found)
+        return self._loaded[name]
+
+    def loadable(self) -> dict[str, T]:
+        """Every object that loads: a broken plug-in nobody named is skipped."""
+        found = {}
+        for name in sorted(self.paths()):
+            try:
+                found[name] = self.get(name)
+            except UsageError:
+                continue
+        return found

@@ -15,7 +15,7 @@ A name is the spec's `KIND` (`slowdisk:rank=0,step=5`); the class is a
 
 from __future__ import annotations
 
-from chaos.entrypoints import load_object, merged
+from chaos.entrypoints import Registry
 from chaos.errors import UsageError
 from faults.contract import FaultKind
 
@@ -31,26 +31,23 @@ BUILTIN: dict[str, str] = {
     "toxic": "faults.toxic:Toxic",
 }
 
-_loaded: dict[str, FaultKind] = {}
+def _instance(name: str, path: str, found: object) -> FaultKind:
+    if not (isinstance(found, type) and issubclass(found, FaultKind)) or found.name != name:
+        raise UsageError(f"fault kind {name!r}: {path!r} is not a FaultKind named {name!r}")
+    return found()
+
+
+KINDS: Registry[FaultKind] = Registry(ENTRY_POINT_GROUP, BUILTIN, "fault kind", _instance)
 
 
 def kind_paths() -> dict[str, str]:
     """Every known kind's name and dotted path; built-ins win over plug-ins."""
-    return merged(ENTRY_POINT_GROUP, BUILTIN, "fault kind")
+    return KINDS.paths()
 
 
 def get_kind(name: str) -> FaultKind:
     """The kind named `name`, imported now if it was not yet."""
-    if name not in _loaded:
-        paths = kind_paths()
-        if name not in paths:
-            raise UsageError(f"unknown fault kind {name!r} (known: {', '.join(sorted(paths))})")
-        cls = load_object(paths[name], f"fault kind {name!r}")
-        if not (isinstance(cls, type) and issubclass(cls, FaultKind)) or cls.name != name:
-            raise UsageError(f"fault kind {name!r}: {paths[name]!r} is not a FaultKind"
-                             f" named {name!r}")
-        _loaded[name] = cls()
-    return _loaded[name]
+    return KINDS.get(name)
 
 
 def all_kinds() -> dict[str, FaultKind]:
@@ -61,10 +58,4 @@ def all_kinds() -> dict[str, FaultKind]:
 def loadable_kinds() -> dict[str, FaultKind]:
     """Every kind that loads, for what only looks kinds over (the timeline's marks, the
     search's names): a broken plug-in the job does not use must not stop those."""
-    found = {}
-    for name in sorted(kind_paths()):
-        try:
-            found[name] = get_kind(name)
-        except UsageError:
-            continue
-    return found
+    return KINDS.loadable()

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from chaos.entrypoints import load_object, merged
+from chaos.entrypoints import Registry
 from chaos.errors import UsageError
 
 if TYPE_CHECKING:
@@ -38,12 +38,20 @@ BUILTIN: dict[str, str] = {
 }
 
 Check = Callable[["Evidence"], "CheckResult"]
-_loaded: dict[str, Check] = {}
+
+
+def _callable(name: str, path: str, found: object) -> Check:
+    if not callable(found):
+        raise UsageError(f"check {name!r}: {path!r} is not callable")
+    return found  # type: ignore[return-value]
+
+
+CHECKS: Registry[Check] = Registry(ENTRY_POINT_GROUP, BUILTIN, "check", _callable)
 
 
 def check_paths() -> dict[str, str]:
     """Every known check's name and dotted path; built-ins win over plug-ins."""
-    return merged(ENTRY_POINT_GROUP, BUILTIN, "check")
+    return CHECKS.paths()
 
 
 def default_checks() -> list[str]:
@@ -58,15 +66,7 @@ def validate(names: list[str]) -> None:
 
 
 def get_check(name: str) -> Check:
-    if name not in _loaded:
-        paths = check_paths()
-        if name not in paths:
-            raise UsageError(f"unknown check {name!r} (known: {', '.join(sorted(paths))})")
-        check = load_object(paths[name], f"check {name!r}")
-        if not callable(check):
-            raise UsageError(f"check {name!r}: {paths[name]!r} is not callable")
-        _loaded[name] = check  # type: ignore[assignment]
-    return _loaded[name]
+    return CHECKS.get(name)
 
 
 def run_checks(ev: Evidence, names: list[str] | None = None) -> dict[str, CheckResult]:
