@@ -18,7 +18,7 @@ from pathlib import Path
 
 from chaos.engine import run_scenario
 from chaos.errors import CannotJudge
-from chaos.harness.reference import get_reference
+from chaos.harness.reference import Unjudgeable, get_reference
 from chaos.harness.runner import Progress
 from chaos.rundir.history import History
 from chaos.scenario.model import Scenario
@@ -40,8 +40,10 @@ def examine(base: Scenario, cache_dir: Path, out_dir: Path, progress: Progress
     try:
         reference = get_reference(dataclasses.replace(base, reference_runs=2), cache_dir,
                                   progress)
-    except CannotJudge as exc:
-        return _refused(str(exc))
+    except Unjudgeable as exc:
+        return _refused(exc.topic, str(exc))
+    except CannotJudge as exc:  # it fails, hangs or never steps without faults
+        return _refused("runs", str(exc))
     history = reference.history()
     found = [Finding("runs", "ok", f"{history.final_step()} steps on"
                                    f" {len(history.ranks())} rank(s) in"
@@ -59,11 +61,10 @@ def examine(base: Scenario, cache_dir: Path, out_dir: Path, progress: Progress
     return found
 
 
-def _refused(reason: str) -> list[Finding]:
-    """What the reference runs' refusal says, as the first finding that failed."""
+def _refused(topic: str, reason: str) -> list[Finding]:
+    """The reference runs' refusal (about `topic`: runs, seeded or trains) as the first
+    finding that failed, after those that passed."""
     order = ["runs", "seeded", "trains"]
-    topic = ("seeded" if "not deterministic" in reason
-             else "trains" if "parameters never changed" in reason else "runs")
     said = {"runs": "it ran to its last step without faults",
             "seeded": "two fault-free runs agreed bitwise"}
     passed = [Finding(t, "ok", said[t]) for t in order[:order.index(topic)]]

@@ -17,7 +17,7 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -39,8 +39,13 @@ class Reference:
     deterministic: bool | None  # None: only one run, not proven either way
     detail: str
 
+    _history: History | None = field(default=None, repr=False, compare=False)
+
     def history(self) -> History:
-        return History.of_run(self.run_dir)
+        """The reference run's history, read once (every planner and judge asks for it)."""
+        if self._history is None:
+            self._history = History.of_run(self.run_dir)
+        return self._history
 
 
 
@@ -50,10 +55,15 @@ def default_cache_dir() -> Path:
     return Path(base) / "torchchaos"
 
 
+def _sibling_sources(script: Path) -> list[Path]:
+    """The Python files beside the script (the script among them), which it may import."""
+    return sorted(script.resolve().parent.glob("*.py"))
+
+
 def _source_digest(script: Path) -> str:
     """The script and the Python files beside it, which it may import as modules."""
     h = hashlib.sha256(script.read_bytes())
-    for path in sorted(script.resolve().parent.glob("*.py")):
+    for path in _sibling_sources(script):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
 
@@ -136,8 +146,7 @@ def _torchft_hint(scenario: Scenario) -> str:
     """torchft's Manager reaches torchrun's rendezvous store as a client at MASTER_ADDR:
     MASTER_PORT; torchchaos turns that shared store off by default (runner.py), so a
     torchft job waits for a store nobody serves."""
-    script = Path(scenario.script)
-    sources = [script, *sorted(script.resolve().parent.glob("*.py"))]
+    sources = [Path(scenario.script), *_sibling_sources(Path(scenario.script))]
     if not any("torchft" in path.read_text(errors="replace") for path in sources):
         return ""
     return ("; it uses torchft, whose Manager connects to torchrun's store at"
@@ -180,27 +189,36 @@ def get_reference(scenario: Scenario, cache_root: Path, progress: Progress) -> R
     with open(entry.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         reference = _cached_or_new(scenario, entry, progress)
-    why = unjudgeable(reference)
-    if why:  # said before any run with faults: every verdict would rest on it
-        raise CannotJudge(f"{why} (the reference is cached in {entry})")
+    refusal = unjudgeable(reference)
+    if refusal:  # said before any run with faults: every verdict would rest on it
+        raise Unjudgeable(refusal[0], f"{refusal[1]} (the reference is cached in {entry})")
     return reference
 
 
-def unjudgeable(reference: Reference) -> str | None:
-    """Why no run with faults could be judged against this reference, or None: two
-    fault-free runs that differ, or parameters that never change (every step would
-    look like every other, so no restore could be placed)."""
+class Unjudgeable(CannotJudge):
+    """A reference no run with faults can be judged against; `topic` says what the
+    target must fix: "seeded" (fault-free runs differ) or "trains" (weights never move)."""
+
+    def __init__(self, topic: str, message: str) -> None:
+        super().__init__(message)
+        self.topic = topic
+
+
+def unjudgeable(reference: Reference) -> tuple[str, str] | None:
+    """(topic, why) when no run with faults could be judged against this reference, else
+    None: two fault-free runs that differ ("seeded"), or parameters that never change
+    ("trains": every step would look like every other, so no restore could be placed)."""
     if reference.deterministic is False:
-        return (f"the target is not deterministic without faults: {reference.detail}; seed"
-                " it (torch.manual_seed, the data order, dropout) so that two fault-free"
+        return ("seeded", f"the target is not deterministic without faults: {reference.detail};"
+                " seed it (torch.manual_seed, the data order, dropout) so that two fault-free"
                 " runs agree, and a resume can be compared with them")
     steps = sorted(reference.history().steps(0), key=lambda e: e["step"])
     if len(steps) >= 3 and len({e["fp"].get("params_start") for e in steps}) == 1:
         losses = {e.get("loss") for e in steps}
         loss = f" (its loss is {losses.pop()} at every step)" if len(losses) == 1 else ""
-        return (f"the reference run's parameters never changed in {len(steps)} steps{loss}:"
-                " every step looks like every other, so no restore can be placed and no"
-                " resume judged; give the job a loss that trains (a loss of exactly 0, or"
+        return ("trains", f"the reference run's parameters never changed in {len(steps)} steps"
+                f"{loss}: every step looks like every other, so no restore can be placed and"
+                " no resume judged; give the job a loss that trains (a loss of exactly 0, or"
                 " a learning rate of 0, leaves the weights as they are)")
     return None
 

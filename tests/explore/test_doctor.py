@@ -57,15 +57,16 @@ def test_where_and_how_often_it_saves():
 
 
 def test_a_refused_reference_names_the_first_thing_to_fix():
-    findings = doctor._refused("the target is not deterministic without faults: two"
-                               " fault-free runs differ at step 1 on rank 0; seed it")
+    findings = doctor._refused("seeded", "the target is not deterministic without faults:"
+                               " two fault-free runs differ at step 1 on rank 0; seed it")
     assert [(f.topic, f.status) for f in findings] == [
         ("runs", "ok"), ("seeded", "fail"), ("trains", "skip"), ("saves", "skip"),
         ("fsyncs", "skip"), ("resumes", "skip")]
-    findings = doctor._refused("the reference run's parameters never changed in 30 steps")
+    findings = doctor._refused("trains", "the reference run's parameters never changed in 30"
+                               " steps")
     assert [f.status for f in findings][:3] == ["ok", "ok", "fail"]
     assert doctor.exit_code(findings) == 1
-    findings = doctor._refused("the target fails without faults (exit codes [1]): ...")
+    findings = doctor._refused("runs", "the target fails without faults (exit codes [1]): ...")
     assert findings[0].status == "fail" and findings[0].topic == "runs"
 
 
