@@ -577,6 +577,15 @@ def test_a_checkpoint_a_power_loss_dropped_is_not_overwritten_by_the_restart():
     assert not checkers._among("out/checkpoint-100/config.json", ["checkpoint-10"])
 
 
+def restart_onto(timeline: Timeline, attempt: int, params: str, optim: str) -> None:
+    """Both ranks restart and restore a state that matches no reference step."""
+    for rank in range(2):
+        timeline.add("boot", **timeline.proc(rank, attempt=attempt))
+        timeline.add("restore", restored=None, match=None,
+                     fp={"params_start": params, "optim_start": optim},
+                     **timeline.proc(rank, attempt=attempt))
+
+
 def test_a_restart_onto_a_checkpoint_saved_after_a_diverged_resume_blames_the_resume():
     """Seen on the Lightning target: a kill at step 7, a resume from step 5 that diverges
     at step 6, the job done at step 14, then one more restart (torch's gloo teardown
@@ -589,11 +598,7 @@ def test_a_restart_onto_a_checkpoint_saved_after_a_diverged_resume_blames_the_re
                     optim=f"o@{s}", **({"params_start": f"x@{s - 1}", "optim_start": f"o@{s - 1}"}
                                        if s > 6 else {})) for s in range(6, 15)}
     timeline.train(2, range(6, 15), attempt=1, restored=5, fps=astray)
-    for rank in range(2):
-        timeline.add("boot", **timeline.proc(rank, attempt=2))
-        timeline.add("restore", restored=None, match=None,
-                     fp={"params_start": "x@10", "optim_start": "o@10"},
-                     **timeline.proc(rank, attempt=2))
+    restart_onto(timeline, attempt=2, params="x@10", optim="o@10")
     for step in range(1, 5):
         for rank in range(2):
             timeline.add("step", step=step, local=step, aligned=False, loss=1.0,
@@ -612,10 +617,6 @@ def test_a_restore_that_matches_nothing_this_run_had_is_still_torn():
     timeline = Timeline()
     timeline.train(2, range(1, 8))
     timeline.fault(0, 7)
-    for rank in range(2):
-        timeline.add("boot", **timeline.proc(rank, attempt=1))
-        timeline.add("restore", restored=None, match=None,
-                     fp={"params_start": "torn", "optim_start": "torn"},
-                     **timeline.proc(rank, attempt=1))
+    restart_onto(timeline, attempt=1, params="torn", optim="torn")
     atomic = checkers.atomic_recovery(evidence(timeline.history(), reference(14)))
     assert atomic.ok is False and "matches no step of the reference (torn" in atomic.detail
