@@ -2,6 +2,9 @@
 
 RUN_DIR = "TORCHCHAOS_RUN_DIR"  # the run directory; its presence arms the agent in workers
 RUN_ID = "TORCHCHAOS_RUN_ID"  # marks every process of a run, so none escapes reaping
+# marks a harness helper (a fault filesystem daemon) with the run it serves: reaped with
+# the run's leftovers, but not by the run's own reaping (the harness stops it in order)
+HELPER = "TORCHCHAOS_HELPER_OF"
 REFERENCE = "TORCHCHAOS_REFERENCE"  # run dir of the reference run (absent in the reference)
 LAUNCH = "TORCHCHAOS_LAUNCH"  # how many times the runner relaunched the whole job
 T0 = "TORCHCHAOS_T0"  # time.monotonic() when the job first started, for time= triggers

@@ -98,6 +98,18 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"torchchaos: {exc}") from None
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Before any test: remove what dead harnesses left on this machine (an earlier
+    session killed by a CI timeout, say), never what a live harness owns."""
+    from chaos.host import lifeline
+
+    if os.environ.get(lifeline.OFF_ENV) == "1":
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lifeline.sweep_stale(lambda message: reporter.write_line(f"torchchaos: {message}")
+                         if reporter is not None else None)
+
+
 def _pyproject(config: pytest.Config) -> Path:
     if config.inipath is not None and config.inipath.name == "pyproject.toml":
         return config.inipath

@@ -21,6 +21,7 @@ from chaos.cli import multinode
 from chaos.cli.output import print_report, progress_printer
 from chaos.errors import CannotJudge, ChaosError, UsageError
 from chaos.harness.reference import default_cache_dir
+from chaos.host import leftovers, owners
 from faults.registry import get_kind
 
 if TYPE_CHECKING:
@@ -191,6 +192,17 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="print the verdict table of a finished run")
     report.add_argument("out", type=Path, metavar="DIR", help="a --out directory of `run`")
     sub.add_parser("faults", help="list the fault kinds and their parameters")
+    clean = sub.add_parser(
+        "clean", help="list (or, with --yes, remove) what dead harnesses left behind",
+        description="Finds what torchchaos runs left on this machine whose harness is dead"
+        " (killed by SIGKILL, the OOM killer or a CI timeout, and its watcher too):"
+        " processes carrying a run's mark, network namespaces, veth links and bridges of"
+        " simulated nodes, fault filesystem mounts, and dead harnesses' lock files. Lists"
+        " them; --yes removes them. What a live harness owns is never touched. Each"
+        " harness also removes these when it starts, and the pytest plugin at session"
+        " start. Exit 0 when nothing is left (or all was removed), 1 when leftovers were"
+        " listed but not removed, or some could not be removed.")
+    clean.add_argument("--yes", action="store_true", help="remove what is listed")
     sub.add_parser("suite", add_help=False,
                    help="run the ready-made pytest suites: pytest --pyargs suites [PYTEST ARGS]"
                         " (--chaos-script PATH --chaos-args '...', -m chaos_kills, ...)")
@@ -645,6 +657,30 @@ def cmd_suite(pytest_args: list[str]) -> int:
     return int(pytest.main(["--pyargs", "suites", *pytest_args]))
 
 
+def cmd_clean(ns: argparse.Namespace) -> int:
+    found = leftovers.inventory()
+    who = owners.owners()  # read after listing: a live run is registered before it exists
+    stale = leftovers.stale(found, who)
+    for harness in who.live:
+        mine = leftovers.of_lock(found, harness)
+        print(f"left alone: {len(mine)} thing(s) of live harness pid {harness.pid}"
+              f" ({harness.command[:80]})")
+    if not stale:
+        print("nothing left behind by dead harnesses")
+        return 0
+    print(f"{len(stale)} leftover(s) of dead harnesses:")
+    for item in stale:
+        print(f"  {item.describe()}")
+    if not ns.yes:
+        print("run `torchchaos clean --yes` to remove them")
+        return 1
+    failures = leftovers.remove(stale)
+    for failure in failures:
+        print(f"could not remove {failure}", file=sys.stderr)
+    print(f"removed {len(stale) - len(failures)} of {len(stale)}")
+    return 1 if failures else 0
+
+
 def cmd_faults(_ns: argparse.Namespace) -> int:
     from faults.registry import all_kinds
 
@@ -674,6 +710,7 @@ def main(argv: list[str] | None = None) -> int:
                     "campaign": cmd_campaign, "report": cmd_report, "replay": cmd_replay,
                     "search": cmd_search, "shrink": cmd_shrink,
                     "faults": cmd_faults, "export": cmd_export, "doctor": cmd_doctor,
+                    "clean": cmd_clean,
                     **multinode.COMMANDS}
         return commands[ns.command](ns)
     except ChaosError as exc:

@@ -30,7 +30,7 @@ import chaos
 from chaos import env
 from chaos.harness.hangwatch import STATE_ORDER, Hang, HangWatch
 from chaos.harness.nemesis import Nemesis
-from chaos.host import netns, procs, stacks
+from chaos.host import lifeline, netns, procs, stacks
 from chaos.host.mounts import mounts_under
 from chaos.host.netns import Network
 from chaos.rundir.history import History, HistoryWriter
@@ -184,6 +184,7 @@ class Job:
         self.record = record  # a folder the fault filesystem records (chaos.explore.crashstates)
 
     def run(self) -> JobOutcome:
+        lifeline.own(self.run_id, self.layout.run_dir)  # before anything of the run exists
         self.layout.create()
         schedule.save(self.faults, self.layout.schedule_file)
         outcome = JobOutcome(self.layout.run_dir)

@@ -78,7 +78,9 @@ class Node:
 
 
 class Network:
-    """The namespaces, links and bridge of one job; `close()` removes them all."""
+    """The namespaces, links and bridge of one job; `close()` removes them all. Register
+    the run with the harness's lifeline first (`chaos.host.lifeline.own`, as `Job` does):
+    if the harness dies, its watcher removes them."""
 
     def __init__(self, run_id: str, nodes: int) -> None:
         tag = run_id[:8]

@@ -23,11 +23,14 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from chaos.env import HELPER
 from chaos.errors import ChaosError
+from chaos.host import lifeline
 from chaos.host.mounts import mounts_under
 from faults.faultfs import client
 
@@ -63,6 +66,7 @@ class Mount:
         self.state = state.resolve()
         self.history = history.resolve()
         self.run_id = run_id
+        self.owner = run_id or uuid.uuid4().hex[:12]  # the daemon's mark (env.HELPER)
         self.private = private
         self.record = record.resolve() if record is not None else None  # blob file
         self.socket_path = str(self.state / "control.sock")
@@ -89,6 +93,8 @@ class Mount:
         if reason:
             raise FaultFSError(f"cannot mount the fault filesystem: {reason}")
         self._check_own_files()
+        # a dead harness's mount and daemon are then found and removed (chaos.host.lifeline)
+        lifeline.own(self.owner, self.mountpoint)
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         self.state.mkdir(parents=True, exist_ok=True)
         # the daemon serves this folder through this descriptor once the mount hides it
@@ -112,7 +118,8 @@ class Mount:
         with open(self.state / "daemon.log", "ab") as log:
             self.daemon = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                            stderr=subprocess.STDOUT, start_new_session=True,
-                                           pass_fds=(root_fd,))
+                                           pass_fds=(root_fd,),
+                                           env={**os.environ, HELPER: self.owner})
         rel = self._inside(self.state)
         if rel is not None:  # under the mount: only the daemon's descriptor reaches it
             self.socket_path = f"/proc/{self.daemon.pid}/fd/{root_fd}/{rel}/control.sock"

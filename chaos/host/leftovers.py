@@ -1,0 +1,171 @@
+"""Everything a run can leave on the machine, found and removed.
+
+A run leaves processes (ranks, torchrun agents, healers, fault filesystem
+daemons: all carry the run's id in their environment), network namespaces,
+veth links and a bridge (named after the run id; a partition's nftables
+tables live inside the namespaces and go with them), fault filesystem mounts
+(fsname `torchchaos-faultfs`, under the run directory), and the lock file of
+its harness (`chaos.host.owners`). `inventory()` lists all of it; a thing is
+stale when no live harness owns its run or folder; `remove` takes things
+away in the order that works: processes first (they keep mounts busy), then
+mounts, then the network, then the lock files.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaos import env
+from chaos.host import netns, procs
+from chaos.host.owners import LockFile, Owners, owners
+
+FSNAME = "torchchaos-faultfs"  # the fault filesystem's mounts show this source
+ORDER = ("process", "mount", "netns", "link", "lock")
+MARKERS = (env.RUN_ID, env.HELPER)
+REMOVERS = {"mount": ["fusermount3", "-u", "-z"], "netns": ["ip", "netns", "del"],
+            "link": ["ip", "link", "del"]}
+
+
+@dataclass(frozen=True)
+class Leftover:
+    kind: str  # one of ORDER
+    name: str  # pid, mountpoint, namespace, link or lock file path
+    run: str = ""  # the run id it carries (a prefix for network names)
+    detail: str = ""  # a process's command line, a dead harness's pid
+
+    def describe(self) -> str:
+        run = f" of run {self.run}" if self.run else ""
+        detail = f" ({self.detail})" if self.detail else ""
+        return f"{self.kind} {self.name}{run}{detail}"
+
+
+def inventory() -> list[Leftover]:
+    """Everything of any torchchaos run that exists now, live or not."""
+    found = _processes() + _mounts() + _network()
+    return sorted(found, key=lambda x: (ORDER.index(x.kind), x.name))
+
+
+def stale(found: list[Leftover], who: Owners | None = None) -> list[Leftover]:
+    """What no live harness owns, plus the lock files of dead harnesses. Read the owners
+    after listing: a run is registered before anything of it exists."""
+    who = who if who is not None else owners()
+    orphans = [x for x in found if not _owned(x, who)]
+    return orphans + [Leftover("lock", str(f.path), detail=f"harness pid {f.pid}, dead")
+                      for f in who.dead]
+
+
+def of_lock(found: list[Leftover], lock: LockFile) -> list[Leftover]:
+    """What belongs to the runs and folders one harness's file lists."""
+    return [x for x in found if _owned(x, Owners([lock], []))]
+
+
+def _owned(item: Leftover, who: Owners) -> bool:
+    if item.kind == "mount":
+        return who.owns_path(item.name)
+    return bool(item.run) and who.owns_run(item.run)
+
+
+def remove(items: list[Leftover], timeout: float = 10.0) -> list[str]:
+    """Take the things away (processes: SIGKILL, also when stopped, until none of those
+    runs is left). Returns what could not be removed, in words."""
+    failures: list[str] = []
+    runs = {x.run for x in items if x.kind == "process"}
+    pids = [int(x.name) for x in items if x.kind == "process"]
+    if pids:
+        failures += _kill(pids, runs, timeout)
+    for item in sorted(items, key=lambda x: ORDER.index(x.kind)):
+        if item.kind == "lock":
+            Path(item.name).unlink(missing_ok=True)
+        elif item.kind in REMOVERS and _exists(item):
+            failures += _run_quietly([*REMOVERS[item.kind], item.name], item)
+    return failures
+
+
+def _exists(item: Leftover) -> bool:
+    """Still there? A mount goes with its killed daemon (auto_unmount), a veth with its
+    namespace's end."""
+    if item.kind == "mount":
+        return any(m.name == item.name for m in _mounts())
+    return any(n.kind == item.kind and n.name == item.name for n in _network())
+
+
+def _kill(pids: list[int], runs: set[str], timeout: float) -> list[str]:
+    """SIGKILL these pids and whatever else carries those runs' marks (a torchrun agent
+    may fork a worker meanwhile), until none is left."""
+    deadline = time.monotonic() + timeout
+    victims = pids
+    while victims:
+        procs.signal_all(victims, signal.SIGKILL)
+        procs.signal_all(victims, signal.SIGCONT)  # a stopped parent's waiter moves on
+        if time.monotonic() > deadline:
+            return [f"processes {victims} survived SIGKILL"]
+        time.sleep(0.05)
+        victims = [int(x.name) for x in _processes() if x.run in runs]
+    return []
+
+
+def _run_quietly(command: list[str], item: Leftover) -> list[str]:
+    """Run a removal; a failure counts only if the thing is still there."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [f"{item.describe()}: {exc}"]
+    if done.returncode != 0 and _exists(item):
+        return [f"{item.describe()}: {done.stderr.strip()}"]
+    return []
+
+
+def _processes() -> list[Leftover]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        run = _marker(entry)
+        if run and procs.pid_alive(int(entry.name)):
+            found.append(Leftover("process", entry.name, run, _command(entry)))
+    return found
+
+
+def _marker(proc_dir: Path) -> str:
+    try:
+        environ = (proc_dir / "environ").read_bytes()
+    except OSError:
+        return ""
+    for item in environ.split(b"\0"):
+        name, _, value = item.partition(b"=")
+        if name.decode(errors="replace") in MARKERS and value:
+            return value.decode(errors="replace")
+    return ""
+
+
+def _command(proc_dir: Path) -> str:
+    try:
+        words = (proc_dir / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    return b" ".join(w for w in words if w).decode(errors="replace")[:120]
+
+
+def _mounts() -> list[Leftover]:
+    """Fault filesystem mounts: mountinfo's fields after " - " are type, source, options."""
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        before, _, after = line.partition(" - ")
+        fields = after.split()
+        if len(fields) >= 2 and fields[1] == FSNAME:
+            found.append(Leftover("mount", before.split()[4].replace("\\040", " ")))
+    return found
+
+
+def _network() -> list[Leftover]:
+    found = []
+    for item in netns.leftovers():
+        kind, name = item.split(" ", 1)
+        match = netns.OURS.match(name)
+        found.append(Leftover(kind, name, match.group(1) if match else ""))
+    return found

@@ -1,0 +1,121 @@
+"""Nothing of a run outlives its harness, however the harness ends.
+
+The first run a harness process starts (`own`) gives the process a lifeline:
+
+- its lock file (`chaos.host.owners`), listing every run it starts;
+- a watcher process holding the read end of a pipe whose only write end is
+  the harness's, and a descriptor of the lock file. It is started through
+  `setsid --fork`, so it belongs to no process group and no process tree of
+  the harness: Ctrl-C on the terminal, a CI runner killing the job's tree or
+  group, and the OOM killer's choice of the harness leave it alone.
+
+When the harness ends (returns, raises, SIGKILL, OOM) the kernel closes the
+write end; the watcher's `read` returns and it removes what still exists of
+the listed runs — SIGKILL to every marked process (a SIGSTOPped rank dies
+too), lazy unmounts, namespaces, links, bridge — then deletes the lock file.
+Nothing polls: training pays nothing, the watcher sleeps in read(2). While it
+works its descriptor keeps the lock held, so no other harness takes those
+runs for leftovers; if it is killed too, the lock is free and the next start
+or `torchchaos clean` removes what is left.
+
+Starting a lifeline first removes whatever dead harnesses left behind
+(`sweep_stale`), once per process.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from chaos.host import leftovers
+from chaos.host.owners import HarnessLock, LockFile
+
+OFF_ENV = "TORCHCHAOS_NO_LIFELINE"  # "1": no lock, no watcher, no sweep (benchmarks only)
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+_lock = threading.Lock()
+_current: tuple[int, Lifeline] | None = None  # (pid, lifeline): a forked child makes its own
+Say = Callable[[str], None]
+
+
+def _stderr(message: str) -> None:
+    print(f"torchchaos: {message}", file=sys.stderr)
+
+
+class Lifeline:
+    def __init__(self, say: Say = _stderr) -> None:
+        sweep_stale(say)
+        self.lock = HarnessLock()
+        self._write_end = _start_watcher(self.lock)
+
+    def own(self, run_id: str | None, path: Path | str | None) -> None:
+        self.lock.own(run_id, path)
+
+
+def own(run_id: str | None = None, path: Path | str | None = None) -> None:
+    """Register a run (its id, its directory or mountpoint) with this process's lifeline,
+    starting the lifeline first if this process has none. Call it before anything of the
+    run exists."""
+    global _current
+    if os.environ.get(OFF_ENV) == "1":
+        return
+    with _lock:
+        if _current is None or _current[0] != os.getpid():
+            _current = (os.getpid(), Lifeline())
+        _current[1].own(run_id, path)
+
+
+def sweep_stale(say: Say = _stderr) -> list[leftovers.Leftover]:
+    """Remove what no live harness owns; say so in one line. Returns what was found.
+    Costs a few milliseconds when there is nothing (one pass over /proc, `ip` twice)."""
+    found = leftovers.stale(leftovers.inventory())
+    if found:
+        failures = leftovers.remove(found)
+        shown = ", ".join(x.describe() for x in found[:3])
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        say(f"removed {len(found)} leftover(s) of dead harnesses: {shown}{more}")
+        for failure in failures:
+            say(f"could not remove {failure}")
+    return found
+
+
+def _start_watcher(lock: HarnessLock) -> int:
+    """Start the watcher; return the pipe's write end (held until this process ends)."""
+    read_end, write_end = os.pipe()  # both close-on-exec: no other child inherits them
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCHCHAOS_")}
+    environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(PACKAGE_ROOT), environ.get("PYTHONPATH", "")) if p)
+    command = [sys.executable, "-m", "chaos.host.lifeline", str(lock.path), str(lock.fd)]
+    setsid = shutil.which("setsid")  # util-linux, as nsenter
+    try:
+        started = subprocess.Popen([setsid, "--fork", *command] if setsid else command,
+                                   stdin=read_end, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, pass_fds=(lock.fd,), env=environ,
+                                   cwd="/", start_new_session=True)
+        if setsid:  # it forks the watcher and exits at once: waited for, so no zombie
+            started.wait(timeout=30)
+    finally:
+        os.close(read_end)
+    return write_end
+
+
+def watch(lock_path: Path) -> None:
+    """The watcher: wait for the harness's end, then remove what is left of its runs."""
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    while os.read(0, 4096):  # nothing is ever written: this returns b"" at the end
+        pass
+    mine = leftovers.of_lock(leftovers.inventory(), LockFile.read(lock_path))
+    failures = leftovers.remove(mine)
+    if not failures:  # else the file stays: the next start or `clean` tries again
+        lock_path.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    watch(Path(sys.argv[1]))  # argv[2]: the lock's descriptor, inherited and held open
