@@ -2,7 +2,8 @@
 
 Every test may start real torchrun jobs; when the session ends, no process
 of any torchchaos run may still be alive, no fault filesystem may still be
-mounted, no simulated node's network namespace or link may be left, and no
+mounted, no simulated node's network namespace or link may be left, nothing
+may be stale (`torchchaos clean` would find nothing), and no
 temporary folder may have appeared outside pytest's own (runs keep theirs
 inside their run directory).
 """
@@ -18,7 +19,7 @@ import pytest
 from hypothesis import settings
 
 from chaos import env
-from chaos.host import netns, procs
+from chaos.host import leftovers, netns, procs
 from chaos.host.mounts import mounts_under
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -65,6 +66,8 @@ def nothing_leaks(tmp_path_factory: pytest.TempPathFactory):
     assert leaked == [], f"processes of this session's runs survived it: {leaked}"
     mounts = mounts_under(tmp_path_factory.getbasetemp())
     assert mounts == [], f"mounts of this session's runs survived it: {mounts}"
+    stale = [x.describe() for x in leftovers.stale(leftovers.inventory())]
+    assert stale == [], f"leftovers no live harness owns (`torchchaos clean` lists): {stale}"
     # torchinductor_<user>: torch's own per-user compile cache, which an import of
     # torch._dynamo (DDP, Lightning) may create in the temp folder; kept across runs
     new = {n for n in set(os.listdir(tmp)) - before

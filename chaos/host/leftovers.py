@@ -127,7 +127,8 @@ def _processes() -> list[Leftover]:
             continue
         run = _marker(entry)
         if run and procs.pid_alive(int(entry.name)):
-            found.append(Leftover("process", entry.name, run, _command(entry)))
+            state = "stopped; " if procs.pid_stopped(int(entry.name)) else ""
+            found.append(Leftover("process", entry.name, run, state + _command(entry)))
     return found
 
 
@@ -148,7 +149,10 @@ def _command(proc_dir: Path) -> str:
         words = (proc_dir / "cmdline").read_bytes().split(b"\0")
     except OSError:
         return ""
-    return b" ".join(w for w in words if w).decode(errors="replace")[:120]
+    words = [w.decode(errors="replace") for w in words if w]
+    if not words:
+        return ""
+    return " ".join([Path(words[0]).name, *words[1:]])[:100]  # python, not its full path
 
 
 def _mounts() -> list[Leftover]:
