@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import REPO, TARGET, chaos_processes
 
@@ -131,6 +132,9 @@ def _left(tmp: Path, killed_pid: int) -> list[str]:
               if not any(leftovers.of_lock([x], owners.LockFile.read(p)) for p in mine)]
     found += [x.describe() for x in others if x.kind != "process"]  # networks (all ours)
     found += [f"lock {p}" for p in owners.lock_files() if p.name.startswith(f"{killed_pid}-")]
+    found += [f"watcher {p.pid}" for p in psutil.process_iter(["cmdline"])
+              if "chaos.host.lifeline" in (p.info["cmdline"] or [])
+              and f"/{killed_pid}-" in " ".join(p.info["cmdline"])]
     return found
 
 
