@@ -28,6 +28,7 @@ import fnmatch
 import os
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
     from chaos.explore.suite import Plan
     from chaos.scenario.model import Scenario
 
-_RESULTS_KEY = pytest.StashKey[list]()  # (nodeid, report, out_dir) of every run this session
 _FAILURE_KEY = pytest.StashKey[str]()  # why a marked test fails before its body runs
 _SUITE_KEY = pytest.StashKey["Scenario"]()  # the job the suites test
 
@@ -91,7 +91,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, what in SUITE_MARKERS.items():
         config.addinivalue_line("markers", f"{name}: torchchaos suite: {what}")
     config.addinivalue_line("markers", "chaos_replay: a torchchaos scenario file run as a test")
-    config.stash[_RESULTS_KEY] = []
+    config.pluginmanager.register(_Verdicts(), "torchchaos-verdicts")
     try:
         config.stash[_SUITE_KEY] = _suite_scenario(config)
     except ChaosError as exc:
@@ -147,7 +147,10 @@ def _base_dirs(config: pytest.Config) -> tuple[Path, Path]:
         # what the tmp_path_factory fixture returns; replay items have no fixtures
         basetemp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
     runs_dir = Path(runs) if runs else basetemp / "torchchaos-runs"
-    cache_dir = Path(cache) if cache else basetemp / "torchchaos-cache"
+    # a pytest-xdist worker's basetemp is the session's plus its id: one cache for all
+    # workers, so each reference is made once (the cache locks its entries)
+    shared = basetemp.parent if hasattr(config, "workerinput") and not cache else None
+    cache_dir = Path(cache) if cache else (shared or basetemp) / "torchchaos-cache"
     return runs_dir.resolve(), cache_dir.resolve()
 
 
@@ -172,9 +175,9 @@ def _run(item: pytest.Item, scenario: Scenario) -> Report:
 
 
 def _record(item: pytest.Item, report: Report, out_dir: Path) -> None:
-    """For the session's table, and as properties JUnit XML shows (`--junitxml`)."""
-    item.config.stash[_RESULTS_KEY].append((item.nodeid, report, out_dir))
-    props = [("chaos_verdict", report.verdict)]
+    """As properties: JUnit XML shows them (`--junitxml`), and the session's table is
+    made from them (`_Verdicts`), also when a pytest-xdist worker ran the test."""
+    props = [("chaos_verdict", report.verdict), ("chaos_lost", _lost(report))]
     props += [(f"chaos_check_{name}", MARK[check["ok"]]) for name, check in report.checks.items()]
     props += [("chaos_run_dir", report.run_dir), ("chaos_report", str(out_dir / "report.json")),
               ("chaos_replay", f"torchchaos replay {report.replay}")]
@@ -377,22 +380,57 @@ def _lost(report: Report) -> str:
     return ",".join("?" if n is None else str(n) for n in report.lost_steps) or "-"
 
 
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """One row per run: verdict, steps lost per failure, the test and its failing checks,
-    and under the test its run folder; two short columns, so a narrow terminal wraps
-    only the long names."""
-    results = config.stash.get(_RESULTS_KEY, [])
-    if not results:
-        return
-    terminalreporter.section("torchchaos verdicts")
-    roots = {out_dir.parent for _, _, out_dir in results}
-    root = roots.pop() if len(roots) == 1 else None
-    where = f" (in {root})" if root is not None else ""
-    lines = ["verdict  lost  test  [failing checks]", f"               run folder{where}"]
-    for nodeid, report, out_dir in results:
-        failing = [n for n, c in report.checks.items() if c["ok"] is False]
-        extra = f"  [{', '.join(failing)}]" if failing else ""
-        lines.append(f"{report.verdict.upper():<7}  {_lost(report):<4}  {nodeid}{extra}")
-        lines.append(" " * 15 + (out_dir.name if root is not None else str(out_dir)))
-    for line in lines:
-        terminalreporter.write_line(line)
+@dataclass
+class _Row:
+    """One run of the session's table, rebuilt from a test's properties: under
+    pytest-xdist the run happened in a worker, and only the properties travel."""
+
+    nodeid: str
+    verdict: str
+    lost: str
+    failing: list[str]
+    out_dir: Path
+
+
+def _rows(nodeid: str, properties: list[tuple[str, object]]) -> list[_Row]:
+    rows: list[_Row] = []
+    for name, value in properties:
+        if name == "chaos_verdict":  # each run's properties start with it
+            rows.append(_Row(nodeid, str(value), "-", [], Path()))
+        elif rows and name == "chaos_lost":
+            rows[-1].lost = str(value)
+        elif rows and name.startswith("chaos_check_") and value == MARK[False]:
+            rows[-1].failing.append(name.removeprefix("chaos_check_"))
+        elif rows and name == "chaos_report":
+            rows[-1].out_dir = Path(str(value)).parent
+    return rows
+
+
+class _Verdicts:
+    """The session's table of runs: gathered from every test's last report (in this
+    process, or sent by the pytest-xdist worker that ran it), shown at the end."""
+
+    def __init__(self) -> None:
+        self.rows: list[_Row] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "teardown":  # it carries every property the test recorded
+            self.rows += _rows(report.nodeid, report.user_properties)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """One row per run: verdict, steps lost per failure, the test and its failing
+        checks, and under the test its run folder; two short columns, so a narrow
+        terminal wraps only the long names."""
+        if not self.rows:
+            return
+        terminalreporter.section("torchchaos verdicts")
+        roots = {row.out_dir.parent for row in self.rows}
+        root = roots.pop() if len(roots) == 1 else None
+        where = f" (in {root})" if root is not None else ""
+        lines = ["verdict  lost  test  [failing checks]", f"               run folder{where}"]
+        for row in self.rows:
+            extra = f"  [{', '.join(row.failing)}]" if row.failing else ""
+            lines.append(f"{row.verdict.upper():<7}  {row.lost:<4}  {row.nodeid}{extra}")
+            lines.append(" " * 15 + (row.out_dir.name if root is not None else str(row.out_dir)))
+        for line in lines:
+            terminalreporter.write_line(line)

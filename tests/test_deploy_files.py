@@ -1,18 +1,22 @@
-"""The nightly runner (docker-compose.yml, Dockerfile.gpu) and the CI workflow
-(.github/workflows/chaos.yml): the structure that matters, and every `torchchaos ...`
-and `pytest ...` command line in them (comments included, since people copy those)
+"""The nightly runner (docker-compose.yml, Dockerfile.gpu), the CI workflows
+(.github/workflows/) and the sharding recipes (deploy/kubernetes, deploy/slurm): the
+structure that matters, every manifest against its schema (GitHub's workflow schema,
+Kubernetes' API schemas, both vendored: no network), and every `torchchaos ...` and
+`pytest ...` command line in them (comments included, since people copy those)
 parsed by the project's real argument parser, or checked against pytest's real
-options and markers. Neither Docker nor GitHub runs here: a typo would otherwise
-surface at 2 a.m. on the GPU runner."""
+options and markers. Neither Docker, GitHub, Kubernetes nor Slurm runs here: a typo
+would otherwise surface at 2 a.m. on the GPU runner."""
 
 from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -22,7 +26,11 @@ from chaos.errors import UsageError
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
 WORKFLOW = REPO / ".github" / "workflows" / "chaos.yml"
-FILES = [COMPOSE, WORKFLOW]
+SHARDED = REPO / ".github" / "workflows" / "chaos-sharded.yml"
+KUBERNETES = sorted((REPO / "deploy" / "kubernetes").glob("*.yaml"))
+SLURM = sorted((REPO / "deploy" / "slurm").glob("*.sbatch"))
+FILES = [COMPOSE, WORKFLOW, SHARDED, *KUBERNETES, *SLURM]
+KUBERNETES_VERSION = "1.30"  # backoffLimitPerIndex is beta from 1.29
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -30,6 +38,13 @@ def load(path: Path) -> dict[str, Any]:
     if True in doc:  # YAML 1.1 reads a workflow's `on:` key as the boolean true
         doc["on"] = doc.pop(True)
     return doc
+
+
+def documents(path: Path) -> list[Any]:
+    """A YAML file's documents, or a shell script's text."""
+    if path.suffix in (".yaml", ".yml"):
+        return list(yaml.safe_load_all(path.read_text()))
+    return [path.read_text()]
 
 
 # -- finding command lines -----------------------------------------------------------------
@@ -95,7 +110,7 @@ def tool_args(tokens: list[str], tool: str) -> list[str] | None:
 def all_commands() -> list[tuple[str, list[str]]]:
     found = []
     for path in FILES:
-        texts = [*snippets(load(path)), comment_text(path)]
+        texts = [*snippets(documents(path)), comment_text(path)]
         for text in texts:
             found += [(f"{path.name}: {shlex.join(t)}", t) for t in command_lines(text)]
     return found
@@ -154,7 +169,8 @@ def test_every_command_line_parses(request: pytest.FixtureRequest) -> None:
     subcommands = {tool_args(t, "torchchaos")[0] for _, t in checked  # type: ignore[index]
                    if tool_args(t, "torchchaos") is not None}
     # the lines this test is about are really found (a broken finder passes vacuously)
-    assert {"battery", "campaign", "crashpoints", "suite", "report", "run"} <= subcommands
+    assert {"battery", "campaign", "crashpoints", "suite", "report", "run",
+            "merge"} <= subcommands
     assert any(tool_args(t, "pytest") is not None for _, t in checked)
     failures = [f"{where}\n    {p}" for where, t in checked
                 for p in problems_of(t, request.config)]
@@ -280,3 +296,62 @@ def test_workflow_runs_only_services_compose_defines() -> None:
                 assert named in services, step
             if tokens[:3] == ["docker", "compose", "build"]:
                 assert set(tokens[3:]) <= services, step
+
+
+# -- the sharding recipes: GitHub matrix, Kubernetes Indexed Job, Slurm array --------------
+
+def test_the_workflows_validate_against_github_s_schema(tmp_path: Path) -> None:
+    def check(*paths: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["check-jsonschema", "--builtin-schema",
+                               "vendor.github-workflows", *map(str, paths)],
+                              capture_output=True, text=True, timeout=120)
+
+    done = check(WORKFLOW, SHARDED)
+    assert done.returncode == 0, done.stdout + done.stderr
+    broken = tmp_path / "broken.yml"  # the check is real: a misspelt key fails it
+    broken.write_text(SHARDED.read_text().replace("runs-on:", "runs_on:", 1))
+    assert check(broken).returncode == 1
+
+
+def test_the_kubernetes_manifests_validate_against_the_api_schema() -> None:
+    kinds = []
+    for path in KUBERNETES:
+        for doc in documents(path):
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+            kinds.append(doc["kind"])
+    assert sorted(kinds) == ["Job", "Job", "PersistentVolumeClaim"]
+    job = documents(KUBERNETES[1])[1]
+    job["spec"]["completionz"] = 4  # the check is real: a misspelt field fails it
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, KUBERNETES_VERSION, strict=True)
+
+
+def test_every_shard_of_the_indexed_job_and_the_matrix_is_run_and_merged() -> None:
+    (job,) = [d for d in documents(REPO / "deploy/kubernetes/campaign-shards.yaml")
+              if d["kind"] == "Job"]
+    spec, (container,) = job["spec"], job["spec"]["template"]["spec"]["containers"]
+    count = {e["name"]: e["value"] for e in container["env"]}["TORCHCHAOS_SHARD_COUNT"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == int(count)
+    assert "--shard auto" in container["command"][2]
+    assert "shard-$JOB_COMPLETION_INDEX" in container["command"][2]
+    (merge,) = documents(REPO / "deploy/kubernetes/campaign-merge.yaml")
+    claim = job["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]
+    assert merge["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"] == claim
+    workflow = load(SHARDED)
+    shards = workflow["jobs"]["shard"]["strategy"]["matrix"]["shard"]
+    assert shards == list(range(1, int(workflow["env"]["SHARDS"]) + 1))
+    merge_job = workflow["jobs"]["merge"]
+    assert merge_job["needs"] == "shard" and merge_job["if"] == "always()"
+    assert any("torchchaos merge shards/shard-*" in s.get("run", "")
+               for s in merge_job["steps"])
+
+
+def test_the_slurm_scripts_are_bash_and_the_merge_waits_for_the_array() -> None:
+    for path in SLURM:
+        done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        assert done.returncode == 0, f"{path.name}: {done.stderr}"
+    array = (REPO / "deploy/slurm/campaign-array.sbatch").read_text()
+    assert "#SBATCH --array=0-3" in array and "--shard auto" in array
+    assert "--dependency=afterany:$jobid" in array  # the merge starts after every task
+    assert "shard-*" in (REPO / "deploy/slurm/merge.sbatch").read_text()

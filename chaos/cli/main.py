@@ -69,6 +69,33 @@ def _add_parallel(parser: argparse.ArgumentParser) -> None:
                              " (NPROC x NODES processes): raise it where cores are left over;"
                              " runs that share cores are slower, and timing bounds (lost"
                              " seconds, hang detection) noisier")
+    parser.add_argument("--shard", type=_shard, default=None, metavar="I/N",
+                        help="run only shard I of N of the planned runs (runs I, I+N, ...;"
+                             " every shard makes or reuses the same reference): one per"
+                             " machine, then `torchchaos merge` their --out folders into one"
+                             " report. 'auto': I and N from a CI matrix"
+                             " (TORCHCHAOS_SHARD_INDEX/COUNT), a Kubernetes Indexed Job"
+                             " (JOB_COMPLETION_INDEX, TORCHCHAOS_SHARD_COUNT) or a Slurm job"
+                             " array (SLURM_ARRAY_TASK_ID/COUNT)")
+    _add_junit(parser)
+
+
+def _add_junit(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--junitxml", type=Path, default=None, metavar="FILE",
+                        help="also write JUnit XML: one test case per run (fail: a failure"
+                             " naming the failing checks; could not judge: an error)")
+
+
+def _shard(text: str) -> Any:
+    """A Shard, or "auto" (read from the environment when the sweep starts)."""
+    from chaos.explore.shards import Shard
+
+    if text == "auto":
+        return text
+    try:
+        return Shard.parse(text)
+    except ChaosError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_seconds(text: str) -> float:
@@ -189,6 +216,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_exploration_commands(sub)
     multinode.add_commands(sub, _positive_int, _positive_seconds)
     _add_export_command(sub)
+    merge = sub.add_parser(
+        "merge", help="join the --out folders of a sharded battery, crashpoints or campaign",
+        description="Joins the --out folders of every shard of one `battery`,"
+        " `crashpoints --per-point` or `campaign` run with --shard I/N into one: their run"
+        " folders (hard-linked where the filesystem allows, else copied) and the table,"
+        " index.html, campaign.json and JUnit XML the unsharded command writes. Refuses"
+        " shards of different plans, a shard given twice and a missing one. Exit status as"
+        " the unsharded command's.")
+    merge.add_argument("dirs", nargs="+", type=Path, metavar="DIR",
+                       help="the --out folder of each shard")
+    merge.add_argument("--out", type=Path, required=True, metavar="DIR",
+                       help="new directory for the merged runs")
+    _add_junit(merge)
     report = sub.add_parser("report", help="print the verdict table of a finished run")
     report.add_argument("out", type=Path, metavar="DIR", help="a --out directory of `run`")
     sub.add_parser("faults", help="list the fault kinds and their parameters")
@@ -399,7 +439,10 @@ def _battery_base(ns: argparse.Namespace) -> tuple[Scenario, Path, Path]:
     """The scenario every run of a battery shares (no fault yet), and its folders;
     with no SCRIPT, the bundled reference target."""
     from chaos.explore import battery
+    from chaos.explore.shards import from_environment
 
+    if getattr(ns, "shard", None) == "auto":  # before any run: a missing variable is bad input
+        ns.shard = from_environment()
     if ns.script is None:
         script, args = str(battery.BUNDLED_TARGET), battery.BUNDLED_ARGS
     else:
@@ -418,14 +461,74 @@ def _print_battery(entries: list[Entry], out: Path, summary: str = "") -> int:
     return battery.exit_code(entries)
 
 
+TITLES = {"battery": "torchchaos battery", "crashpoints": "torchchaos crash points",
+          "campaign": "torchchaos bit-flip campaign"}
+
+
+def _run_sweep(ns: argparse.Namespace, command: str, entries: list[Entry], base: Scenario,
+               out: Path, cache: Path, extra: dict[str, object] | None = None) -> list[int]:
+    """Run the planned entries (this shard's, with --shard); returns their numbers."""
+    from chaos.explore import battery
+
+    numbers = ns.shard.numbers(len(entries)) if ns.shard else list(range(1, len(entries) + 1))
+    if ns.shard:
+        progress_printer(ns.quiet)(f"shard {ns.shard}: runs {', '.join(map(str, numbers))}"
+                                   f" of {len(entries)}")
+    battery.run_entries(entries, base, out, cache, progress_printer(ns.quiet),
+                        title=TITLES[command], jobs=ns.jobs, numbers=numbers)
+    if ns.shard:
+        from chaos.explore.shards import write_manifest
+
+        write_manifest(out, command, TITLES[command], ns.shard, entries, extra)
+    return numbers
+
+
+def _finish_sweep(command: str, entries: list[Entry], numbers: list[int], out: Path,
+                  junitxml: Path | None, summary: str = "") -> int:
+    """What every way of running a sweep ends with: the table, the pages, campaign.json,
+    JUnit XML, the exit status; over the runs `numbers` (a shard's, or all)."""
+    from chaos.explore import battery, campaign
+    from chaos.report import junit
+
+    chosen = [entries[n - 1] for n in numbers]
+    battery.write_index(entries, out, TITLES[command], numbers)
+    if junitxml is not None:
+        junit.write(junitxml, TITLES[command], [
+            (f"{n:02d}", entries[n - 1].name, entries[n - 1].fault, entries[n - 1].report,
+             entries[n - 1].error) for n in numbers])
+    if command != "campaign":
+        return _print_battery(chosen, out, summary)
+    print(campaign.table(entries, numbers))
+    print(f"runs: {out} (details: {campaign.write(entries, out, numbers)};"
+          f" pages: {out / 'index.html'})")
+    return 2 if any(campaign.outcome(e) == campaign.NOT_JUDGED for e in chosen) else 0
+
+
 def cmd_battery(ns: argparse.Namespace) -> int:
     from chaos.engine import prepare_out_dir
     from chaos.explore import battery
 
     base, out, cache = _battery_base(ns)
     prepare_out_dir(out)
-    entries = battery.run_battery(base, out, cache, progress_printer(ns.quiet), jobs=ns.jobs)
-    return _print_battery(entries, out)
+    entries = battery.plan(base, cache, progress_printer(ns.quiet))
+    numbers = _run_sweep(ns, "battery", entries, base, out, cache)
+    return _finish_sweep("battery", entries, numbers, out, ns.junitxml)
+
+
+def cmd_merge(ns: argparse.Namespace) -> int:
+    from chaos.engine import prepare_out_dir
+    from chaos.explore import shards
+
+    prepare_out_dir(ns.out)
+    merged = shards.merge(ns.dirs, ns.out)
+    numbers = list(range(1, len(merged.entries) + 1))
+    summary = ""
+    if merged.command == "crashpoints":
+        failed = sum(1 for e in merged.entries if e.report and e.report.verdict == "fail")
+        summary = (f"{len(merged.entries)} of {merged.extra.get('total')} points run,"
+                   f" {failed} broke the protocol")
+    return _finish_sweep(merged.command, merged.entries, numbers, ns.out, ns.junitxml,
+                         summary)
 
 
 def cmd_doctor(ns: argparse.Namespace) -> int:
@@ -450,13 +553,18 @@ def cmd_crashpoints(ns: argparse.Namespace) -> int:
     progress = progress_printer(ns.quiet)
     modes = ns.mode or list(crashpoints.MODES)
     if not ns.per_point:
+        if ns.shard:
+            raise UsageError("--shard needs --per-point: crash states judged from one"
+                             " recording share their recoveries, and one machine judges"
+                             " hundreds a minute")
         crashpoints.check_modes(modes)
         if ns.jobs > 1:
             progress("--jobs applies to --per-point: recoveries from a recording run one at"
                      " a time")
         result = crashsweep.sweep(base, out, cache, progress, ns.save, modes, ns.cap,
                                   ns.steps_after_resume or 3)
-        battery.write_index(result.entries, out, "torchchaos crash states")
+        # one folder per state, numbered with three digits (a save has hundreds)
+        battery.write_index(result.entries, out, "torchchaos crash states", digits=3)
         return _print_battery(crashsweep.report_rows(result), out,
                               crashsweep.summary(result, ns.save))
     found = crashpoints.plan(base, cache, progress, ns.save, modes,
@@ -467,12 +575,13 @@ def cmd_crashpoints(ns: argparse.Namespace) -> int:
     base.stop_after = ns.steps_after_resume or None
     progress(f"{len(entries)} of {total} crash point(s) in save {ns.save}")
     started = time.monotonic()
-    battery.run_entries(entries, base, out, cache, progress, title="torchchaos crash points",
-                        jobs=ns.jobs)
+    numbers = _run_sweep(ns, "crashpoints", entries, base, out, cache, {"total": total})
     minutes = (time.monotonic() - started) / 60
-    failed = sum(1 for e in entries if e.report and e.report.verdict == "fail")
-    return _print_battery(entries, out, f"{len(entries)} of {total} points run, {failed} broke"
-                          f" the protocol; {len(entries) / minutes:.1f} points per minute")
+    ran = [entries[n - 1] for n in numbers]
+    failed = sum(1 for e in ran if e.report and e.report.verdict == "fail")
+    return _finish_sweep("crashpoints", entries, numbers, out, ns.junitxml,
+                         f"{len(ran)} of {total} points run, {failed} broke the protocol;"
+                         f" {len(ran) / minutes:.1f} points per minute")
 
 
 def cmd_campaign(ns: argparse.Namespace) -> int:
@@ -487,12 +596,8 @@ def cmd_campaign(ns: argparse.Namespace) -> int:
                             ns.tensor or list(campaign.TENSORS),
                             ns.bit or list(get_kind("bitflip").choices["bit"]))
     prepare_out_dir(out)
-    battery.run_entries(entries, base, out, cache, progress, title="torchchaos bit-flip campaign",
-                        jobs=ns.jobs)
-    print(campaign.table(entries))
-    print(f"runs: {out} (details: {campaign.write(entries, out)};"
-          f" pages: {out / 'index.html'})")
-    return 2 if any(campaign.outcome(e) == campaign.NOT_JUDGED for e in entries) else 0
+    numbers = _run_sweep(ns, "campaign", entries, base, out, cache)
+    return _finish_sweep("campaign", entries, numbers, out, ns.junitxml)
 
 
 def cmd_replay(ns: argparse.Namespace) -> int:
@@ -710,7 +815,7 @@ def main(argv: list[str] | None = None) -> int:
                     "campaign": cmd_campaign, "report": cmd_report, "replay": cmd_replay,
                     "search": cmd_search, "shrink": cmd_shrink,
                     "faults": cmd_faults, "export": cmd_export, "doctor": cmd_doctor,
-                    "clean": cmd_clean,
+                    "clean": cmd_clean, "merge": cmd_merge,
                     **multinode.COMMANDS}
         return commands[ns.command](ns)
     except ChaosError as exc:

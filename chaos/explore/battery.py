@@ -129,19 +129,15 @@ def _power_losses(history: History, writer: int, progress: Progress) -> list[Ent
                   f"event={index}{dir_param(folder)}")]
 
 
-def run_battery(base: Scenario, out_dir: Path, cache_dir: Path,
-                progress: Progress, jobs: int = 1) -> list[Entry]:
-    return run_entries(plan(base, cache_dir, progress), base, out_dir, cache_dir, progress,
-                       title="torchchaos battery", jobs=jobs)
-
-
 def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: Path,
-                progress: Progress, title: str = "torchchaos runs", jobs: int = 1) -> list[Entry]:
+                progress: Progress, title: str = "torchchaos runs", jobs: int = 1,
+                numbers: list[int] | None = None) -> list[Entry]:
     """One chaos run per entry (its fault on the base scenario), in out_dir/NN, `jobs`
     of them at a time; the index page out_dir/index.html is rewritten after each, so a
-    cut-short sweep has one."""
+    cut-short sweep has one. `numbers` (1-based): only these entries (a shard's)."""
     started = time.monotonic()
     finished: list[int] = []
+    chosen = list(numbers) if numbers is not None else list(range(1, len(entries) + 1))
 
     def run(number: int) -> None:
         _run_entry(entries[number - 1], number, len(entries), base, out_dir, cache_dir,
@@ -152,16 +148,15 @@ def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: 
         entry = entries[number - 1]
         verdict = entry.report.verdict.upper() if entry.report else "ERROR"
         progress(f"[{number}/{len(entries)}] {verdict:<5} "
-                 f"{progress_bar(len(finished), len(entries), time.monotonic() - started)}")
-        write_index([entries[n - 1] for n in sorted(finished)], out_dir, title)
+                 f"{progress_bar(len(finished), len(chosen), time.monotonic() - started)}")
+        write_index(entries, out_dir, title, sorted(finished))
 
-    numbers = range(1, len(entries) + 1)
     if jobs <= 1:
-        for number in numbers:
+        for number in chosen:
             run(number)
             after(number)
     else:
-        _in_parallel(run, after, numbers, jobs)
+        _in_parallel(run, after, chosen, jobs)
     return entries
 
 
@@ -181,7 +176,7 @@ def _run_entry(entry: Entry, number: int, total: int, base: Scenario, out_dir: P
 
 
 def _in_parallel(run: Callable[[int], None], after: Callable[[int], None],
-                 numbers: range, jobs: int) -> None:
+                 numbers: list[int], jobs: int) -> None:
     """Runs on `jobs` threads (each run is its own process tree; the threads only wait).
     On Ctrl-C every run still going is cancelled, heals its faults and reaps its
     processes in its own thread before the interrupt goes on."""
@@ -214,9 +209,14 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-def write_index(entries: list[Entry], out_dir: Path, title: str) -> Path:
-    return html_report.write_index(out_dir, [(e.name, e.fault, e.report) for e in entries],
-                                   title)
+def write_index(entries: list[Entry], out_dir: Path, title: str,
+                numbers: list[int] | None = None, digits: int = 2) -> Path:
+    """out_dir/index.html over the entries numbered `numbers` (default all), whose run
+    folders are their numbers with `digits` digits."""
+    chosen = numbers if numbers is not None else range(1, len(entries) + 1)
+    return html_report.write_index(
+        out_dir, [(f"{n:0{digits}d}", entries[n - 1].name, entries[n - 1].fault,
+                   entries[n - 1].report) for n in chosen], title)
 
 
 def table(entries: list[Entry]) -> str:

@@ -71,7 +71,11 @@ def counts(entries: list[Entry], group_index: int | None) -> dict[str, dict[str,
     return table
 
 
-def table(entries: list[Entry]) -> str:
+def table(entries: list[Entry], numbers: list[int] | None = None) -> str:
+    """The outcome counts and the runs, over the entries numbered `numbers` (1-based;
+    default all): a shard's, or the whole campaign's."""
+    numbers = numbers if numbers is not None else list(range(1, len(entries) + 1))
+    entries, all_entries = [entries[n - 1] for n in numbers], entries
     columns = (*CATEGORIES, NOT_JUDGED)
     lines = []
     for title, index in (("by bit class", 1), ("by tensor", 0), ("all runs", None)):
@@ -84,12 +88,16 @@ def table(entries: list[Entry]) -> str:
         lines.append("")
     lines.append("runs:")
     width = max((len(e.name) for e in entries), default=0)
-    for number, entry in enumerate(entries, 1):
+    for number in numbers:
+        entry = all_entries[number - 1]
         lines.append(f"  {number:02d} {entry.name:<{width}}  {outcome(entry)}")
     return "\n".join(lines)
 
 
-def write(entries: list[Entry], out_dir: Path) -> Path:
+def write(entries: list[Entry], out_dir: Path, numbers: list[int] | None = None) -> Path:
+    """out_dir/campaign.json over the entries numbered `numbers` (default all)."""
+    if numbers is not None:
+        entries = [entries[n - 1] for n in numbers]
     path = out_dir / "campaign.json"
     runs = [{"name": e.name, "fault": e.fault, "seed": e.seed, "outcome": outcome(e),
              "details": e.report.checks.get("sdc_detected") if e.report else None}

@@ -49,6 +49,10 @@ def _stderr(message: str) -> None:
 
 
 class Lifeline:
+    """This process's lock file and watcher. The pipe's write end (`_write_end`) is held,
+    never written, until the process ends; a child forked without exec holds it too, so
+    the watcher then waits for that child as well."""
+
     def __init__(self, say: Say = _stderr) -> None:
         sweep_stale(say)
         self.lock = HarnessLock()

@@ -282,13 +282,13 @@ def _strip_xml_header(svg: str) -> str:
 
 # -- the index of a battery, sweep or campaign --------------------------------------------
 
-def write_index(out_dir: Path, runs: Sequence[tuple[str, str, Report | None]],
+def write_index(out_dir: Path, runs: Sequence[tuple[str, str, str, Report | None]],
                 title: str) -> Path:
-    """out_dir/index.html: one row per run (name, fault, report or None when it could
-    not be judged); run N's page is NN/report.html."""
+    """out_dir/index.html: one row per run (its folder's name, its name, its fault, its
+    report or None when it could not be judged); a run's page is FOLDER/report.html."""
     rows = []
     counts = {"pass": 0, "fail": 0, "error": 0}
-    for number, (name, fault, report) in enumerate(runs, 1):
+    for folder, name, fault, report in runs:
         verdict = report.verdict if report else "error"
         counts[verdict] = counts.get(verdict, 0) + 1
         failing = [] if report is None else [n for n, c in report.checks.items()
@@ -296,10 +296,10 @@ def write_index(out_dir: Path, runs: Sequence[tuple[str, str, Report | None]],
         why = ("could not judge" if report is None else
                "; ".join(f"{n}: {report.checks[n]['detail']}" for n in failing)
                or report.reason)
-        link = f"{number:02d}/{HTML_FILE}"
+        link = f"{folder}/{HTML_FILE}"
         page = (f'<a href="{link}">{link}</a>' if (out_dir / link).is_file()
                 else '<span class="muted">none</span>')
-        rows.append(f'<tr class="{"failed" if verdict == "fail" else ""}"><td>{number:02d}</td>'
+        rows.append(f'<tr class="{"failed" if verdict == "fail" else ""}"><td>{escape(folder)}</td>'
                     f"<td>{escape(name)}</td><td><code>{escape(fault)}</code></td>"
                     f'<td class="mark v-text-{verdict}">{verdict.upper()}</td>'
                     f"<td>{escape(', '.join(failing))}<div class=muted>{escape(why)}</div></td>"

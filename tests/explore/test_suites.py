@@ -242,3 +242,22 @@ def test_every_suite_passes_on_the_bundled_target(pytester, shared_cache, marker
         result.assert_outcomes(skipped=len(listed_cases(suite)))
     else:
         result.assert_outcomes(passed=len(listed_cases(suite)))
+
+
+def test_the_kills_suite_under_pytest_xdist_makes_one_reference_and_one_table(pytester):
+    """`pytest -n 2 --pyargs suites -m chaos_kills`: the workers share the session's
+    reference cache (one reference made, under its lock), the controller shows the
+    table of every worker's runs, and JUnit XML carries each run's properties."""
+    _pyproject(pytester, f'script = "{TARGET}"\nargs = {json.dumps(STEPS)}')
+    xml = pytester.path / "kills.xml"
+    result = pytester.runpytest_subprocess("--pyargs", "suites", "-m", "chaos_kills", "-n", "2",
+                                           "-p", "no:cacheprovider", f"--junitxml={xml}")
+    cases = listed_cases("kills")
+    result.assert_outcomes(passed=len(cases))
+    result.stdout.fnmatch_lines(["*torchchaos verdicts*", "verdict  lost  test*"])
+    rows = [line for line in result.stdout.lines if line.startswith("PASS ")]
+    assert len(rows) == len(cases), result.stdout.str()
+    assert all(p["chaos_verdict"] == "pass" for p in _properties(xml).values())
+    basetemp = pytester.path / "basetemp"  # the session's; each worker's is basetemp/gwN
+    assert len(list((basetemp / "torchchaos-cache").glob("ref-*/"))) == 1
+    assert not list(basetemp.glob("gw*/torchchaos-cache"))

@@ -264,9 +264,10 @@ def test_the_index_lists_every_run_with_its_verdict_and_a_link(tmp_path):
     for number in (1, 2):
         (tmp_path / f"{number:02d}").mkdir()
         (tmp_path / f"{number:02d}" / "report.html").write_text("<html></html>")
-    path = html_report.write_index(tmp_path, [("kill rank 1", FAULT, passing),
-                                              ("kill rank 1 again", FAULT, failing),
-                                              ("kill node 0", "kill:node=0,step=12", None)],
+    path = html_report.write_index(tmp_path, [("01", "kill rank 1", FAULT, passing),
+                                              ("02", "kill rank 1 again", FAULT, failing),
+                                              ("03", "kill node 0", "kill:node=0,step=12",
+                                               None)],
                                    "torchchaos battery")
     page = path.read_text()
     assert path == tmp_path / "index.html" and "<h1>torchchaos battery</h1>" in page

@@ -1,0 +1,155 @@
+"""Sharded sweeps and `torchchaos merge`: the shards split the plan exactly, the
+engines' variables name the shard, a merge refuses what is not one whole plan, and a
+merged campaign equals the unsharded one on the bundled target."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from hypothesis import given
+from hypothesis import strategies as st
+
+from chaos.errors import UsageError
+from chaos.explore.battery import Entry
+from chaos.explore.shards import Shard, from_environment, merge, write_manifest
+
+
+@given(total=st.integers(0, 60), count=st.integers(1, 9))
+def test_the_shards_split_the_plan_exactly_once(total: int, count: int) -> None:
+    parts = [Shard(i, count).numbers(total) for i in range(1, count + 1)]
+    flat = sorted(n for part in parts for n in part)
+    assert flat == list(range(1, total + 1))
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1  # round robin: balanced
+
+
+@pytest.mark.parametrize("text", ["0/2", "3/2", "x", "1/0", "2", "1/2/3"])
+def test_a_bad_shard_is_refused(text: str) -> None:
+    with pytest.raises(UsageError, match="--shard"):
+        Shard.parse(text)
+
+
+@pytest.mark.parametrize("environ, shard", [
+    ({"TORCHCHAOS_SHARD_INDEX": "2", "TORCHCHAOS_SHARD_COUNT": "4"}, "2/4"),  # a CI matrix
+    ({"JOB_COMPLETION_INDEX": "0", "TORCHCHAOS_SHARD_COUNT": "4"}, "1/4"),  # Kubernetes
+    ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "4",
+      "SLURM_ARRAY_TASK_MIN": "0"}, "4/4"),  # Slurm, --array=0-3
+    ({"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "4",
+      "SLURM_ARRAY_TASK_MIN": "1"}, "1/4"),  # Slurm, --array=1-4
+])
+def test_auto_reads_the_shard_the_engine_started(monkeypatch, environ, shard) -> None:
+    for name in ("TORCHCHAOS_SHARD_INDEX", "TORCHCHAOS_SHARD_COUNT", "JOB_COMPLETION_INDEX",
+                 "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert str(from_environment()) == shard
+
+
+def test_auto_without_the_variables_is_bad_input_before_any_run(tmp_path) -> None:
+    environ = {k: v for k, v in os.environ.items()
+               if not k.startswith(("TORCHCHAOS_SHARD", "JOB_COMPLETION", "SLURM_"))}
+    done = subprocess.run([sys.executable, "-m", "chaos.cli", "battery", "--shard", "auto",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                          env={**environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "--shard auto: none of TORCHCHAOS_SHARD_INDEX" in done.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def _plan(faults: list[str]) -> list[Entry]:
+    return [Entry(f"run {n}", fault) for n, fault in enumerate(faults, 1)]
+
+
+def _shard_dirs(tmp: Path, count: int, faults: list[str], command: str = "battery"
+                ) -> list[Path]:
+    dirs = []
+    for index in range(1, count + 1):
+        folder = tmp / f"shard-{index}"
+        folder.mkdir()
+        write_manifest(folder, command, "torchchaos battery", Shard(index, count), _plan(faults))
+        dirs.append(folder)
+    return dirs
+
+
+FAULTS = ["kill:rank=0,step=5", "kill:rank=1,step=5", "kill:node=0,step=5"]
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "shard(s) 2/2 missing"),
+    ("twice", "shard 1/2 given twice"),
+    ("another plan", "is a shard of another plan"),
+    ("another count", "is of 2 shards"),
+    ("not a shard", "has no shard.json"),
+])
+def test_a_merge_refuses_what_is_not_one_whole_plan(tmp_path, case, message) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    one, two = _shard_dirs(tmp_path / "a", 2, FAULTS)
+    dirs = {"missing": [one], "twice": [one, one, two], "not a shard": [one, tmp_path],
+            "another plan": [one, _shard_dirs(tmp_path / "b", 2, FAULTS[:2])[1]]
+            if case == "another plan" else [],
+            "another count": [one, _shard_dirs(tmp_path / "b", 3, FAULTS)[1]]
+            if case == "another count" else []}[case]
+    with pytest.raises(UsageError, match=re.escape(message)):
+        merge(dirs, tmp_path / "merged")
+
+
+def test_crash_states_are_not_sharded(tmp_path) -> None:
+    done = subprocess.run([sys.executable, "-m", "chaos.cli", "crashpoints", "--shard", "1/2",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path, timeout=60)
+    assert done.returncode == 2 and "--shard needs --per-point" in done.stderr
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "chaos.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          timeout=900)
+
+
+def _same(text: str, out: Path) -> str:
+    """What may differ between two executions of the same runs: where they are, and how
+    long they took."""
+    text = text.replace(str(out.resolve()), "OUT")
+    return re.sub(r'time="[0-9.]+"', 'time="T"', text)
+
+
+def _table(stdout: str) -> str:
+    return stdout[:stdout.index("runs: ")]
+
+
+def test_a_merged_campaign_equals_the_unsharded_one(tmp_path, shared_cache) -> None:
+    """4 flips on the bundled target, once whole and once as 2 shards merged: the same
+    table, campaign.json, index.html and JUnit XML."""
+    common = ["--quiet", "--runs", "4", "--cache-dir", str(shared_cache)]
+    whole = _cli("campaign", *common, "--out", str(tmp_path / "whole"), "--junitxml",
+                 str(tmp_path / "whole.xml"), cwd=tmp_path)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    for index in (1, 2):
+        shard = _cli("campaign", *common, "--shard", f"{index}/2", "--out",
+                     str(tmp_path / f"shard-{index}"), cwd=tmp_path)
+        assert shard.returncode == 0, shard.stdout + shard.stderr
+        assert sorted(p.name for p in (tmp_path / f"shard-{index}").glob("0*")) == (
+            ["01", "03"] if index == 1 else ["02", "04"])
+    merged = _cli("merge", str(tmp_path / "shard-2"), str(tmp_path / "shard-1"), "--out",
+                  str(tmp_path / "merged"), "--junitxml", str(tmp_path / "merged.xml"),
+                  cwd=tmp_path)
+    assert merged.returncode == whole.returncode, merged.stdout + merged.stderr
+    assert _table(merged.stdout) == _table(whole.stdout)
+    one, other = tmp_path / "whole", tmp_path / "merged"
+    assert json.loads((other / "campaign.json").read_text()) == json.loads(
+        (one / "campaign.json").read_text())
+    assert _same((other / "index.html").read_text(), other) == _same(
+        (one / "index.html").read_text(), one)
+    assert _same((tmp_path / "merged.xml").read_text(), other) == _same(
+        (tmp_path / "whole.xml").read_text(), one)
+    report = json.loads((other / "03" / "report.json").read_text())
+    assert report["run_dir"].startswith(str(other.resolve()))  # names the merged folder
+    assert (other / "03" / "report.html").is_file()
