@@ -217,13 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
     multinode.add_commands(sub, _positive_int, _positive_seconds)
     _add_export_command(sub)
     merge = sub.add_parser(
-        "merge", help="join the --out folders of a sharded battery, crashpoints or campaign",
+        "merge", help="join the --out folders of a sharded battery, crashpoints, campaign"
+        " or search",
         description="Joins the --out folders of every shard of one `battery`,"
         " `crashpoints --per-point` or `campaign` run with --shard I/N into one: their run"
         " folders (hard-linked where the filesystem allows, else copied) and the table,"
-        " index.html, campaign.json and JUnit XML the unsharded command writes. Refuses"
-        " shards of different plans, a shard given twice and a missing one. Exit status as"
-        " the unsharded command's.")
+        " index.html, campaign.json and JUnit XML the unsharded command writes. For"
+        " `search` shards (searches with seeds of their own): each shard's result, and the"
+        " smallest failing schedule of all in OUT/minimal.yaml. Refuses shards of"
+        " different plans or options, a shard given twice and a missing one. Exit status"
+        " as the unsharded command's.")
     merge.add_argument("dirs", nargs="+", type=Path, metavar="DIR",
                        help="the --out folder of each shard")
     merge.add_argument("--out", type=Path, required=True, metavar="DIR",
@@ -286,6 +289,11 @@ def _add_exploration_commands(sub: Any) -> None:
                              " faults it does not need (default 10; 0: delta debugging only)")
     search.add_argument("--every-step", action="store_true",
                         help="faults at any step, not one per checkpoint interval")
+    search.add_argument("--shard", type=_shard, default=None, metavar="I/N",
+                        help="one of N searches with seeds of their own, each drawing its"
+                             " share of --examples (one per machine); `torchchaos merge`"
+                             " their --out folders for the smallest failing schedule of all."
+                             " 'auto': I and N from the environment, as for battery")
     _add_optional_script(search)
     shrink = sub.add_parser(
         "shrink", help="drop every fault a failing scenario file does not need",
@@ -504,6 +512,37 @@ def _finish_sweep(command: str, entries: list[Entry], numbers: list[int], out: P
     return 2 if any(campaign.outcome(e) == campaign.NOT_JUDGED for e in chosen) else 0
 
 
+def _merge_searches(searches: list[tuple[Path, dict]], out: Path) -> int:
+    """Every search shard's result, and the smallest failing schedule of all (its replay
+    file copied to OUT/minimal.yaml); exit 1 when one failed, else 0."""
+    import shutil
+
+    from chaos.explore.search import describe
+
+    failing = []
+    for directory, manifest in searches:
+        found, shard = manifest["runs"], "/".join(map(str, manifest["shard"]))
+        minimal = found["minimal"]
+        print(f"shard {shard}: {found['runs']} run(s), " + (
+            f"minimal failing schedule ({len(minimal)} fault(s)): {describe(minimal)}"
+            if minimal is not None else "no failing schedule") + f"  ({directory})")
+        for schedule in found["flaky"]:
+            print(f"  flaky (fails only some of the time): {describe(schedule)}")
+        if minimal is not None:
+            failing.append((len(minimal), manifest["shard"][0], minimal, directory))
+    total = sum(m["runs"]["runs"] for _, m in searches)
+    if not failing:
+        print(f"no failing schedule in {total} run(s) of {len(searches)} shard(s)")
+        return 0
+    _, index, minimal, directory = min(failing, key=lambda f: (f[0], f[1]))
+    path = shutil.copy2(directory / "minimal.yaml", out / "minimal.yaml")
+    print(f"minimal failing schedule ({len(minimal)} fault(s)): {describe(minimal)}"
+          f" (shard {index}/{len(searches)})")
+    print(f"replay it: torchchaos replay {path}")
+    print(f"{total} run(s) in {len(searches)} shard(s)")
+    return 1
+
+
 def cmd_battery(ns: argparse.Namespace) -> int:
     from chaos.engine import prepare_out_dir
     from chaos.explore import battery
@@ -521,6 +560,8 @@ def cmd_merge(ns: argparse.Namespace) -> int:
 
     prepare_out_dir(ns.out)
     merged = shards.merge(ns.dirs, ns.out)
+    if merged.command == "search":
+        return _merge_searches(merged.searches, ns.out)
     numbers = list(range(1, len(merged.entries) + 1))
     summary = ""
     if merged.command == "crashpoints":
@@ -660,7 +701,7 @@ def cmd_search(ns: argparse.Namespace) -> int:
     from hypothesis.configuration import set_hypothesis_home_dir
 
     from chaos.engine import prepare_out_dir
-    from chaos.explore import search, strategies
+    from chaos.explore import search, shards, strategies
     from chaos.explore.schedule_runs import ScheduleRuns
     from chaos.harness.reference import get_reference
 
@@ -678,9 +719,21 @@ def cmd_search(ns: argparse.Namespace) -> int:
     runs = ScheduleRuns(base, out, cache, progress)
     trials = search.Trials(runs, ns.repeats or 1, ns.max_runs, progress)
     progress(f"searching schedules of up to {ns.max_faults} fault(s) at steps {shape.steps}")
-    result = search.search(trials, strategies.schedules(fault, ns.max_faults), ns.seed,
-                           ns.examples, ns.shrink_runs)
-    return _print_search_end(result, runs, out, base)
+    seed, examples = ns.seed, ns.examples
+    if ns.shard:  # its own seed, its share of the examples
+        seed, examples = shards.search_seed(ns.seed, ns.shard), -(-ns.examples // ns.shard.count)
+        progress(f"shard {ns.shard}: seed {seed}, {examples} example(s)")
+    result = search.search(trials, strategies.schedules(fault, ns.max_faults), seed, examples,
+                           ns.shrink_runs)
+    code = _print_search_end(result, runs, out, base)
+    if ns.shard:
+        plan = {k: getattr(ns, k) for k in ("seed", "examples", "kind", "max_faults",
+                                            "every_step", "repeats", "max_runs",
+                                            "shrink_runs")}
+        shards.write_search_manifest(out, ns.shard, plan, {
+            "runs": len(runs.reports), "found": result.found, "minimal": result.minimal,
+            "flaky": result.flaky, "budget_spent": result.budget_spent})
+    return code
 
 
 def cmd_shrink(ns: argparse.Namespace) -> int:

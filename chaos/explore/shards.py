@@ -14,14 +14,20 @@ the unsharded command writes: the table, index.html, campaign.json, JUnit.
 No scheduler: whatever starts the N shards (a CI matrix, a Kubernetes
 Indexed Job, a Slurm array) passes I and N; `--shard auto` reads them from
 the environment those engines set.
+
+`search --shard I/N` is not a plan cut in pieces (Hypothesis decides what to
+run next from what it saw): each shard searches with a seed of its own and
+its share of `--examples`, and the merge reports every shard's result and
+the smallest failing schedule of all.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from chaos.errors import UsageError
@@ -92,16 +98,51 @@ def write_manifest(out_dir: Path, command: str, title: str, shard: Shard,
     return path
 
 
+def search_seed(seed: int, shard: Shard) -> int:
+    """A search shard's own seed: the shards of one search draw different schedules."""
+    return int(hashlib.sha256(f"{seed}:{shard}".encode()).hexdigest()[:8], 16)
+
+
+def write_search_manifest(out_dir: Path, shard: Shard, plan: dict[str, object],
+                          found: dict[str, object]) -> Path:
+    """OUT/shard.json of a search shard: the search's options and what this shard found
+    (`found`: runs, found, minimal, flaky, budget_spent)."""
+    manifest = {"command": "search", "title": "torchchaos search",
+                "shard": [shard.index, shard.count], "plan": plan, "runs": found, "extra": {}}
+    path = out_dir / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return path
+
+
 @dataclass
 class Merged:
     command: str
     title: str
     entries: list[Entry]
     extra: dict[str, object]
+    searches: list[tuple[Path, dict]] = field(default_factory=list)  # search: per shard
 
 
 def merge(dirs: list[Path], out_dir: Path) -> Merged:
-    """Join the shards in `dirs` into `out_dir` (which the caller created empty)."""
+    """Join the shards in `dirs` into `out_dir` (which the caller created empty). A
+    search's shards are not one plan cut in pieces but searches with their own seeds:
+    their results are listed, and the smallest failing schedule is the answer."""
+    manifests = _whole_plan(dirs)
+    first = manifests[0][1]
+    if first["command"] == "search":
+        return Merged("search", first["title"], [], {}, manifests)
+    entries = [Entry(**{k: p[k] for k in PLAN_FIELDS}) for p in first["plan"]]
+    for directory, manifest in manifests:
+        for number, ran in manifest["runs"].items():
+            entry = entries[int(number) - 1]
+            entry.error = ran["error"]
+            entry.report = _bring(directory, out_dir, int(number)) if ran["report"] else None
+    return Merged(first["command"], first["title"], entries, first["extra"])
+
+
+def _whole_plan(dirs: list[Path]) -> list[tuple[Path, dict]]:
+    """Each shard's manifest, in shard order, once it is certain they are all the shards
+    of one plan."""
     manifests = [_read_manifest(d) for d in dirs]
     first = manifests[0]
     for directory, manifest in zip(dirs, manifests):
@@ -124,13 +165,7 @@ def merge(dirs: list[Path], out_dir: Path) -> Merged:
     missing = [f"{i}/{count}" for i in range(1, count + 1) if i not in by_index]
     if missing:
         raise UsageError(f"shard(s) {', '.join(missing)} missing: merge needs all {count}")
-    entries = [Entry(**{k: p[k] for k in PLAN_FIELDS}) for p in first["plan"]]
-    for directory, manifest in zip(dirs, manifests):
-        for number, ran in manifest["runs"].items():
-            entry = entries[int(number) - 1]
-            entry.error = ran["error"]
-            entry.report = _bring(directory, out_dir, int(number)) if ran["report"] else None
-    return Merged(first["command"], first["title"], entries, first["extra"])
+    return sorted(zip(dirs, manifests), key=lambda pair: pair[1]["shard"][0])
 
 
 def _read_manifest(directory: Path) -> dict:

@@ -78,3 +78,19 @@ def test_shrink_refuses_a_file_without_faults(tmp_path):
     result = torchchaos("shrink", str(path), "--out", str(tmp_path / "s"))
     assert result.returncode == 2 and "no faults to shrink" in result.stderr
     assert not Path(tmp_path / "s").exists()
+
+
+@pytest.mark.slow  # two searches of up to 12 runs each
+def test_two_search_shards_merge_into_the_pair(tmp_path, shared_cache):
+    outs = [tmp_path / f"shard-{i}" for i in (1, 2)]
+    for index, out in enumerate(outs, 1):
+        shard = torchchaos("search", "--kind", "kill", "--max-faults", "3", "--repeats", "1",
+                           "--shrink-runs", "0", "--max-runs", "12", "--shard", f"{index}/2",
+                           "--out", str(out), "--cache-dir", str(shared_cache), "--quiet",
+                           *PAIR_BUG)
+        assert shard.returncode in (0, 1), shard.stdout + shard.stderr
+    merged = torchchaos("merge", *map(str, outs), "--out", str(tmp_path / "m"))
+    assert merged.returncode == 1, merged.stdout + merged.stderr
+    assert "minimal failing schedule (2 fault(s))" in merged.stdout
+    specs = [f.text for f in scenario_file.load(tmp_path / "m" / "minimal.yaml").scenario.faults]
+    assert len(specs) == 2 and interval_of(specs[0]) != interval_of(specs[1])

@@ -18,7 +18,14 @@ from hypothesis import strategies as st
 
 from chaos.errors import UsageError
 from chaos.explore.battery import Entry
-from chaos.explore.shards import Shard, from_environment, merge, write_manifest
+from chaos.explore.shards import (
+    Shard,
+    from_environment,
+    merge,
+    search_seed,
+    write_manifest,
+    write_search_manifest,
+)
 
 
 @given(total=st.integers(0, 60), count=st.integers(1, 9))
@@ -153,3 +160,39 @@ def test_a_merged_campaign_equals_the_unsharded_one(tmp_path, shared_cache) -> N
     report = json.loads((other / "03" / "report.json").read_text())
     assert report["run_dir"].startswith(str(other.resolve()))  # names the merged folder
     assert (other / "03" / "report.html").is_file()
+
+
+def _search_shard(tmp: Path, index: int, minimal: list[str] | None, runs: int) -> Path:
+    folder = tmp / f"search-{index}"
+    folder.mkdir()
+    plan = {"seed": 0, "examples": 20, "kind": None, "max_faults": 3}
+    found = {"runs": runs, "found": minimal, "minimal": minimal, "flaky": [],
+             "budget_spent": False}
+    write_search_manifest(folder, Shard(index, 3), plan, found)
+    if minimal is not None:
+        (folder / "minimal.yaml").write_text(f"# shard {index}\n")
+    return folder
+
+
+def test_merged_searches_answer_with_the_smallest_failing_schedule(tmp_path) -> None:
+    dirs = [_search_shard(tmp_path, 1, ["kill:rank=0,step=7", "kill:rank=1,step=12"], 9),
+            _search_shard(tmp_path, 2, None, 10),
+            _search_shard(tmp_path, 3, ["kill:rank=0,step=12"], 4)]
+    done = _cli("merge", *map(str, dirs), "--out", str(tmp_path / "m"), cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "shard 2/3: 10 run(s), no failing schedule" in done.stdout
+    assert ("minimal failing schedule (1 fault(s)): kill:rank=0,step=12 (shard 3/3)"
+            in done.stdout)
+    assert (tmp_path / "m" / "minimal.yaml").read_text() == "# shard 3\n"
+    assert "23 run(s) in 3 shard(s)" in done.stdout
+
+
+def test_merged_searches_without_a_failure_exit_0(tmp_path) -> None:
+    dirs = [_search_shard(tmp_path, n, None, 5) for n in (1, 2, 3)]
+    done = _cli("merge", *map(str, dirs), "--out", str(tmp_path / "m"), cwd=tmp_path)
+    assert done.returncode == 0 and "no failing schedule in 15 run(s) of 3 shard(s)" in done.stdout
+
+
+def test_search_shards_draw_with_seeds_of_their_own() -> None:
+    seeds = {search_seed(0, Shard(i, 4)) for i in range(1, 5)}
+    assert len(seeds) == 4 and search_seed(0, Shard(1, 4)) == search_seed(0, Shard(1, 4))
