@@ -341,6 +341,20 @@ def _add_export_command(sub: Any) -> None:
                              " instead of the Workflow")
     export.add_argument("--out", type=Path, default=None, metavar="FILE.yaml",
                         help="write here instead of stdout")
+    export.add_argument("--jobset", type=Path, default=None, metavar="DIR",
+                        help="also write the job itself, runnable: DIR/reference.yaml (a"
+                             " JobSet whose pods, one per node, run `torchchaos node` without"
+                             " faults) and DIR/chaos.yaml (the same with the faults Chaos Mesh"
+                             " cannot inject, node 0 judging with `torchchaos gather`, then"
+                             " the Chaos Mesh Workflow). Pods are selected by the Indexed"
+                             " Job's completion-index label unless --node-label is given")
+    export.add_argument("--image", default="torchchaos:latest", metavar="IMAGE",
+                        help="--jobset: the pods' image, with torchchaos and the script at"
+                             " its path relative to here (default torchchaos:latest: this"
+                             " repository's Dockerfile)")
+    export.add_argument("--claim", default="torchchaos-shared", metavar="NAME",
+                        help="--jobset: a ReadWriteMany PersistentVolumeClaim the pods share"
+                             " at /shared (default torchchaos-shared)")
 
 
 def _add_run_dirs(parser: argparse.ArgumentParser) -> None:
@@ -762,17 +776,28 @@ def cmd_shrink(ns: argparse.Namespace) -> int:
 
 
 def cmd_export(ns: argparse.Namespace) -> int:
-    from chaos.scenario import chaosmesh
+    from chaos.scenario import chaosmesh, jobset
     from chaos.scenario import files as scenario_file
 
     loaded = scenario_file.load(ns.file)
+    if ns.jobset is not None:
+        from chaos.engine import prepare_out_dir
+
+        prepare_out_dir(ns.jobset)  # a new folder: no file of the user's is overwritten
+    node_label = ns.node_label
+    if ns.jobset is not None and node_label == chaosmesh.DEFAULT_NODE_LABEL:
+        node_label = jobset.NODE_LABEL  # what the JobSet's pods carry
     options = chaosmesh.Options(
-        namespace=ns.namespace, node_label=ns.node_label, volume_path=ns.volume_path,
+        namespace=ns.namespace, node_label=node_label, volume_path=ns.volume_path,
         seconds_per_step=ns.seconds_per_step, pod_per_rank=ns.pod_per_rank,
         step_times=chaosmesh.step_times(ns.run_dir) if ns.run_dir else None,
         name=ns.name or chaosmesh.name_of(ns.file))
     result = chaosmesh.export(loaded, options)
     text = chaosmesh.render(result, ns.file, options, ns.bare)
+    if ns.jobset is not None:
+        job = jobset.JobOptions(options.name, ns.namespace, ns.image, ns.claim)
+        for path in jobset.write(loaded.scenario, job, result.kept, text, ns.jobset):
+            print(f"wrote {path}", file=sys.stderr)
     if ns.out is None:
         sys.stdout.write(text)
     else:

@@ -111,6 +111,7 @@ class Export:
     manifests: list[dict[str, Any]] = field(default_factory=list)  # bare, in schedule order
     workflow: dict[str, Any] | None = None
     not_exported: list[str] = field(default_factory=list)  # "<fault> — <reason>"
+    kept: list[str] = field(default_factory=list)  # the specs of those: torchchaos injects them
     approximations: list[str] = field(default_factory=list)  # "<fault> — <what differs>"
 
 
@@ -130,6 +131,7 @@ def export(loaded: ScenarioFile, options: Options) -> Export:
             plan = _plan(number, fault, scenario.nproc, scenario.nodes, options, result)
         except NotExported as why:
             result.not_exported.append(f"{fault.spec} — {why}")
+            result.kept.append(fault.spec)
             continue
         planned.append(plan)
     planned.sort(key=lambda p: (p.start, p.number))
