@@ -196,3 +196,20 @@ def test_merged_searches_without_a_failure_exit_0(tmp_path) -> None:
 def test_search_shards_draw_with_seeds_of_their_own() -> None:
     seeds = {search_seed(0, Shard(i, 4)) for i in range(1, 5)}
     assert len(seeds) == 4 and search_seed(0, Shard(1, 4)) == search_seed(0, Shard(1, 4))
+
+
+@pytest.mark.slow  # the battery twice: 16 chaos runs
+def test_a_merged_battery_equals_the_unsharded_one(tmp_path, shared_cache) -> None:
+    common = ["--quiet", "--cache-dir", str(shared_cache)]
+    whole = _cli("battery", *common, "--out", str(tmp_path / "whole"), cwd=tmp_path)
+    for index in (1, 2, 3):
+        shard = _cli("battery", *common, "--shard", f"{index}/3", "--out",
+                     str(tmp_path / f"shard-{index}"), cwd=tmp_path)
+        assert shard.returncode in (0, 1), shard.stdout + shard.stderr
+    merged = _cli("merge", *[str(tmp_path / f"shard-{i}") for i in (1, 2, 3)], "--out",
+                  str(tmp_path / "merged"), cwd=tmp_path)
+    assert merged.returncode == whole.returncode == 0, merged.stdout + whole.stdout
+    assert _table(merged.stdout) == _table(whole.stdout)
+    one, other = tmp_path / "whole", tmp_path / "merged"
+    assert _same((other / "index.html").read_text(), other) == _same(
+        (one / "index.html").read_text(), one)
