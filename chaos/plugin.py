@@ -106,8 +106,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if os.environ.get(lifeline.OFF_ENV) == "1":
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    lifeline.sweep_stale(lambda message: reporter.write_line(f"torchchaos: {message}")
-                         if reporter is not None else None)
+
+    def say(message: str) -> None:
+        if reporter is not None:
+            reporter.write_line(f"torchchaos: {message}")
+
+    try:
+        lifeline.sweep_stale(say)
+    except OSError as exc:  # a session that runs no chaos must not fail on this
+        say(f"could not look for leftovers of dead harnesses: {exc}")
 
 
 def _pyproject(config: pytest.Config) -> Path:

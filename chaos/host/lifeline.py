@@ -40,7 +40,8 @@ OFF_ENV = "TORCHCHAOS_NO_LIFELINE"  # "1": no lock, no watcher, no sweep (benchm
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 _lock = threading.Lock()
-_current: tuple[int, Lifeline] | None = None  # (pid, lifeline): a forked child makes its own
+# (pid, lifeline or None where it could not start): a forked child makes its own
+_current: tuple[int, Lifeline | None] | None = None
 Say = Callable[[str], None]
 
 
@@ -71,8 +72,20 @@ def own(run_id: str | None = None, path: Path | str | None = None) -> None:
         return
     with _lock:
         if _current is None or _current[0] != os.getpid():
-            _current = (os.getpid(), Lifeline())
-        _current[1].own(run_id, path)
+            _current = (os.getpid(), _start())
+        if _current[1] is not None:
+            _current[1].own(run_id, path)
+
+
+def _start() -> Lifeline | None:
+    """A lifeline, or None (said once) where none can be had: the runs still go on, and
+    still clean up after themselves on every exit path the harness sees."""
+    try:
+        return Lifeline()
+    except OSError as exc:
+        _stderr(f"no lifeline for this harness ({exc}): if it is killed with SIGKILL, its"
+                " runs' processes may outlive it until `torchchaos clean --yes`")
+        return None
 
 
 def sweep_stale(say: Say = _stderr) -> list[leftovers.Leftover]:

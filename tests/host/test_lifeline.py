@@ -239,3 +239,16 @@ def test_a_mount_no_live_harness_owns_is_stale_and_removed(tmp_path, monkeypatch
         assert mounts_under(tmp_path) == [] and not mount.mounted()
     finally:
         mount.close()
+
+
+def test_a_harness_that_cannot_have_a_lifeline_says_so_and_runs_on(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")  # the state folder cannot be made below a file
+    script = tmp_path / "h.py"
+    script.write_text("from chaos.host import lifeline\nlifeline.own('0123456789ab')\n"
+                      "lifeline.own('ba9876543210')\nprint('ran on')\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(REPO),
+                                           owners.STATE_ENV: str(blocker / "state")})
+    assert done.returncode == 0 and done.stdout == "ran on\n", done.stderr
+    assert done.stderr.count("no lifeline for this harness") == 1  # said once
