@@ -92,7 +92,8 @@ def write_manifest(out_dir: Path, command: str, title: str, shard: Shard,
            for n in shard.numbers(len(entries))}
     manifest = {"command": command, "title": title, "shard": [shard.index, shard.count],
                 "plan": [{k: asdict(e)[k] for k in PLAN_FIELDS} for e in entries],
-                "runs": ran, "extra": extra or {}}
+                "runs": ran, "extra": extra or {},
+                "out": str(out_dir.resolve())}  # where the reports say they are
     path = out_dir / MANIFEST
     path.write_text(json.dumps(manifest, indent=2) + "\n")
     return path
@@ -136,7 +137,8 @@ def merge(dirs: list[Path], out_dir: Path) -> Merged:
         for number, ran in manifest["runs"].items():
             entry = entries[int(number) - 1]
             entry.error = ran["error"]
-            entry.report = _bring(directory, out_dir, int(number)) if ran["report"] else None
+            entry.report = (_bring(directory, manifest.get("out"), out_dir, int(number))
+                            if ran["report"] else None)
     return Merged(first["command"], first["title"], entries, first["extra"])
 
 
@@ -178,16 +180,19 @@ def _read_manifest(directory: Path) -> dict:
         raise UsageError(f"{path}: not a shard manifest ({exc})") from None
 
 
-def _bring(shard_dir: Path, out_dir: Path, number: int) -> Report:
+def _bring(shard_dir: Path, written_in: str | None, out_dir: Path, number: int) -> Report:
     """Run NN of a shard into the merged folder; its report.json rewritten to name the
-    merged folder (the other files are shared with the shard, not rewritten)."""
+    merged folder instead of where the shard wrote it (`written_in`: on another machine,
+    maybe), the other files shared with the shard, not rewritten."""
     name = f"{number:02d}"
     source, target = shard_dir / name, out_dir / name
     shutil.copytree(source, target, symlinks=True, copy_function=_link_or_copy)
     text = (source / "report.json").read_text()
+    for where in dict.fromkeys([written_in or "", str(shard_dir.resolve())]):
+        if where:
+            text = text.replace(where, str(out_dir.resolve()))
     (target / "report.json").unlink()
-    (target / "report.json").write_text(text.replace(str(shard_dir.resolve()),
-                                                     str(out_dir.resolve())))
+    (target / "report.json").write_text(text)
     return Report.read(target / "report.json")
 
 
