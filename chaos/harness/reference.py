@@ -27,7 +27,7 @@ from chaos.harness.hangwatch import REFERENCE_TIMEOUT
 from chaos.harness.runner import Job, Progress
 from chaos.judge.components import same_state
 from chaos.judge.hangs import describe_hang
-from chaos.rundir.history import History
+from chaos.rundir.history import Event, History
 from chaos.rundir.layout import RunLayout
 from chaos.scenario.model import Scenario
 
@@ -172,13 +172,24 @@ def _run_once(scenario: Scenario, run_dir: Path, progress: Progress) -> float:
     if not history.steps():
         raise CannotJudge("the target ran without any optimizer step the agent could see"
                           " (is it a torch training script using torch.optim?)")
-    restarted = [e for e in history.of("boot") if e.get("launch") or e.get("attempt")]
-    if restarted:  # its steps would overwrite the first attempt's in every lookup
+    restarted = restarted_and_trained(history)
+    if restarted is not None:  # its steps would overwrite the first attempt's in every lookup
         raise CannotJudge(f"the target fails without faults: a worker died and was restarted"
-                          f" (rank {restarted[0]['rank']}, attempt"
-                          f" {restarted[0].get('attempt', 0)}) although no fault was"
+                          f" (rank {restarted['rank']}, attempt"
+                          f" {restarted.get('attempt', 0)}) although no fault was"
                           f" injected; last output: {outcome.log_tail()}")
     return outcome.wall_seconds
+
+
+def restarted_and_trained(history: History) -> Event | None:
+    """The boot of the first restarted worker (a relaunch or an elastic restart) that then
+    ran a step, or None. A restart that runs no step leaves the reference sound: torch
+    2.13's gloo can abort a worker in its teardown after the last step, torchrun restarts
+    it, and the new worker finds nothing left to train (the Hugging Face Trainer's "at
+    max_steps: nothing to resume") and exits."""
+    trained = {e["pid"] for e in history.steps() if "pid" in e}
+    return next((e for e in history.of("boot") if (e.get("launch") or e.get("attempt"))
+                 and e.get("pid") in trained), None)
 
 
 def get_reference(scenario: Scenario, cache_root: Path, progress: Progress) -> Reference:

@@ -77,7 +77,7 @@ def test_with_the_rng_fixed_the_data_order_of_a_later_epoch_is_lost(chaos_run, s
     report = chaos_run(script, faults=[KILL], args=[*STEPS, "--fix", "rng"], expect="fail")
     assert_holds(report)
     detail = report.checks["deterministic_resume"]["detail"]
-    assert "at step 11" in detail and "data not restored" in detail, report.table()
+    assert "at step 11" in detail and "data position not restored" in detail, report.table()
 
 
 @pytest.mark.slow  # the two tests above run the same jobs; this proves the fixes suffice
@@ -100,7 +100,8 @@ def test_accelerate_kill_mid_save_leaves_a_folder_resume_crashes_on(chaos_run):
     report = chaos_run(ACCELERATE, faults=["kill:rank=0,phase=checkpoint_save,save=2,event=4"],
                        args=STEPS, expect="fail", max_restarts=1, max_relaunches=0)
     detail = report.checks["atomic_recovery"]["detail"]
-    assert "resume failed" in detail and "step_10/optimizer.bin" in detail, report.table()
+    # the file it dies on is the one the kill cut (model.safetensors with accelerate 1.x)
+    assert "resume failed" in detail and "ckpt/step_10/" in detail, report.table()
 
 
 @needs_fuse

@@ -8,6 +8,7 @@ import threading
 
 import pytest
 from conftest import PLAIN, REPO, TARGET
+from histories import Timeline
 
 from chaos.errors import CannotJudge
 from chaos.harness.reference import (
@@ -16,6 +17,7 @@ from chaos.harness.reference import (
     cache_key,
     get_reference,
     relative_path_hint,
+    restarted_and_trained,
 )
 from chaos.scenario.model import Scenario
 
@@ -120,3 +122,20 @@ def test_a_torchft_job_that_hangs_at_start_is_told_about_the_shared_store(tmp_pa
     hint = _torchft_hint(Scenario(script=str(script)))
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0" in hint and "torchft" in hint
     assert _torchft_hint(Scenario(script=str(TARGET))) == ""
+
+
+def test_a_restart_that_trains_spoils_the_reference_one_that_only_exits_does_not():
+    """torch 2.13's gloo may abort a worker in its teardown after the last step; torchrun
+    restarts it and the new worker, with nothing left to train, exits. That reference is
+    sound (seen with the Hugging Face Trainer: "at max_steps: nothing to resume"). A
+    restart that trains again is not: its steps would overwrite the first ones."""
+    done = Timeline()
+    done.train(2, range(1, 11))
+    done.add("boot", **done.proc(1, attempt=1))  # restarted after the end, trains nothing
+    done.add("exit", step=10, **done.proc(1, attempt=1))
+    assert restarted_and_trained(done.history()) is None
+    again = Timeline()
+    again.train(2, range(1, 6))
+    again.train(2, range(6, 11), attempt=1, restored=5)  # a crash mid-run, trained again
+    found = restarted_and_trained(again.history())
+    assert found is not None and found["attempt"] == 1 and found["ev"] == "boot"
