@@ -77,6 +77,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          " script in [tool.torchchaos], else the bundled reference target)")
     group.addoption("--chaos-args", default=None, metavar="ARGS",
                     help="its arguments, one string split like a shell's: \"--steps 40\"")
+    group.addoption("--chaos-link", action="append", default=None, metavar="PATH",
+                    help="suites: show PATH in every run directory under its own name"
+                         " (repeatable; overrides links in [tool.torchchaos])")
     for name, kind, what in (("nproc", int, "ranks per node"),
                              ("nodes", int, "simulated nodes"),
                              ("max-lost-steps", int, "steps a failure may cost"),
@@ -133,6 +136,14 @@ def _script_options(config: pytest.Config) -> tuple[str | None, list[str] | None
     return script, (split_args(args, "--chaos-args") if args is not None else None)
 
 
+def _link_options(config: pytest.Config) -> list[str] | None:
+    """--chaos-link paths, from where pytest started."""
+    links = config.getoption("--chaos-link")
+    if links is None:
+        return None
+    return [os.path.normpath(config.invocation_params.dir / link) for link in links]
+
+
 def _suite_scenario(config: pytest.Config) -> Scenario:
     from chaos.explore import suiteconfig
 
@@ -141,6 +152,7 @@ def _suite_scenario(config: pytest.Config) -> Scenario:
     options = {"script": script, "args": args, "seed": config.getoption("--chaos-seed"),
                "timeout": config.getoption("--chaos-timeout"),
                "hang_timeout": config.getoption("--chaos-hang-timeout"),
+               "links": _link_options(config),
                **{key: config.getoption(f"--chaos-{key.replace('_', '-')}")
                   for key in ("nproc", "nodes", "max_lost_steps", "max_lost_seconds")}}
     return suiteconfig.base_scenario(suiteconfig.read_table(pyproject), pyproject.parent,

@@ -390,6 +390,11 @@ def _add_job_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--min-nodes", type=_positive_int, default=None, metavar="N",
                      help="elastic job: torchrun may go on with N to --nodes nodes"
                           " (default: exactly --nodes)")
+    run.add_argument("--link", action="append", default=[], metavar="PATH",
+                     help="show PATH in every run directory under its own name (a symlink;"
+                          " repeatable): files the script opens by a fixed relative name,"
+                          " since each run starts in a new folder (nanoGPT: --link"
+                          " configurator.py --link data)")
     run.add_argument("--check", action="append", default=None, metavar="NAME",
                      help="only these checks (repeatable; default: every check)")
     run.add_argument("--max-lost-steps", type=_positive_int, default=None, metavar="N",
@@ -436,7 +441,7 @@ def _scenario(ns: argparse.Namespace, script: str, args: list[str], faults: list
         max_detect_steps=ns.max_detect_steps, hang_timeout=ns.hang_timeout, seed=ns.seed,
         timeout=ns.timeout, max_restarts=ns.max_restarts, max_relaunches=ns.max_relaunches,
         reference_runs=ns.reference_runs, mtbf_hours=ns.mtbf,
-        full_fingerprints=ns.full_fingerprints,
+        full_fingerprints=ns.full_fingerprints, links=ns.link,
     )
     scenario.check_machine(ns.force)
     return scenario

@@ -57,6 +57,8 @@ def add_commands(sub: Any, count: Callable[[str], int], seconds: Callable[[str],
                       help="a fault to inject (repeatable; see torchchaos run --help);"
                            " node=K is torchrun's group rank")
     node.add_argument("--seed", type=count, default=0)
+    node.add_argument("--link", action="append", default=[], metavar="PATH",
+                      help="show PATH in the run directory under its own name (repeatable)")
     node.add_argument("--timeout", type=seconds, default=300.0, metavar="SEC",
                       help="deadline for this node's part (default 300)")
     node.add_argument("--max-restarts", type=count, default=3,
@@ -87,7 +89,7 @@ def cmd_node(ns: argparse.Namespace) -> int:
     scenario = Scenario(ns.script, args, nproc=ns.nproc, nodes=ns.nnodes, network="host",
                         faults=[parse_fault_spec(text) for text in ns.fault], seed=ns.seed,
                         timeout=ns.timeout, max_restarts=ns.max_restarts,
-                        max_relaunches=ns.max_relaunches)  # run_node validates it
+                        max_relaunches=ns.max_relaunches, links=ns.link)  # run_node validates it
     spec = NodeSpec(ns.shared.resolve(), ns.run_id or default_run_id(ns.fault, ns.seed),
                     ns.node_rank, ns.nnodes, parse_endpoint(ns.rdzv_endpoint), ns.local_addr,
                     ns.rdzv_conf)

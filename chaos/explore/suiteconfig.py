@@ -3,6 +3,7 @@
     [tool.torchchaos]
     script = "train.py"                       # relative to this pyproject.toml
     args = ["--ckpt-dir", "{run_dir}/ckpt"]   # or one string, split like a shell
+    links = ["configurator.py", "data"]       # shown in every run directory (--link)
     nproc = 2
     max_lost_steps = 50
 
@@ -15,6 +16,7 @@ errors that name the key.
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "max_relaunches": ((int,), "an integer"),
     "reference_runs": ((int,), "1 or 2"),
     "env": ((dict,), "a table of strings"),
+    "links": ((list,), "a list of paths"),
 }
 
 
@@ -111,6 +114,9 @@ def base_scenario(table: dict[str, Any], table_dir: Path, options: dict[str, Any
     values = check_table(table, origin)
     if "script" in values:
         values["script"] = str((table_dir / values["script"]).resolve())
+    if "links" in values:  # not resolved: a link shows under the name it was given
+        values["links"] = [os.path.normpath(table_dir.absolute() / link)
+                           for link in values["links"]]
     values.update({k: v for k, v in options.items() if v is not None})
     values.setdefault("args", list(BUNDLED_ARGS) if "script" not in values else [])
     values["script"] = str(Path(values.get("script", BUNDLED_TARGET)).resolve())

@@ -84,11 +84,36 @@ def argument_files(args: list[str]) -> dict[str, str]:
             try:
                 if not path.is_file():
                     continue
-                size, mtime = path.stat().st_size, path.stat().st_mtime_ns
-                found[text] = (f"size={size},mtime={mtime}" if size > HASHED_BYTES
-                               else hashlib.sha256(path.read_bytes()).hexdigest())
+                found[text] = _file_digest(path)
             except (OSError, ValueError):  # unreadable, or not a path at all
                 continue
+    return found
+
+
+def _file_digest(path: Path) -> str:
+    size, mtime = path.stat().st_size, path.stat().st_mtime_ns
+    return (f"size={size},mtime={mtime}" if size > HASHED_BYTES
+            else hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def linked_files(links: list[str]) -> dict[str, str]:
+    """What each of Scenario.links holds: a file's digest; for a folder (a data set can be
+    large), every file's path, size and modification time."""
+    found: dict[str, str] = {}
+    for link in links:
+        root = Path(link)
+        if root.is_file():
+            found[link] = _file_digest(root)
+            continue
+        listing = hashlib.sha256()
+        for folder, dirs, files in os.walk(root):
+            dirs.sort()
+            for name in sorted(files):
+                path = Path(folder, name)
+                stat = path.lstat()
+                listing.update(f"{path.relative_to(root)}\0{stat.st_size}\0"
+                               f"{stat.st_mtime_ns}\n".encode())
+        found[link] = listing.hexdigest()
     return found
 
 
@@ -113,6 +138,7 @@ def cache_key(scenario: Scenario) -> str:
     blob = {
         "script": _source_digest(Path(scenario.script)),
         "args": scenario.args, "files": argument_files(scenario.args),
+        "links": linked_files(scenario.links),
         "nproc": scenario.nproc, "nodes": scenario.nodes,
         "env": scenario.env, "torch": _torch_version(), "torchchaos": chaos.__version__,
         "fingerprints": FINGERPRINT_FORMAT,
@@ -138,8 +164,26 @@ def relative_path_hint(output: str) -> str:
     for name in re.findall(r"No such file or directory: '([^'/][^']*)'", output):
         if Path(name).exists():
             return (f" (the job runs in its run directory, not here: {name} exists here;"
-                    f" pass it as an absolute path, {Path(name).resolve()})")
+                    f" pass it as an absolute path, {Path(name).resolve()}, or, where the"
+                    f" script opens it by that name, --link {name.split('/')[0]})")
     return ""
+
+
+# What torch says when a script asks for a GPU that this machine lacks (torch 2.13, CPU
+# build): nanoGPT's torch.cuda.set_device, the DDP tutorial's model.to(local_rank).
+_NO_GPU = re.compile(r"Torch not compiled with CUDA enabled|Cannot access accelerator device"
+                     r"|no attribute '_cuda_setDevice'|No CUDA GPUs are available"
+                     r"|Found no NVIDIA driver|ProcessGroupNCCL is only supported with GPUs"
+                     r"|doesn't have NCCL built in")
+
+
+def gpu_hint(output: str) -> str:
+    """Where a job died asking for a GPU this machine does not have: say so, since the
+    torch error alone reads like a bug in the job."""
+    if not _NO_GPU.search(output):
+        return ""
+    return (" (the script needs a GPU and this machine has none: run it where it trains"
+            " today, a GPU runner, or give it a CPU path with the gloo backend)")
 
 
 def _torchft_hint(scenario: Scenario) -> str:
@@ -167,7 +211,8 @@ def _run_once(scenario: Scenario, run_dir: Path, progress: Progress) -> float:
     if not outcome.completed:
         tail = outcome.log_tail()
         raise CannotJudge(f"the target fails without faults (exit codes"
-                          f" {outcome.exit_codes[-1]}): {tail}{relative_path_hint(tail)}")
+                          f" {outcome.exit_codes[-1]}): {tail}"
+                          f"{relative_path_hint(tail)}{gpu_hint(tail)}")
     history = History.of_run(run_dir)
     if not history.steps():
         raise CannotJudge("the target ran without any optimizer step the agent could see"

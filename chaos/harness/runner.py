@@ -195,6 +195,7 @@ class Job:
             if self.start_from is not None:  # before a mount moves it into its backing store
                 shutil.copytree(self.start_from, self.layout.run_dir, symlinks=True,
                                 dirs_exist_ok=True)
+            self.layout.link(self.scenario.links)
             if self.scenario.network_kind == "netns":
                 self.network = Network(self.run_id, self.scenario.nodes).create()
             self._set_up_faults(log)

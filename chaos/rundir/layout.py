@@ -6,6 +6,7 @@ harness writes lives under one sub-folder, `_chaos/`, that targets never see.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +87,14 @@ class RunLayout:
     @property
     def harness_history(self) -> Path:
         return self.history_dir / "harness.jsonl"
+
+    def link(self, targets: list[str]) -> None:
+        """Show each target in the run directory under its own name (Scenario.links). The
+        nodes of one job share the run directory, so a link already in place is kept."""
+        for target in targets:
+            link = self.run_dir / Path(target).name
+            if not (link.is_symlink() and os.readlink(link) == target):
+                link.symlink_to(target)
 
     def create(self) -> None:
         for folder in (self.history_dir, self.fired_dir, self.logs_dir, self.tmp_dir,

@@ -47,7 +47,8 @@ FORMAT_VERSION = 1
 REPLAY_FILE = "replay.yaml"
 
 # The Scenario fields a file sets, by section. Anything else in a file is a typo.
-JOB_KEYS = ("script", "args", "nproc", "nodes", "network", "min_nodes", "env", "start_from")
+JOB_KEYS = ("script", "args", "nproc", "nodes", "network", "min_nodes", "env", "start_from",
+            "links")
 BOUND_KEYS = ("max_lost_steps", "max_lost_seconds", "max_detect_steps", "hang_timeout",
               "timeout", "max_restarts", "max_relaunches", "reference_runs", "stop_after",
               "mtbf_hours")
@@ -103,6 +104,10 @@ class ScenarioFile:
                 job[key] = getattr(s, key)
         if s.start_from is not None:  # a crash point's starting checkpoints
             job["start_from"] = _relative(s.start_from, base_dir)
+        if s.links:
+            # not resolved: a link shows under the name it was given (a symlinked data/)
+            job["links"] = [link if base_dir is None else os.path.relpath(link, base_dir.absolute())
+                            for link in s.links]
         bounds = {k: getattr(s, k) for k in BOUND_KEYS if getattr(s, k) != getattr(defaults, k)}
         doc: dict[str, Any] = {"torchchaos": FORMAT_VERSION}
         doc.update({k: v for k, v in (("name", self.name), ("summary", self.summary),
@@ -195,11 +200,13 @@ def _from_doc(doc: Any, path: Path, script: str | None,
     specs, notes = zip(*[_fault(item, f"faults[{i}]") for i, item in enumerate(faults)]) \
         if faults else ((), ())
     kwargs: dict[str, Any] = {k: v for k, v in job.items()
-                              if k not in ("script", "args", "start_from")}
+                              if k not in ("script", "args", "start_from", "links")}
     kwargs.update(bounds)
     _check_types(kwargs)
     if "start_from" in job:
         kwargs["start_from"] = _path(job["start_from"], "job.start_from", path)
+    kwargs["links"] = [os.path.normpath(path.absolute().parent / _text(link, f"job.links[{i}]"))
+                       for i, link in enumerate(_list(job.get("links", []), "job.links"))]
     if script is None:
         script = _path(job["script"], "job.script", path)
         args = _args(job.get("args", []), "job.args") if args is None else args

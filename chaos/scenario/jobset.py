@@ -68,6 +68,7 @@ def jobset(scenario: Scenario, options: JobOptions, run_id: str, faults: list[st
         "--seed", str(scenario.seed), "--timeout", f"{scenario.timeout:g}",
         "--max-restarts", str(scenario.max_restarts),
         "--max-relaunches", str(scenario.max_relaunches),
+        *[a for link in scenario.links for a in ("--link", script_path(link))],
         "--", script_path(scenario.script), *scenario.args]
     script = " ".join(w if w.startswith("$") else shlex.quote(w) for w in node)
     if gather:  # this node's exit is not the verdict: node 0 judges the whole run

@@ -12,6 +12,7 @@ from pathlib import Path
 from chaos.errors import UsageError
 from chaos.host import netns
 from chaos.judge import registry as check_registry
+from chaos.rundir.layout import CHAOS_DIR
 from chaos.scenario.spec import FaultSpec, parse_fault_spec
 from faults.registry import get_kind
 
@@ -52,9 +53,16 @@ class Scenario:
     # from the checkpoints there were before the save under test); never the reference's.
     start_from: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    # Files and folders every run directory shows under their own names (symlinks): what a
+    # script opens by a fixed relative name, nanoGPT's configurator.py and data/
+    links: list[str] = field(default_factory=list)
     # Failure rate for the report's Young/Daly checkpoint interval (large jobs: about one
     # interruption every 3 hours); it changes no verdict
     mtbf_hours: float = 3.0
+
+    def __post_init__(self) -> None:
+        # absolute from where torchchaos started: each run's working directory is its own
+        self.links = [str(Path(link).expanduser().absolute()) for link in self.links]
 
     @classmethod
     def build(cls, script: str, faults: list[str] | None = None, **kwargs: object) -> Scenario:
@@ -94,6 +102,18 @@ class Scenario:
         if self.reference_runs not in (1, 2):
             raise UsageError("--reference-runs must be 1 or 2")
         check_registry.validate(self.checks or [])
+        self._check_links()
+
+    def _check_links(self) -> None:
+        names: set[str] = set()
+        for link in self.links:
+            name = Path(link).name
+            if not Path(link).exists():
+                raise UsageError(f"--link {link}: no such file or folder")
+            if name in names or name in ("", ".", "..", CHAOS_DIR):
+                raise UsageError(f"--link {link}: the run directory already has a {name!r}"
+                                 " (each link shows under its own name)")
+            names.add(name)
 
     def _check_faults(self) -> None:
         """Each fault against the job's shape, then each kind's faults together."""

@@ -7,6 +7,7 @@ import sys
 import threading
 
 import pytest
+import torch
 from conftest import PLAIN, REPO, TARGET
 from histories import Timeline
 
@@ -16,6 +17,7 @@ from chaos.harness.reference import (
     argument_files,
     cache_key,
     get_reference,
+    gpu_hint,
     relative_path_hint,
     restarted_and_trained,
 )
@@ -100,20 +102,81 @@ def test_the_cache_key_covers_the_files_the_arguments_name(tmp_path, monkeypatch
     assert argument_files(["--out", "{run_dir}/ckpt", "--steps", "6"]) == {}
 
 
-def test_a_relative_path_the_job_cannot_find_but_exists_here_is_named(tmp_path):
-    """The job's working directory is its run directory: a relative config path given on
-    the command line is looked up there, and the error says where it does exist."""
-    (tmp_path / "config.py").write_text("learning_rate = 0.1\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "chaos.cli", "run", "--fault", "kill:rank=0,step=3", "--out",
-         str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), "--",
-         str(REPO / "tests" / "scripts" / "reads_config.py"), "config.py"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert result.stderr.strip().endswith(
-        "(the job runs in its run directory, not here: config.py exists here; pass it as an"
-        f" absolute path, {tmp_path / 'config.py'})"), result.stderr
+def test_the_cache_key_covers_what_the_links_show(tmp_path):
+    """An edited configurator.py, or a file added to a linked data folder, is a new
+    reference; the key does not move when nothing linked changed."""
+    (tmp_path / "configurator.py").write_text("lr = 0.1\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.bin").write_bytes(b"\0" * 64)
+    links = [str(tmp_path / "configurator.py"), str(tmp_path / "data")]
+
+    def key() -> str:
+        return cache_key(Scenario(script=str(TARGET), links=links))
+
+    first = key()
+    (tmp_path / "unrelated.txt").write_text("x")
+    assert key() == first
+    (tmp_path / "configurator.py").write_text("lr = 0.2\n")
+    second = key()
+    assert second != first
+    (tmp_path / "data" / "val.bin").write_bytes(b"\0" * 8)
+    assert key() != second
+    assert cache_key(Scenario(script=str(TARGET))) not in (first, second)
+
+
+NANOGPT_LAYOUT = REPO / "tests" / "scripts" / "nanogpt_layout"
+
+
+def test_a_job_that_opens_files_by_fixed_names_is_told_to_link_them_and_then_runs(tmp_path):
+    """nanoGPT's layout (`exec(open('configurator.py').read())`, `data/<dataset>/`): each
+    run starts in a new folder, so the first run names what to link; linked, a kill is
+    judged and passes."""
+    (tmp_path / "data" / "tiny").mkdir(parents=True)
+    tokens = bytes(i % 32 for i in range(4096))  # uint16 little-endian: token, 0
+    (tmp_path / "data" / "tiny" / "train.bin").write_bytes(
+        b"".join(bytes([t, 0]) for t in tokens))
+    (tmp_path / "configurator.py").write_text(
+        (NANOGPT_LAYOUT / "configurator.py").read_text())
+
+    def run(*links: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "chaos.cli", "run", "--fault", "kill:rank=1,step=7",
+             "--max-relaunches", "0", "--max-restarts", "1", *links, "--out",
+             str(tmp_path / f"out{len(links)}"), "--cache-dir", str(tmp_path / "cache"), "--",
+             str(NANOGPT_LAYOUT / "train.py"), "--max_iters=12"],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+    unlinked = run()
+    assert unlinked.returncode == 2, unlinked.stdout + unlinked.stderr
+    assert unlinked.stderr.strip().endswith(
+        "(the job runs in its run directory, not here: configurator.py exists here; pass it"
+        f" as an absolute path, {tmp_path / 'configurator.py'}, or, where the script opens it"
+        " by that name, --link configurator.py)"), unlinked.stderr
     assert relative_path_hint("No such file or directory: 'nowhere.py'") == ""
+    linked = run("--link", "configurator.py", "--link", "data")
+    assert linked.returncode == 0, linked.stdout + linked.stderr
+    assert "verdict: PASS" in linked.stdout
+    run_dir = tmp_path / "out4" / "chaos"
+    assert (run_dir / "data").readlink() == tmp_path / "data"
+    assert (run_dir / "out" / "ckpt.pt").is_file()  # what it wrote stays in its own folder
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="these calls succeed on a GPU machine")
+@pytest.mark.parametrize("call", [
+    "torch.cuda.set_device('cuda:0')",  # nanoGPT's train.py under torchrun
+    "torch.nn.Linear(2, 2).to(0)",  # the DDP tutorial's model.to(local_rank)
+    "torch.zeros(1, device='cuda')",
+    "torch.distributed.init_process_group('nccl', store=torch.distributed.HashStore(),"
+    " rank=0, world_size=1)",
+])
+def test_a_script_that_needs_a_gpu_is_told_so_in_torchs_own_words(call):
+    """The hint matches what this torch really prints, not a string we made up."""
+    result = subprocess.run([sys.executable, "-c", f"import torch, torch.distributed\n{call}"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0, result.stdout
+    assert "needs a GPU and this machine has none" in gpu_hint(result.stderr), result.stderr
+    assert gpu_hint("RuntimeError: CUDA out of memory") == ""
 
 
 def test_a_torchft_job_that_hangs_at_start_is_told_about_the_shared_store(tmp_path):
