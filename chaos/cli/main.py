@@ -170,7 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
         " Each state's folder is given to a fresh start of the job, which recovers and runs"
         " --steps-after-resume steps; states that show a recovery the same names and bytes"
         " where it looked share one recovery run. Each state is judged with the checks of a"
-        " chaos run. More states than --cap: a seeded sample. --per-point instead runs one"
+        " chaos run. More states than --cap: a seeded sample. The recording is kept in the"
+        " cache beside the reference, so that the shards of one sweep judge the same"
+        " states. --per-point instead runs one"
         " whole chaos run per file event of the save (the mode before recordings). With no"
         " SCRIPT, runs the bundled reference target.")
     _add_job_options(points)
@@ -194,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     points.add_argument("--per-point", action="store_true",
                         help="one whole chaos run per file event and mode, crashing the job"
                              " for real (slower: no recording, no shared recoveries)")
+    points.add_argument("--record-only", action="store_true",
+                        help="make the reference and the recording of save --save in the"
+                             " cache, judge nothing: then hand the --cache-dir to every"
+                             " --shard (shards must judge one recording; two recordings of"
+                             " one save differ in temporary names and interleavings)")
     _add_optional_script(points)
     campaign = sub.add_parser(
         "campaign", help="N seeded bit flips, one run each, and the outcome table",
@@ -220,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         "merge", help="join the --out folders of a sharded battery, crashpoints, campaign"
         " or search",
         description="Joins the --out folders of every shard of one `battery`,"
-        " `crashpoints --per-point` or `campaign` run with --shard I/N into one: their run"
+        " `crashpoints` or `campaign` run with --shard I/N into one: their run"
         " folders (hard-linked where the filesystem allows, else copied) and the table,"
         " index.html, campaign.json and JUnit XML the unsharded command writes. For"
         " `search` shards (searches with seeds of their own): each shard's result, and the"
@@ -489,7 +496,7 @@ def _print_battery(entries: list[Entry], out: Path, summary: str = "") -> int:
 
 
 TITLES = {"battery": "torchchaos battery", "crashpoints": "torchchaos crash points",
-          "campaign": "torchchaos bit-flip campaign"}
+          "crashstates": "torchchaos crash states", "campaign": "torchchaos bit-flip campaign"}
 
 
 def _run_sweep(ns: argparse.Namespace, command: str, entries: list[Entry], base: Scenario,
@@ -511,20 +518,23 @@ def _run_sweep(ns: argparse.Namespace, command: str, entries: list[Entry], base:
 
 
 def _finish_sweep(command: str, entries: list[Entry], numbers: list[int], out: Path,
-                  junitxml: Path | None, summary: str = "") -> int:
-    """What every way of running a sweep ends with: the table, the pages, campaign.json,
-    JUnit XML, the exit status; over the runs `numbers` (a shard's, or all)."""
+                  junitxml: Path | None, summary: str = "",
+                  rows: list[Entry] | None = None) -> int:
+    """What every way of running a sweep ends with: the table (of `rows` where given:
+    crash states in groups), the pages, campaign.json, JUnit XML, the exit status; over
+    the runs `numbers` (a shard's, or all)."""
     from chaos.explore import battery, campaign
     from chaos.report import junit
 
     chosen = [entries[n - 1] for n in numbers]
-    battery.write_index(entries, out, TITLES[command], numbers)
+    digits = 3 if command == "crashstates" else 2  # a save has hundreds of crash states
+    battery.write_index(entries, out, TITLES[command], numbers, digits)
     if junitxml is not None:
         junit.write(junitxml, TITLES[command], [
-            (f"{n:02d}", entries[n - 1].name, entries[n - 1].fault, entries[n - 1].report,
-             entries[n - 1].error) for n in numbers])
+            (f"{n:0{digits}d}", entries[n - 1].name, entries[n - 1].fault,
+             entries[n - 1].report, entries[n - 1].error) for n in numbers])
     if command != "campaign":
-        return _print_battery(chosen, out, summary)
+        return _print_battery(chosen if rows is None else rows, out, summary)
     print(campaign.table(entries, numbers))
     print(f"runs: {out} (details: {campaign.write(entries, out, numbers)};"
           f" pages: {out / 'index.html'})")
@@ -583,6 +593,15 @@ def cmd_merge(ns: argparse.Namespace) -> int:
         return _merge_searches(merged.searches, ns.out)
     numbers = list(range(1, len(merged.entries) + 1))
     summary = ""
+    if merged.command == "crashstates":
+        from chaos.explore import crashsweep
+
+        groups = crashsweep.merged_groups(ns.out / "record", merged.extra, merged.details)
+        ran = sum(len(d["recoveries"]) for d in merged.details)
+        summary = crashsweep.merged_summary(merged.entries, merged.extra, groups,
+                                            len(merged.details), ran)
+        return _finish_sweep(merged.command, merged.entries, numbers, ns.out, ns.junitxml,
+                             summary, crashsweep.report_rows(merged.entries, numbers, groups))
     if merged.command == "crashpoints":
         failed = sum(1 for e in merged.entries if e.report and e.report.verdict == "fail")
         summary = (f"{len(merged.entries)} of {merged.extra.get('total')} points run,"
@@ -607,26 +626,36 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 
 def cmd_crashpoints(ns: argparse.Namespace) -> int:
     from chaos.engine import prepare_out_dir
-    from chaos.explore import battery, crashpoints, crashsweep
+    from chaos.explore import crashpoints, crashsweep
 
     base, out, cache = _battery_base(ns)
     progress = progress_printer(ns.quiet)
     modes = ns.mode or list(crashpoints.MODES)
+    if ns.record_only and ns.per_point:
+        raise UsageError("--record-only makes the recording crash states are judged from;"
+                         " --per-point records nothing")
     if not ns.per_point:
-        if ns.shard:
-            raise UsageError("--shard needs --per-point: crash states judged from one"
-                             " recording share their recoveries, and one machine judges"
-                             " hundreds a minute")
         crashpoints.check_modes(modes)
         if ns.jobs > 1:
             progress("--jobs applies to --per-point: recoveries from a recording run one at"
                      " a time")
+        if ns.record_only:
+            entry = crashsweep.record_only(base, cache, progress, ns.save)
+            print(f"recording of save {ns.save}: {entry}; pass --cache-dir {cache} to the"
+                  " shards")
+            return 0
         result = crashsweep.sweep(base, out, cache, progress, ns.save, modes, ns.cap,
-                                  ns.steps_after_resume or 3)
-        # one folder per state, numbered with three digits (a save has hundreds)
-        battery.write_index(result.entries, out, "torchchaos crash states", digits=3)
-        return _print_battery(crashsweep.report_rows(result), out,
-                              crashsweep.summary(result, ns.save))
+                                  ns.steps_after_resume or 3, ns.shard)
+        if ns.shard:
+            from chaos.explore.shards import CRASH_STATES, write_manifest
+
+            write_manifest(out, CRASH_STATES, TITLES[CRASH_STATES], ns.shard, result.entries,
+                           crashsweep.shard_extra(base, result, ns.save, modes, ns.cap),
+                           crashsweep.shard_details(result))
+        return _finish_sweep("crashstates", result.entries, result.numbers, out, ns.junitxml,
+                             crashsweep.summary(result, ns.save),
+                             crashsweep.report_rows(result.entries, result.numbers,
+                                                    result.groups()))
     found = crashpoints.plan(base, cache, progress, ns.save, modes,
                              50 if ns.cap is None else ns.cap, from_snapshot=not ns.from_scratch)
     prepare_out_dir(out)

@@ -27,6 +27,8 @@ requeue would only cost time.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,7 @@ from chaos.explore.crashpoints import _holds_path, sample
 from chaos.explore.crashstates import (
     MUTATIONS,
     CrashState,
+    Enumeration,
     Folder,
     Ranks,
     Unsupported,
@@ -49,6 +52,7 @@ from chaos.explore.crashstates import (
     recovery_view,
     view_key,
 )
+from chaos.explore.shards import Shard, link_or_copy
 from chaos.harness.hangwatch import default_timeout
 from chaos.harness.reference import Reference, get_reference
 from chaos.harness.runner import Job, JobOutcome, Progress
@@ -62,6 +66,7 @@ from chaos.scenario.model import Scenario
 from chaos.scenario.spec import parse_fault_spec
 
 RESTART_GAP = 0.5  # seconds between a crash and its recovery in a judged history
+DONE = "done"  # in a cached recording: it finished
 
 
 @dataclass
@@ -78,11 +83,17 @@ class Recovery:
 
 @dataclass
 class Sweep:
-    entries: list[Entry]  # one per judged state
+    entries: list[Entry]  # one per planned state, in order (another shard's: the plan only)
+    numbers: list[int]  # the states (1-based) judged here: all of them, or a shard's
     total: int  # crash states that exist
     distinct_images: int
     recoveries: list[Recovery] = field(default_factory=list)
+    recovery_of: dict[int, Recovery] = field(default_factory=dict)  # state -> its recovery
     seconds: float = 0.0
+
+    def groups(self) -> dict[int, str]:
+        """State number -> the name of the recovery that served it (its folder's)."""
+        return {n: recovery.run_dir.parent.name for n, recovery in self.recovery_of.items()}
 
 
 @dataclass
@@ -98,43 +109,53 @@ class Record:
 
 
 def sweep(base: Scenario, out_dir: Path, cache_dir: Path, progress: Progress, save: int,
-          modes: list[str], cap: int | None, steps_after: int) -> Sweep:
+          modes: list[str], cap: int | None, steps_after: int,
+          shard: Shard | None = None) -> Sweep:
     started = time.monotonic()
     reference = get_reference(base, cache_dir, progress)
-    history = reference.history()
-    folder = _folder(history, save)
+    folder = _folder(reference.history(), save)
     prepare_out_dir(out_dir)
-    record = _record(base, reference, out_dir / "record", folder, save, progress)
-    try:
-        found = enumerate_states(Folder(), record.ops, record.blobs, record.first, modes,
-                                 base.seed, ranks=_ranks(record))
-    except Unsupported as exc:
-        raise CannotJudge(f"the recorded save cannot be replayed: {exc}; use --per-point"
-                          ) from None
-    states = sample(found.states, cap, base.seed)
+    record = _recording(base, reference, cache_dir, out_dir, folder, save, progress)
+    found, states = planned_states(record, modes, base.seed, cap)
     distinct = len({s.digest for s in found.states})
+    numbers = shard.numbers(len(states)) if shard else list(range(1, len(states) + 1))
     progress(f"save {save}: {found.total} crash state(s), {len(found.states)} explored,"
-             f" {distinct} distinct folder image(s); judging {len(states)}")
-    result = Sweep([], found.total, distinct)
-    recoveries: list[Recovery] = result.recoveries
+             f" {distinct} distinct folder image(s); judging {len(numbers)}"
+             + (f" (shard {shard}: states {', '.join(map(str, numbers))})" if shard else ""))
+    plan = [Entry(state.detail, _crash(record, state, save, folder).spec) for state in states]
+    result = Sweep(plan, numbers, found.total, distinct)
     scenario = dataclasses.replace(base, stop_after=steps_after, max_restarts=1,
                                    max_relaunches=0, faults=[],
                                    env={**base.env, env.RECOVERY: "1"})
-    for number, state in enumerate(states, 1):
-        recovery = _matching(recoveries, state)
-        if recovery is None:
-            recovery = _recover(scenario, reference, out_dir / "recoveries" /
-                                f"{len(recoveries) + 1:03d}", folder, state, record, progress)
-            recoveries.append(recovery)
+    for number in numbers:
+        state = states[number - 1]
+        recovery = _matching(result.recoveries, state)
+        if recovery is None:  # named by the first state it served: unique across shards
+            recovery = _recover(scenario, reference, out_dir / "recoveries" / f"{number:03d}",
+                                folder, state, record, progress)
+            result.recoveries.append(recovery)
         recovery.states += 1
+        result.recovery_of[number] = recovery
         entry = _judge(base, reference, record, recovery, state, save, folder,
                        out_dir / f"{number:03d}")
-        result.entries.append(entry)
+        result.entries[number - 1] = entry
         verdict = entry.report.verdict.upper() if entry.report else "ERROR"
         progress(f"[{number}/{len(states)}] {verdict:<5} {entry.name}"
-                 f" ({len(recoveries)} recoveries run)")
+                 f" ({len(result.recoveries)} recoveries run)")
     result.seconds = time.monotonic() - started
     return result
+
+
+def planned_states(record: Record, modes: list[str], seed: int,
+                   cap: int | None) -> tuple[Enumeration, list[CrashState]]:
+    """Every crash state of the recorded save, and the seeded sample of them to judge."""
+    try:
+        found = enumerate_states(Folder(), record.ops, record.blobs, record.first, modes,
+                                 seed, ranks=_ranks(record))
+    except Unsupported as exc:
+        raise CannotJudge(f"the recorded save cannot be replayed: {exc}; use --per-point"
+                          ) from None
+    return found, sample(found.states, cap, seed)
 
 
 def _folder(history: History, save: int) -> str:
@@ -148,6 +169,41 @@ def _folder(history: History, save: int) -> str:
                          " directory (or outside it): the recording needs one folder;"
                          " use --per-point")
     return folder
+
+
+def _recording(base: Scenario, reference: Reference, cache_dir: Path, out_dir: Path,
+               folder: str, save: int, progress: Progress) -> Record:
+    """The save's cached recording, linked into OUT/record."""
+    cached = _cached_recording(base, reference, cache_dir, folder, save, progress)
+    shutil.copytree(cached, out_dir / "record", symlinks=True, copy_function=link_or_copy)
+    return load_record(out_dir / "record", save)
+
+
+def record_only(base: Scenario, cache_dir: Path, progress: Progress, save: int) -> Path:
+    """`crashpoints --record-only`: the reference and the recording, made in the cache for
+    shards that share no storage to be handed; the recording's folder."""
+    reference = get_reference(base, cache_dir, progress)
+    folder = _folder(reference.history(), save)
+    return _cached_recording(base, reference, cache_dir, folder, save, progress)
+
+
+def _cached_recording(base: Scenario, reference: Reference, cache_dir: Path, folder: str,
+                      save: int, progress: Progress) -> Path:
+    """The recording run of save `save`, made once per job and save and kept in the cache
+    beside the reference: two recordings of one save differ (a temporary file's random
+    name, the ranks' interleaving), and the shards of one sweep, or a sweep run again,
+    must judge the same states."""
+    entry = cache_dir / f"{reference.run_dir.parent.name}-save{save}"
+    with open(entry.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two shards on one cache record it once
+        if (entry / DONE).exists():
+            progress(f"recording: reusing the cached recording of save {save} ({entry})")
+        else:
+            if entry.exists():
+                shutil.rmtree(entry)  # an interrupted recording: a folder this harness made
+            _record(base, reference, entry / "run", folder, save, progress)
+            (entry / DONE).touch()
+    return entry / "run"
 
 
 def _record(base: Scenario, reference: Reference, run_dir: Path, folder: str, save: int,
@@ -164,10 +220,15 @@ def _record(base: Scenario, reference: Reference, run_dir: Path, folder: str, sa
     run_dir.mkdir(parents=True)
     outcome = Job(scenario, run_dir, [], reference.run_dir, progress,
                   default_timeout(reference.history()), record=folder).run()
-    history = History.of_run(run_dir)
     if not outcome.stopped:
         raise CannotJudge(f"the recording run did not reach step {after + 1}:"
                           f" {outcome.log_tail() or 'no error printed'}")
+    return load_record(run_dir, save)
+
+
+def load_record(run_dir: Path, save: int) -> Record:
+    """A recording run's record, from its folder (a merge reads a shard's)."""
+    history = History.of_run(run_dir)
     ops = [e for e in history.of("fs") if e.get("op") in MUTATIONS]
     saved = [e["t"] for e in history.of("save_begin") if e.get("save") == save]
     if not saved:
@@ -222,9 +283,8 @@ def _recover(scenario: Scenario, reference: Reference, run_dir: Path, folder: st
 # -- judging -----------------------------------------------------------------
 def _judge(base: Scenario, reference: Reference, record: Record, recovery: Recovery,
            state: CrashState, save: int, folder: str, out_dir: Path) -> Entry:
-    t_cut = _crash_time(record, state)
-    rank, process = _crashed_process(record, state, t_cut)
-    spec = _spec(state, rank, save, folder, record, t_cut)
+    crash = _crash(record, state, save, folder)
+    t_cut, rank, process, spec = crash.t_cut, crash.rank, crash.process, crash.spec
     fault = schedule.resolve([parse_fault_spec(spec)], base.seed, base.nproc, base.nodes)[0]
     events = [e for e in record.history.events if e["t"] <= t_cut and e["ev"] != "stopped"]
     events.append({"ev": "fault", "t": t_cut, "rank": rank, "pid": process["pid"],
@@ -262,6 +322,22 @@ def _judge(base: Scenario, reference: Reference, record: Record, recovery: Recov
     if report.verdict != "pass":
         write_html(report, out_dir, evidence, lambda _msg: None)
     return Entry(f"{state.detail}", spec, report)
+
+
+@dataclass
+class Crash:
+    """Where a state's crash falls in the record, and the chaos-run fault nearest it."""
+
+    t_cut: float
+    rank: int
+    process: Event  # the boot event of the crashed rank's process
+    spec: str
+
+
+def _crash(record: Record, state: CrashState, save: int, folder: str) -> Crash:
+    t_cut = _crash_time(record, state)
+    rank, process = _crashed_process(record, state, t_cut)
+    return Crash(t_cut, rank, process, _spec(state, rank, save, folder, record, t_cut))
 
 
 def _crash_time(record: Record, state: CrashState) -> float:
@@ -350,28 +426,87 @@ def _operations(record: Record, state: CrashState) -> list[str]:
 
 
 def summary(result: Sweep, save: int) -> str:
-    failed = sum(1 for e in result.entries if e.report and e.report.verdict == "fail")
-    judged = len(result.entries)
+    judged = [result.entries[n - 1] for n in result.numbers]
+    failed = sum(1 for e in judged if e.report and e.report.verdict == "fail")
     minutes = result.seconds / 60
-    return (f"save {save}: {judged} of {result.total} crash states judged"
+    return (f"save {save}: {len(judged)} of {result.total} crash states judged"
             f" ({result.distinct_images} distinct folder images), {len(result.recoveries)}"
-            f" recoveries run, {failed} broke the protocol; {judged / minutes:.1f} states per"
-            " minute")
+            f" recoveries run, {failed} broke the protocol; {len(judged) / minutes:.1f} states"
+            " per minute")
 
 
-def report_rows(result: Sweep) -> list[Entry]:
-    """The table's rows: one per group of states that share a recovery and the same
-    outcome of every check (the first state names it, with how many more), so that a
-    save with hundreds of states reads in a screen. Every state has its own report."""
-    groups: dict[tuple, list[Entry]] = {}
-    for entry in result.entries:
+def shard_extra(base: Scenario, result: Sweep, save: int, modes: list[str],
+                cap: int | None) -> dict[str, object]:
+    """What every shard of one sweep agrees on, beyond the plan: how the states were
+    drawn, and how many there are."""
+    return {"save": save, "modes": modes, "cap": cap, "seed": base.seed,
+            "total": result.total, "distinct": result.distinct_images}
+
+
+def shard_details(result: Sweep) -> dict[str, object]:
+    """A shard's own: each recovery it ran, with what it looked at, and which recovery
+    served which of its states; the merge groups the states as one sweep would have."""
+    return {"recoveries": {r.run_dir.parent.name: {"view": r.view, "key": r.key}
+                           for r in result.recoveries},
+            "groups": {str(n): name for n, name in result.groups().items()}}
+
+
+def merged_groups(record_dir: Path, extra: dict, details: list[dict]) -> dict[int, str]:
+    """The recovery each state of the merged shards has as its group: the shards' states
+    drawn again from the one recording, then `canonical_groups`."""
+    record = load_record(record_dir, extra["save"])
+    _, states = planned_states(record, extra["modes"], extra["seed"], extra["cap"])
+    views = {name: ([(op, path) for op, path in r["view"]], r["key"])
+             for d in details for name, r in d["recoveries"].items()}
+    used = {int(n): name for d in details for n, name in d["groups"].items()}
+    return canonical_groups(states, used, views)
+
+
+def canonical_groups(states: list[CrashState], used: dict[int, str],
+                     views: dict[str, tuple[View, str]]) -> dict[int, str]:
+    """State number -> the recovery one unsharded sweep would have served it with: the
+    first one, in state order, whose view the state's image shows the same way; where
+    none does, the one its shard ran (a recovery started from any state it matches
+    behaves the same: that is what a view means). `used`: the recovery each state had in
+    its shard; `views`: each recovery's view and key."""
+    chosen: list[str] = []
+    groups = {}
+    for number, state in enumerate(states, 1):
+        if number not in used:
+            continue
+        name = next((c for c in chosen if view_key(state.image, views[c][0]) == views[c][1]),
+                    None)
+        if name is None:
+            name = used[number]
+            chosen.append(name)
+        groups[number] = name
+    return groups
+
+
+def merged_summary(entries: list[Entry], extra: dict, groups: dict[int, str],
+                   shards: int, ran: int) -> str:
+    failed = sum(1 for e in entries if e.report and e.report.verdict == "fail")
+    return (f"save {extra['save']}: {len(entries)} of {extra['total']} crash states judged"
+            f" ({extra['distinct']} distinct folder images), {len(set(groups.values()))}"
+            f" recoveries run, {failed} broke the protocol (merged from {shards} shards,"
+            f" which ran {ran} recoveries)")
+
+
+def report_rows(entries: list[Entry], numbers: list[int], groups: dict[int, str]) -> list[Entry]:
+    """The table's rows: one per group of states that share a recovery (`groups`: state
+    number -> recovery) and the same outcome of every check (the first state names it,
+    with how many more), so that a save with hundreds of states reads in a screen. Every
+    state has its own report."""
+    rows: dict[tuple, list[Entry]] = {}
+    for number in numbers:
+        entry = entries[number - 1]
         report = entry.report
         outcome = tuple(sorted((n, c["ok"]) for n, c in report.checks.items())) if report else ()
-        key = (report.run_dir if report else entry.error, outcome)
-        groups.setdefault(key, []).append(entry)
-    rows = []
-    for members in groups.values():
+        key = (groups[number] if report else entry.error, outcome)
+        rows.setdefault(key, []).append(entry)
+    shown = []
+    for members in rows.values():
         first = members[0]
         more = f" (+{len(members) - 1} like it)" if len(members) > 1 else ""
-        rows.append(dataclasses.replace(first, name=first.name + more))
-    return rows
+        shown.append(dataclasses.replace(first, name=first.name + more))
+    return shown

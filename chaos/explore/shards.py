@@ -1,6 +1,6 @@
 """Sharded sweeps: one plan, run on N machines, merged into one report.
 
-`--shard I/N` on `battery`, `crashpoints --per-point` and `campaign`: every
+`--shard I/N` on `battery`, `crashpoints` and `campaign`: every
 shard makes (or, through the reference cache, reuses) the same fault-free
 reference, derives the same plan from it, and runs the plan's runs numbered
 I, I+N, I+2N, ... (round robin: a plan's costly runs tend to sit together),
@@ -10,6 +10,13 @@ became of each of its runs. `torchchaos merge DIR... --out M` checks the
 shards are of one plan and cover it exactly once, brings their run folders
 into M (hard links where the filesystem allows, else copies) and writes what
 the unsharded command writes: the table, index.html, campaign.json, JUnit.
+
+Crash states (`crashpoints` without --per-point) are drawn from a recording
+of the save, which the cache keeps beside the reference: shards on one cache
+judge one recording (two recordings differ: temporary names, interleavings,
+and their plans would not merge). Each shard runs the recoveries its states
+need; the merge draws the states again from the recording and groups them by
+the recovery one unsharded sweep would have run (`crashsweep.canonical_groups`).
 
 No scheduler: whatever starts the N shards (a CI matrix, a Kubernetes
 Indexed Job, a Slurm array) passes I and N; `--shard auto` reads them from
@@ -35,6 +42,7 @@ from chaos.explore.battery import Entry
 from chaos.report.model import Report
 
 MANIFEST = "shard.json"
+CRASH_STATES = "crashstates"  # `crashpoints` without --per-point
 PLAN_FIELDS = ("name", "fault", "seed", "start_from")
 # (index variable, count variable, first index): what each engine sets in a shard
 ENGINES = (("TORCHCHAOS_SHARD_INDEX", "TORCHCHAOS_SHARD_COUNT", 1),
@@ -85,14 +93,16 @@ def from_environment() -> Shard:
 
 
 def write_manifest(out_dir: Path, command: str, title: str, shard: Shard,
-                   entries: list[Entry], extra: dict[str, object] | None = None) -> Path:
-    """OUT/shard.json: the whole plan and what became of this shard's runs."""
+                   entries: list[Entry], extra: dict[str, object] | None = None,
+                   details: dict[str, object] | None = None) -> Path:
+    """OUT/shard.json: the whole plan and what became of this shard's runs (`extra`: the
+    same in every shard; `details`: this shard's own, for the merge)."""
     ran = {str(n): {"error": entries[n - 1].error,
                     "report": entries[n - 1].report is not None}
            for n in shard.numbers(len(entries))}
     manifest = {"command": command, "title": title, "shard": [shard.index, shard.count],
                 "plan": [{k: asdict(e)[k] for k in PLAN_FIELDS} for e in entries],
-                "runs": ran, "extra": extra or {},
+                "runs": ran, "extra": extra or {}, "details": details or {},
                 "out": str(out_dir.resolve())}  # where the reports say they are
     path = out_dir / MANIFEST
     path.write_text(json.dumps(manifest, indent=2) + "\n")
@@ -122,6 +132,7 @@ class Merged:
     entries: list[Entry]
     extra: dict[str, object]
     searches: list[tuple[Path, dict]] = field(default_factory=list)  # search: per shard
+    details: list[dict] = field(default_factory=list)  # each shard's own, in shard order
 
 
 def merge(dirs: list[Path], out_dir: Path) -> Merged:
@@ -133,13 +144,28 @@ def merge(dirs: list[Path], out_dir: Path) -> Merged:
     if first["command"] == "search":
         return Merged("search", first["title"], [], {}, manifests)
     entries = [Entry(**{k: p[k] for k in PLAN_FIELDS}) for p in first["plan"]]
+    # crash states: three-digit folders, and what their reports name besides their own
+    # folder, the recording (the same in every shard) and the recoveries they shared
+    states = first["command"] == CRASH_STATES
+    shared = ["record"] if states else []
     for directory, manifest in manifests:
+        for name in shared + (_recoveries(directory) if states else []):
+            if not (out_dir / name).exists():
+                _bring_folder(directory, out_dir, name)
         for number, ran in manifest["runs"].items():
             entry = entries[int(number) - 1]
             entry.error = ran["error"]
-            entry.report = (_bring(directory, manifest.get("out"), out_dir, int(number))
+            entry.report = (_bring(directory, manifest.get("out"), out_dir,
+                                   f"{int(number):0{3 if states else 2}d}")
                             if ran["report"] else None)
-    return Merged(first["command"], first["title"], entries, first["extra"])
+    return Merged(first["command"], first["title"], entries, first["extra"],
+                  details=[manifest.get("details", {}) for _, manifest in manifests])
+
+
+def _recoveries(shard_dir: Path) -> list[str]:
+    """A crash-state shard's recovery folders (named by the first state they served, so
+    the shards' names never collide)."""
+    return [f"recoveries/{p.name}" for p in sorted((shard_dir / "recoveries").glob("*"))]
 
 
 def _whole_plan(dirs: list[Path]) -> list[tuple[Path, dict]]:
@@ -150,9 +176,12 @@ def _whole_plan(dirs: list[Path]) -> list[tuple[Path, dict]]:
     for directory, manifest in zip(dirs, manifests):
         for key in ("command", "plan", "extra"):
             if manifest[key] != first[key]:
+                why = (" and recording (shards without a shared --cache-dir each record the"
+                       " save, and two recordings differ: see `crashpoints --record-only`)"
+                       if first["command"] == CRASH_STATES else "")
                 raise UsageError(f"{directory} is a shard of another {key} than {dirs[0]}:"
                                  " shards to merge come from one command with the same"
-                                 " script, arguments, options and reference")
+                                 f" script, arguments, options and reference{why}")
         if manifest["shard"][1] != first["shard"][1]:
             raise UsageError(f"{directory} is shard {'/'.join(map(str, manifest['shard']))},"
                              f" {dirs[0]} is of {first['shard'][1]} shards")
@@ -180,13 +209,18 @@ def _read_manifest(directory: Path) -> dict:
         raise UsageError(f"{path}: not a shard manifest ({exc})") from None
 
 
-def _bring(shard_dir: Path, written_in: str | None, out_dir: Path, number: int) -> Report:
-    """Run NN of a shard into the merged folder; its report.json rewritten to name the
-    merged folder instead of where the shard wrote it (`written_in`: on another machine,
-    maybe), the other files shared with the shard, not rewritten."""
-    name = f"{number:02d}"
+def _bring_folder(shard_dir: Path, out_dir: Path, name: str) -> None:
+    (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(shard_dir / name, out_dir / name, symlinks=True,
+                    copy_function=link_or_copy)
+
+
+def _bring(shard_dir: Path, written_in: str | None, out_dir: Path, name: str) -> Report:
+    """Run folder `name` of a shard into the merged folder; its report.json rewritten to
+    name the merged folder instead of where the shard wrote it (`written_in`: on another
+    machine, maybe), the other files shared with the shard, not rewritten."""
     source, target = shard_dir / name, out_dir / name
-    shutil.copytree(source, target, symlinks=True, copy_function=_link_or_copy)
+    _bring_folder(shard_dir, out_dir, name)
     text = (source / "report.json").read_text()
     for where in dict.fromkeys([written_in or "", str(shard_dir.resolve())]):
         if where:
@@ -196,7 +230,7 @@ def _bring(shard_dir: Path, written_in: str | None, out_dir: Path, number: int) 
     return Report.read(target / "report.json")
 
 
-def _link_or_copy(source: str, target: str) -> None:
+def link_or_copy(source: str, target: str) -> None:
     try:
         os.link(source, target)
     except OSError:  # another filesystem, or links not allowed: a copy

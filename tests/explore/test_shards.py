@@ -1,6 +1,6 @@
 """Sharded sweeps and `torchchaos merge`: the shards split the plan exactly, the
 engines' variables name the shard, a merge refuses what is not one whole plan, and a
-merged campaign equals the unsharded one on the bundled target."""
+merged campaign and merged crash states equal the unsharded ones on the bundled target."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from chaos.explore.shards import (
     write_manifest,
     write_search_manifest,
 )
+from faults.faultfs.mount import unavailable_reason
 
 
 @given(total=st.integers(0, 60), count=st.integers(1, 9))
@@ -108,11 +109,15 @@ def test_a_merge_refuses_what_is_not_one_whole_plan(tmp_path, case, message) -> 
         merge(dirs, tmp_path / "merged")
 
 
-def test_crash_states_are_not_sharded(tmp_path) -> None:
-    done = subprocess.run([sys.executable, "-m", "chaos.cli", "crashpoints", "--shard", "1/2",
-                           "--out", str(tmp_path / "out")], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path, timeout=60)
-    assert done.returncode == 2 and "--shard needs --per-point" in done.stderr
+def test_shards_of_two_recordings_are_not_merged(tmp_path) -> None:
+    """Two recordings of one save name its temporary files differently: their states are
+    not one plan, and the error says how to give the shards one recording."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    one = _shard_dirs(tmp_path / "a", 2, FAULTS, "crashstates")[0]
+    other = _shard_dirs(tmp_path / "b", 2, FAULTS[:2], "crashstates")[1]
+    with pytest.raises(UsageError, match="see `crashpoints --record-only`"):
+        merge([one, other], tmp_path / "merged")
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -164,6 +169,45 @@ def test_a_merged_campaign_equals_the_unsharded_one(tmp_path, shared_cache) -> N
         report = json.loads((other / name / "report.json").read_text())
         assert report["run_dir"].startswith(str(other.resolve())), report["run_dir"]
     assert (other / "03" / "report.html").is_file()
+
+
+@pytest.mark.skipif(bool(unavailable_reason()), reason=unavailable_reason())
+def test_merged_crash_states_equal_the_unsharded_sweep(tmp_path) -> None:
+    """Every crash state of save 2 of the bundled target, once whole and once as 2 shards
+    on one cache (one recording) merged: the same table, grouped by recovery as one sweep
+    groups it although the shards ran their own, the same index.html and JUnit XML."""
+    job = ["--", str(REPO / "targets" / "ddp_lm.py"), "--steps", "20", "--ckpt-every", "5"]
+    common = ["crashpoints", "--quiet", "--cache-dir", str(tmp_path / "cache")]
+    whole = _cli(*common, "--out", str(tmp_path / "whole"), "--junitxml",
+                 str(tmp_path / "whole.xml"), *job, cwd=tmp_path)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    shards = [_cli(*common, "--shard", f"{i}/2", "--out", str(tmp_path / f"shard-{i}"), *job,
+                   cwd=tmp_path) for i in (1, 2)]
+    for shard in shards:
+        assert shard.returncode == 0, shard.stdout + shard.stderr
+    ran = sum(len(list((tmp_path / f"shard-{i}" / "recoveries").iterdir())) for i in (1, 2))
+    merged = _cli("merge", str(tmp_path / "shard-2"), str(tmp_path / "shard-1"), "--out",
+                  str(tmp_path / "merged"), "--junitxml", str(tmp_path / "merged.xml"),
+                  cwd=tmp_path)
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    # the summary line under the table: the merge tells what the shards ran, not a speed
+    rows = [_table(done.stdout).splitlines()[:-1] for done in (whole, merged)]
+    assert rows[0] == rows[1] and len(rows[0]) > 3
+    one, other = tmp_path / "whole", tmp_path / "merged"
+    assert _same((other / "index.html").read_text(), other) == _same(
+        (one / "index.html").read_text(), one)
+    assert _same((tmp_path / "merged.xml").read_text(), other) == _same(
+        (tmp_path / "whole.xml").read_text(), one)
+    recoveries = re.search(r"(\d+) recoveries run", whole.stdout).group(1)
+    assert (f"{recoveries} recoveries run, 0 broke the protocol (merged from 2 shards, which"
+            f" ran {ran} recoveries)") in merged.stdout
+    states = sorted(other.glob("[0-9][0-9][0-9]/report.json"))
+    assert len(states) == len(list(one.glob("[0-9][0-9][0-9]/report.json"))) > 40
+    for path in states:  # each names the merged recording and a recovery that came along
+        report = json.loads(path.read_text())
+        assert report["recording"] == str(other.resolve() / "record")
+        assert Path(report["run_dir"]).is_dir() and report["run_dir"].startswith(
+            str(other.resolve()))
 
 
 def _search_shard(tmp: Path, index: int, minimal: list[str] | None, runs: int) -> Path:
