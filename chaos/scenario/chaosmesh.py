@@ -35,16 +35,14 @@ against `chaos/scenario/schemas/chaosmesh.json` before it is returned.
 from __future__ import annotations
 
 import copy
-import json
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaos.errors import ChaosError, UsageError
 from chaos.rundir.layout import CHAOS_DIR
+from chaos.scenario import schema
 from faults.contract import ClusterChaos as Chaos
 from faults.contract import NotExported, ResolvedFault
 from faults.registry import get_kind
@@ -147,11 +145,7 @@ def export(loaded: ScenarioFile, options: Options) -> Export:
 
 def validate(manifest: Any) -> list[str]:
     """Every way a manifest breaks the schema (and a Workflow its references); [] if none."""
-    import jsonschema
-
-    validator = jsonschema.Draft202012Validator(_schema())
-    errors = [f"{'.'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message}"
-              for e in sorted(validator.iter_errors(manifest), key=lambda e: list(e.path))]
+    errors = schema.errors("chaosmesh", manifest)
     if not errors and manifest.get("kind") == "Workflow":
         errors = _workflow_references(manifest["spec"])
     return errors
@@ -193,12 +187,6 @@ def go_duration(seconds: float) -> str:
     """Seconds as a Go duration string, to the millisecond: 12s, 0.05s, 1.5s."""
     text = f"{round(seconds, 3):.3f}".rstrip("0").rstrip(".")
     return f"{text}s"
-
-
-@lru_cache(maxsize=1)
-def _schema() -> dict[str, Any]:
-    text = resources.files("chaos.scenario").joinpath("schemas/chaosmesh.json").read_text()
-    return json.loads(text)
 
 
 def _workflow_references(spec: dict[str, Any]) -> list[str]:

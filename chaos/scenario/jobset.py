@@ -22,14 +22,13 @@ node label the Chaos Mesh objects select by.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from chaos.scenario import schema
 from chaos.scenario.chaosmesh import ManifestError
 from chaos.scenario.model import Scenario
 
@@ -94,13 +93,7 @@ def jobset(scenario: Scenario, options: JobOptions, run_id: str, faults: list[st
 
 def validate(manifest: Any) -> list[str]:
     """Every way a JobSet breaks schemas/jobset.json; [] if none."""
-    import jsonschema
-
-    schema = json.loads(resources.files("chaos.scenario").joinpath("schemas/jobset.json")
-                        .read_text())
-    validator = jsonschema.Draft202012Validator(schema)
-    return [f"{'.'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message}"
-            for e in sorted(validator.iter_errors(manifest), key=lambda e: list(e.path))]
+    return schema.errors("jobset", manifest)
 
 
 def write(scenario: Scenario, options: JobOptions, kept: list[str], chaos_mesh: str,
