@@ -50,8 +50,8 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def chaos_processes(under: Path) -> list[int]:
     """Live processes of torchchaos runs whose run directory is under `under`."""
-    prefix = f"{env.RUN_DIR}={under}".encode()
-    return procs.pids_with_env(lambda item: item.startswith(prefix))
+    return [pid for pid, run_dir in procs.env_values((env.RUN_DIR,)).items()
+            if run_dir.startswith(str(under))]
 
 
 @pytest.fixture(scope="session", autouse=True)

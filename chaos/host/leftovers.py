@@ -13,10 +13,7 @@ mounts, then the network, then the lock files.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,9 +72,8 @@ def remove(items: list[Leftover], timeout: float = 10.0) -> list[str]:
     runs is left). Returns what could not be removed, in words."""
     failures: list[str] = []
     runs = {x.run for x in items if x.kind == "process"}
-    pids = [int(x.name) for x in items if x.kind == "process"]
-    if pids:
-        failures += _kill(pids, runs, timeout)
+    if runs:
+        failures += _kill(runs, timeout)
     for item in sorted(items, key=lambda x: ORDER.index(x.kind)):
         if item.kind == "lock":
             Path(item.name).unlink(missing_ok=True)
@@ -94,19 +90,11 @@ def _exists(item: Leftover) -> bool:
     return any(n.kind == item.kind and n.name == item.name for n in _network())
 
 
-def _kill(pids: list[int], runs: set[str], timeout: float) -> list[str]:
-    """SIGKILL these pids and whatever else carries those runs' marks (a torchrun agent
-    may fork a worker meanwhile), until none is left."""
-    deadline = time.monotonic() + timeout
-    victims = pids
-    while victims:
-        procs.signal_all(victims, signal.SIGKILL)
-        procs.signal_all(victims, signal.SIGCONT)  # a stopped parent's waiter moves on
-        if time.monotonic() > deadline:
-            return [f"processes {victims} survived SIGKILL"]
-        time.sleep(0.05)
-        victims = [int(x.name) for x in _processes() if x.run in runs]
-    return []
+def _kill(runs: set[str], timeout: float) -> list[str]:
+    """SIGKILL whatever carries those runs' marks until none is left."""
+    _, survivors = procs.kill_until_gone(
+        lambda: [int(x.name) for x in _processes() if x.run in runs], timeout)
+    return [f"processes {survivors} survived SIGKILL"] if survivors else []
 
 
 def _run_quietly(command: list[str], item: Leftover) -> list[str]:
@@ -122,26 +110,10 @@ def _run_quietly(command: list[str], item: Leftover) -> list[str]:
 
 def _processes() -> list[Leftover]:
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        run = _marker(entry)
-        if run and procs.pid_alive(int(entry.name)):
-            state = "stopped; " if procs.pid_stopped(int(entry.name)) else ""
-            found.append(Leftover("process", entry.name, run, state + _command(entry)))
+    for pid, run in procs.env_values(MARKERS).items():
+        state = "stopped; " if procs.pid_stopped(pid) else ""
+        found.append(Leftover("process", str(pid), run, state + _command(Path(f"/proc/{pid}"))))
     return found
-
-
-def _marker(proc_dir: Path) -> str:
-    try:
-        environ = (proc_dir / "environ").read_bytes()
-    except OSError:
-        return ""
-    for item in environ.split(b"\0"):
-        name, _, value = item.partition(b"=")
-        if name.decode(errors="replace") in MARKERS and value:
-            return value.decode(errors="replace")
-    return ""
 
 
 def _command(proc_dir: Path) -> str:

@@ -23,20 +23,27 @@ from chaos import env
 
 def marked_pids(run_id: str) -> list[int]:
     """Pids of live processes whose initial environment carries this run's marker."""
-    return pids_with_env(lambda item: item == f"{env.RUN_ID}={run_id}".encode())
+    return [pid for pid, run in env_values((env.RUN_ID,)).items() if run == run_id]
 
 
-def pids_with_env(match: Callable[[bytes], bool]) -> list[int]:
-    """Pids of live (not zombie) processes, other than this one, with a matching
-    `NAME=value` item in their initial environment."""
-    found = []
+def env_values(names: tuple[str, ...]) -> dict[int, str]:
+    """Live (not zombie) processes, other than this one, that have one of these
+    variables, non-empty, in their initial environment: pid -> its value (the first of
+    `names` it has)."""
+    wanted = {name.encode(): rank for rank, name in enumerate(names)}
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             environ = (entry / "environ").read_bytes()
-            if any(match(item) for item in environ.split(b"\0")) and not _is_zombie(entry):
-                found.append(int(entry.name))
+            values = {}
+            for item in environ.split(b"\0"):
+                name, _, value = item.partition(b"=")
+                if name in wanted and value:
+                    values[wanted[name]] = value.decode(errors="replace")
+            if values and not _is_zombie(entry):
+                found[int(entry.name)] = values[min(values)]
         except OSError:
             continue
     return found
@@ -93,21 +100,35 @@ def signal_all(pids: list[int], sig: int) -> None:
 
 def reap(run_id: str | None, roots: list[int], timeout: float = 10.0) -> list[int]:
     """SIGKILL every process of the run (found by marker, unless `run_id` is None)
-    and every process in the trees of `roots`; return the pids that had to be killed.
+    and every process in the trees of `roots`; return the pids that had to be killed."""
 
-    Stopped processes are sent SIGCONT too: a SIGKILLed process that is
-    stopped dies anyway, but its parent may be waiting on it.
-    """
+    def victims() -> list[int]:
+        marked = marked_pids(run_id) if run_id is not None else []
+        return sorted(set(tree(roots)) | set(marked))
+
+    killed, survivors = kill_until_gone(victims, timeout)
+    if survivors:
+        raise RuntimeError(f"processes of run {run_id} survived SIGKILL: {survivors}")
+    return killed
+
+
+def kill_until_gone(victims: Callable[[], list[int]],
+                    timeout: float) -> tuple[list[int], list[int]]:
+    """SIGKILL whatever `victims()` finds, again and again (a dying agent may fork a
+    worker meanwhile), until it finds nothing or `timeout` seconds passed: the pids that
+    had to be killed, and those still there at the end.
+
+    Stopped processes are sent SIGCONT too: a SIGKILLed process that is stopped dies
+    anyway, but its parent may be waiting on it."""
     killed: set[int] = set()
     deadline = time.monotonic() + timeout
     while True:
-        marked = marked_pids(run_id) if run_id is not None else []
-        victims = sorted(set(tree(roots)) | set(marked))
-        if not victims:
-            return sorted(killed)
-        killed.update(victims)
-        signal_all(victims, signal.SIGKILL)
-        signal_all(victims, signal.SIGCONT)
+        found = victims()
+        if not found:
+            return sorted(killed), []
+        killed.update(found)
+        signal_all(found, signal.SIGKILL)
+        signal_all(found, signal.SIGCONT)
         if time.monotonic() > deadline:
-            raise RuntimeError(f"processes of run {run_id} survived SIGKILL: {victims}")
+            return sorted(killed), found
         time.sleep(0.05)
