@@ -60,7 +60,11 @@ def test_kill_recovers_but_resume_is_not_bitwise(chaos_run, script, module):
     pytest.importorskip(module)
     report = chaos_run(script, faults=[KILL], args=STEPS, expect="fail")
     assert_holds(report)
-    assert report.restarts >= 1 and report.lost_steps == [2], report.table()
+    # the kill's recovery redoes steps 11-12; torch 2.13's gloo may then abort a worker
+    # in its teardown after step 14 (SIGABRT, seen 2 runs in 4 under pytest), and the
+    # restart redoes 11-14 from the step-10 checkpoint: a second, real recovery
+    assert report.restarts >= 1 and report.lost_steps[:1] == [2], report.table()
+    assert report.lost_steps[1:] in ([], [4]), report.table()
     detail = report.checks["deterministic_resume"]["detail"]
     assert "at step 11" in detail and "RNG not restored (torch" in detail, report.table()
 
