@@ -27,9 +27,10 @@ REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
 WORKFLOW = REPO / ".github" / "workflows" / "chaos.yml"
 SHARDED = REPO / ".github" / "workflows" / "chaos-sharded.yml"
+CRASH_STATES = REPO / ".github" / "workflows" / "crashstates-sharded.yml"
 KUBERNETES = sorted((REPO / "deploy" / "kubernetes").glob("*.yaml"))
 SLURM = sorted((REPO / "deploy" / "slurm").glob("*.sbatch"))
-FILES = [COMPOSE, WORKFLOW, SHARDED, *KUBERNETES, *SLURM]
+FILES = [COMPOSE, WORKFLOW, SHARDED, CRASH_STATES, *KUBERNETES, *SLURM]
 KUBERNETES_VERSION = "1.30"  # backoffLimitPerIndex is beta from 1.29
 
 
@@ -306,7 +307,7 @@ def test_the_workflows_validate_against_github_s_schema(tmp_path: Path) -> None:
                                "vendor.github-workflows", *map(str, paths)],
                               capture_output=True, text=True, timeout=120)
 
-    done = check(WORKFLOW, SHARDED)
+    done = check(WORKFLOW, SHARDED, CRASH_STATES)
     assert done.returncode == 0, done.stdout + done.stderr
     broken = tmp_path / "broken.yml"  # the check is real: a misspelt key fails it
     broken.write_text(SHARDED.read_text().replace("runs-on:", "runs_on:", 1))
@@ -345,6 +346,23 @@ def test_every_shard_of_the_indexed_job_and_the_matrix_is_run_and_merged() -> No
     assert merge_job["needs"] == "shard" and merge_job["if"] == "always()"
     assert any("torchchaos merge shards/shard-*" in s.get("run", "")
                for s in merge_job["steps"])
+
+
+def test_the_crash_state_shards_judge_the_one_recording_the_record_job_made() -> None:
+    workflow = load(CRASH_STATES)
+    jobs = workflow["jobs"]
+    assert jobs["shard"]["needs"] == "record" and jobs["merge"]["needs"] == "shard"
+    (recorded,) = [s for s in jobs["record"]["steps"] if "--record-only" in s.get("run", "")]
+    assert "--cache-dir cache" in recorded["run"]
+    uploaded = [s for s in jobs["record"]["steps"] if "upload-artifact" in s.get("uses", "")]
+    downloaded = [s for s in jobs["shard"]["steps"] if "download-artifact" in s.get("uses", "")]
+    assert uploaded[0]["with"]["path"] == "cache/" and downloaded[0]["with"]["path"] == "cache"
+    assert uploaded[0]["with"]["name"] == downloaded[0]["with"]["name"]
+    (judged,) = [s for s in jobs["shard"]["steps"] if "--shard auto" in s.get("run", "")]
+    job = "-- targets/ddp_lm.py --steps 20 --ckpt-every 5"  # the job the recording is of
+    assert "--cache-dir cache" in judged["run"] and job in judged["run"] and job in recorded["run"]
+    shards = jobs["shard"]["strategy"]["matrix"]["shard"]
+    assert shards == list(range(1, int(workflow["env"]["SHARDS"]) + 1))
 
 
 def test_the_slurm_scripts_are_bash_and_the_merge_waits_for_the_array() -> None:

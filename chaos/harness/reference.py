@@ -97,13 +97,14 @@ def _file_digest(path: Path) -> str:
 
 
 def linked_files(links: list[str]) -> dict[str, str]:
-    """What each of Scenario.links holds: a file's digest; for a folder (a data set can be
+    """What each of Scenario.links holds, by the name the runs see it under (a cache handed
+    to another machine still matches): a file's digest; for a folder (a data set can be
     large), every file's path, size and modification time."""
     found: dict[str, str] = {}
     for link in links:
         root = Path(link)
         if root.is_file():
-            found[link] = _file_digest(root)
+            found[root.name] = _file_digest(root)
             continue
         listing = hashlib.sha256()
         for folder, dirs, files in os.walk(root):
@@ -113,7 +114,7 @@ def linked_files(links: list[str]) -> dict[str, str]:
                 stat = path.lstat()
                 listing.update(f"{path.relative_to(root)}\0{stat.st_size}\0"
                                f"{stat.st_mtime_ns}\n".encode())
-        found[link] = listing.hexdigest()
+        found[root.name] = listing.hexdigest()
     return found
 
 
