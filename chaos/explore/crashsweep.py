@@ -3,7 +3,9 @@
 1. **Record once.** One run of the job, from step 0 to the step after save
    `--save`, with the fault filesystem in recording mode over the checkpoint
    folder: every operation of every rank, in order, with its bytes, and the
-   collectives each rank entered (chaos.rank.syncwatch).
+   collectives each rank entered (chaos.rank.syncwatch). The recording is kept
+   in the cache beside the reference (two recordings of one save differ, and
+   shards, `--shard I/N`, must judge one) and linked into OUT/record.
 2. **Enumerate** the crash states of that save from the record
    (`chaos.explore.crashstates`): kills after each operation, torn writes, power
    losses with every combination of pending changes lost.
