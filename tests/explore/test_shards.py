@@ -173,14 +173,27 @@ def test_a_merged_campaign_equals_the_unsharded_one(tmp_path, shared_cache) -> N
 
 @pytest.mark.skipif(bool(unavailable_reason()), reason=unavailable_reason())
 def test_merged_crash_states_equal_the_unsharded_sweep(tmp_path) -> None:
-    """Every crash state of save 2 of the bundled target, once whole and once as 2 shards
-    on one cache (one recording) merged: the same table, grouped by recovery as one sweep
-    groups it although the shards ran their own, the same index.html and JUnit XML."""
+    """Every kill, torn and power-loss state of save 2 of the bundled target, judged from
+    one recording: dozens of states, a handful of recoveries (the resume reads the
+    manifest and the step file it names; most states show it the same), all pass. Then
+    the same as 2 shards on one cache (one recording) merged: the same table, grouped by
+    recovery as one sweep groups it although the shards ran their own, the same
+    index.html and JUnit XML."""
     job = ["--", str(REPO / "targets" / "ddp_lm.py"), "--steps", "20", "--ckpt-every", "5"]
     common = ["crashpoints", "--quiet", "--cache-dir", str(tmp_path / "cache")]
     whole = _cli(*common, "--out", str(tmp_path / "whole"), "--junitxml",
                  str(tmp_path / "whole.xml"), *job, cwd=tmp_path)
     assert whole.returncode == 0, whole.stdout + whole.stderr
+    summary = re.search(r"save 2: (\d+) of (\d+) crash states judged \((\d+) distinct folder"
+                        r" images\), (\d+) recoveries run, 0 broke", whole.stdout)
+    assert summary, whole.stdout
+    judged, _total, images, recoveries = map(int, summary.groups())
+    reports = [json.loads(p.read_text())
+               for p in sorted((tmp_path / "whole").glob("[0-9]*/report.json"))]
+    assert judged == len(reports) > 40 and images > 10 and 1 < recoveries < 10
+    assert all(r["verdict"] == "pass" for r in reports)
+    assert {r["crash_state"].split()[0] for r in reports} == {"kill", "torn", "power"}
+    assert len({r["run_dir"] for r in reports}) == recoveries  # each serves many states
     shards = [_cli(*common, "--shard", f"{i}/2", "--out", str(tmp_path / f"shard-{i}"), *job,
                    cwd=tmp_path) for i in (1, 2)]
     for shard in shards:
@@ -198,7 +211,6 @@ def test_merged_crash_states_equal_the_unsharded_sweep(tmp_path) -> None:
         (one / "index.html").read_text(), one)
     assert _same((tmp_path / "merged.xml").read_text(), other) == _same(
         (tmp_path / "whole.xml").read_text(), one)
-    recoveries = re.search(r"(\d+) recoveries run", whole.stdout).group(1)
     assert (f"{recoveries} recoveries run, 0 broke the protocol (merged from 2 shards, which"
             f" ran {ran} recoveries)") in merged.stdout
     states = sorted(other.glob("[0-9][0-9][0-9]/report.json"))
