@@ -249,7 +249,24 @@ def get_reference(scenario: Scenario, cache_root: Path, progress: Progress) -> R
     refusal = unjudgeable(reference)
     if refusal:  # said before any run with faults: every verdict would rest on it
         raise Unjudgeable(refusal[0], f"{refusal[1]} (the reference is cached in {entry})")
+    shared = written_into_links(reference, scenario.links)
+    if shared:
+        raise CannotJudge(f"the job saves its checkpoints into what --link shows every run"
+                          f" ({shared}): the runs would share them, and a run with faults"
+                          " would resume from the reference's; link only what the job reads,"
+                          " and let it save in its run directory")
     return reference
+
+
+def written_into_links(reference: Reference, links: list[str]) -> str:
+    """The files (a few) the reference run's checkpoint saves wrote under a linked path, or
+    "". Writes before training (a data set's cache) are left alone: shared, but no run
+    resumes from them."""
+    names = {Path(link).name for link in links}
+    written = sorted({e["path"] for e in reference.history().of("file")
+                      if e.get("save", 0) > 0 and Path(e["path"]).parts[:1]
+                      and Path(e["path"]).parts[0] in names})
+    return ", ".join(written[:3]) + (f" and {len(written) - 3} more" if len(written) > 3 else "")
 
 
 class Unjudgeable(CannotJudge):

@@ -160,6 +160,17 @@ def test_a_job_that_opens_files_by_fixed_names_is_told_to_link_them_and_then_run
     assert (run_dir / "data").readlink() == tmp_path / "data"
     assert (run_dir / "out" / "ckpt.pt").is_file()  # what it wrote stays in its own folder
     assert not (tmp_path / "out").exists()
+    # a job that writes into a linked folder: every run would find the others' checkpoints
+    shared = subprocess.run(
+        [sys.executable, "-m", "chaos.cli", "run", "--fault", "kill:rank=1,step=7",
+         "--link", "configurator.py", "--link", "data", "--out", str(tmp_path / "shared"),
+         "--cache-dir", str(tmp_path / "cache"), "--", str(NANOGPT_LAYOUT / "train.py"),
+         "--max_iters=12", "--out_dir=data/out"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert shared.returncode == 2, shared.stdout + shared.stderr
+    assert ("the job saves its checkpoints into what --link shows every run (data/out,"
+            in shared.stderr), shared.stderr
+    assert not (tmp_path / "shared" / "chaos").exists()  # refused before any run with faults
 
 
 # nanoGPT's train.py under torchrun, the DDP tutorial's model.to(local_rank), a CUDA
