@@ -124,7 +124,8 @@ def sweep(base: Scenario, out_dir: Path, cache_dir: Path, progress: Progress, sa
     progress(f"save {save}: {found.total} crash state(s), {len(found.states)} explored,"
              f" {distinct} distinct folder image(s); judging {len(numbers)}"
              + (f" (shard {shard}: states {', '.join(map(str, numbers))})" if shard else ""))
-    plan = [Entry(state.detail, _crash(record, state, save, folder).spec) for state in states]
+    crashes = [_crash(record, state, save, folder) for state in states]
+    plan = [Entry(state.detail, crash.spec) for state, crash in zip(states, crashes)]
     result = Sweep(plan, numbers, found.total, distinct)
     scenario = dataclasses.replace(base, stop_after=steps_after, max_restarts=1,
                                    max_relaunches=0, faults=[],
@@ -138,7 +139,7 @@ def sweep(base: Scenario, out_dir: Path, cache_dir: Path, progress: Progress, sa
             result.recoveries.append(recovery)
         recovery.states += 1
         result.recovery_of[number] = recovery
-        entry = _judge(base, reference, record, recovery, state, save, folder,
+        entry = _judge(base, reference, record, recovery, state, crashes[number - 1],
                        out_dir / f"{number:03d}")
         result.entries[number - 1] = entry
         verdict = entry.report.verdict.upper() if entry.report else "ERROR"
@@ -284,8 +285,7 @@ def _recover(scenario: Scenario, reference: Reference, run_dir: Path, folder: st
 
 # -- judging -----------------------------------------------------------------
 def _judge(base: Scenario, reference: Reference, record: Record, recovery: Recovery,
-           state: CrashState, save: int, folder: str, out_dir: Path) -> Entry:
-    crash = _crash(record, state, save, folder)
+           state: CrashState, crash: Crash, out_dir: Path) -> Entry:
     t_cut, rank, process, spec = crash.t_cut, crash.rank, crash.process, crash.spec
     fault = schedule.resolve([parse_fault_spec(spec)], base.seed, base.nproc, base.nodes)[0]
     events = [e for e in record.history.events if e["t"] <= t_cut and e["ev"] != "stopped"]
