@@ -524,10 +524,11 @@ def _finish_sweep(command: str, entries: list[Entry], numbers: list[int], out: P
     crash states in groups), the pages, campaign.json, JUnit XML, the exit status; over
     the runs `numbers` (a shard's, or all)."""
     from chaos.explore import battery, campaign
+    from chaos.explore.shards import folder_digits
     from chaos.report import junit
 
     chosen = [entries[n - 1] for n in numbers]
-    digits = 3 if command == "crashstates" else 2  # a save has hundreds of crash states
+    digits = folder_digits(command)
     battery.write_index(entries, out, TITLES[command], numbers, digits)
     if junitxml is not None:
         junit.write(junitxml, TITLES[command], [

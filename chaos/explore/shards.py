@@ -50,6 +50,12 @@ ENGINES = (("TORCHCHAOS_SHARD_INDEX", "TORCHCHAOS_SHARD_COUNT", 1),
            ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", None))  # Slurm job array
 
 
+def folder_digits(command: str) -> int:
+    """Digits of a run folder's number in a sweep's --out: three for crash states (a save
+    has hundreds), else two."""
+    return 3 if command == CRASH_STATES else 2
+
+
 @dataclass(frozen=True)
 class Shard:
     index: int  # 1-based
@@ -144,19 +150,18 @@ def merge(dirs: list[Path], out_dir: Path) -> Merged:
     if first["command"] == "search":
         return Merged("search", first["title"], [], {}, manifests)
     entries = [Entry(**{k: p[k] for k in PLAN_FIELDS}) for p in first["plan"]]
-    # crash states: three-digit folders, and what their reports name besides their own
-    # folder, the recording (the same in every shard) and the recoveries they shared
-    states = first["command"] == CRASH_STATES
-    shared = ["record"] if states else []
+    digits = folder_digits(first["command"])
     for directory, manifest in manifests:
-        for name in shared + (_recoveries(directory) if states else []):
-            if not (out_dir / name).exists():
-                _bring_folder(directory, out_dir, name)
+        if first["command"] == CRASH_STATES:  # what crash states' reports name besides
+            # their own folder: the recording (the same in every shard), their recoveries
+            for name in ["record", *_recoveries(directory)]:
+                if not (out_dir / name).exists():
+                    _bring_folder(directory, out_dir, name)
         for number, ran in manifest["runs"].items():
             entry = entries[int(number) - 1]
             entry.error = ran["error"]
             entry.report = (_bring(directory, manifest.get("out"), out_dir,
-                                   f"{int(number):0{3 if states else 2}d}")
+                                   f"{int(number):0{digits}d}")
                             if ran["report"] else None)
     return Merged(first["command"], first["title"], entries, first["extra"],
                   details=[manifest.get("details", {}) for _, manifest in manifests])
