@@ -150,15 +150,26 @@ def plan(base: Scenario, cache_dir: Path, progress: Progress, save: int, modes: 
     return Plan(sample(points, cap, base.seed), len(points), start_from)
 
 
-def _holds_path(snapshot: Path, run_dir: Path, limit: int = 1 << 28) -> str | None:
-    """The first snapshot file (of at most `limit` bytes) that holds `run_dir`'s absolute
-    path: a checkpoint that records where it was written (Lightning's dirpath, say)
-    resumes differently once copied into another run directory."""
-    needle = str(run_dir.resolve()).encode()
+def _holds_path(snapshot: Path, run_dir: Path) -> str | None:
+    """The first snapshot file that holds `run_dir`'s absolute path: a checkpoint that
+    records where it was written (Lightning's dirpath, say) resumes differently once
+    copied into another run directory."""
+    needle = str(run_dir.resolve())
     for path in sorted(p for p in snapshot.rglob("*") if p.is_file()):
-        if path.stat().st_size <= limit and needle in path.read_bytes():
+        if holds_bytes(path, needle):
             return str(path.relative_to(snapshot))
     return None
+
+
+def holds_bytes(path: Path, text: str, chunk: int = 8 << 20) -> bool:
+    """Whether the file holds `text` (read a chunk at a time: checkpoints are GB)."""
+    needle, tail = text.encode(), b""
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            if needle in tail + block:
+                return True
+            tail = block[-len(needle):]
+    return False
 
 
 def entries(found: Plan, save: int) -> list[Entry]:

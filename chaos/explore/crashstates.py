@@ -2,9 +2,9 @@
 
 The fault filesystem, in recording mode, writes each operation on the checkpoint
 folder into the run's history (`fs` events, in the order they happened, every
-write's bytes kept in a blob file). Replaying that record on an in-memory model
-of the folder gives the folder as it was after any prefix of the operations,
-without running the job again (ALICE's idea, for checkpoints):
+write's bytes kept in a blob file). Replaying that record on a model of the
+folder gives the folder as it was after any prefix of the operations, without
+running the job again (ALICE's idea, for checkpoints):
 
 - `kill`: the job dies after operation i; the page cache survives, so the
   folder is the prefix up to i;
@@ -19,6 +19,13 @@ without running the job again (ALICE's idea, for checkpoints):
   states; other combinations are enumerated up to `combos` per point, a seeded
   sample beyond.
 
+Sizes: a file's content is a list of extents of the blob file
+(`chaos.explore.extents`), never its bytes. States are planned first
+(`plan_states`: a `StateSpec` says which crash, nothing of the folder), sampled
+(`sample_specs`), and only then built, one at a time as the record is replayed
+again (`build_states`, a generator): memory holds the folder model and one
+state, whatever the size of the checkpoints or the number of states.
+
 An image is the folder as the restarted job finds it: names and contents.
 Two states whose images agree on everything a recovery looked at (the paths it
 stat'ed, the folders it listed, the files it read: `fs_read` events) recover
@@ -27,21 +34,24 @@ the same way, so one recovery run serves all of them (`view_key`).
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import itertools
+import json
 import os
 import random
-import stat
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chaos.explore.extents import Blobs, Content
 from chaos.rundir.history import Event
 
-# what a restarted job finds at a relative path: ("dir",), ("file", bytes), ("link", target)
+# what a restarted job finds at a relative path: ("dir",), ("file", Content), ("link", target)
 ImageEntry = tuple
 Image = dict[str, ImageEntry]
+Kept = frozenset  # of ("data", inode) / ("entries", inode): pending changes a power loss kept
 
 MUTATIONS = ("create", "open", "write", "truncate", "fsync", "fsyncdir", "mkdir", "unlink",
              "rmdir", "rename", "link", "symlink")
@@ -56,49 +66,36 @@ class Unsupported(Exception):
 @dataclass
 class Node:
     kind: str  # "file", "dir" or "link"
-    data: bytearray = field(default_factory=bytearray)
-    entries: dict[str, int] = field(default_factory=dict)
-    target: str = ""
+    content: Content | None = None  # a file's
+    entries: dict[str, int] = field(default_factory=dict)  # a directory's
+    target: str = ""  # a link's
+
+    def copy(self) -> Node:
+        return Node(self.kind, self.content, dict(self.entries), self.target)
 
 
 class Folder:
-    """The checkpoint folder as operations change it, and what of it is durable."""
+    """The checkpoint folder as operations change it, and what of it is durable. Holds
+    extents, not bytes: a copy (`fork`) costs the number of paths."""
 
-    def __init__(self) -> None:
+    def __init__(self, blobs: Blobs) -> None:
+        self.blobs = blobs
         self.nodes: dict[int, Node] = {0: Node("dir")}
-        self.durable_data: dict[int, bytes] = {}
+        self.durable_data: dict[int, Content] = {}
         self.durable_entries: dict[int, dict[str, int]] = {0: {}}
         self.changed: dict[int, int] = {}  # inode -> number of the operation that last changed it
         self._next = 1
         self._ops = 0
 
-    @classmethod
-    def scan(cls, root: Path, private: frozenset[str] = frozenset()) -> Folder:
-        """The folder as it is on disk, all of it durable."""
-        folder = cls()
-        for dirpath, dirs, files in os.walk(root):
-            rel = os.path.relpath(dirpath, root)
-            if rel == ".":
-                dirs[:] = [d for d in dirs if d not in private]
-                files = [f for f in files if f not in private]
-            for name in sorted(dirs):
-                folder._add(_join(rel, name), Node("dir"))
-            for name in sorted(files):
-                path = Path(dirpath, name)
-                mode = os.lstat(path).st_mode
-                if stat.S_ISLNK(mode):
-                    folder._add(_join(rel, name), Node("link", target=os.readlink(path)))
-                elif stat.S_ISREG(mode):
-                    folder._add(_join(rel, name), Node("file", bytearray(path.read_bytes())))
-        folder.sync_everything()
-        return folder
-
-    def sync_everything(self) -> None:
-        for ino, node in self.nodes.items():
-            if node.kind == "dir":
-                self.durable_entries[ino] = dict(node.entries)
-            else:
-                self.durable_data[ino] = bytes(node.data)
+    def fork(self) -> Folder:
+        """An independent copy (contents are never changed, only replaced: shared)."""
+        other = Folder(self.blobs)
+        other.nodes = {ino: node.copy() for ino, node in self.nodes.items()}
+        other.durable_data = dict(self.durable_data)
+        other.durable_entries = {ino: dict(e) for ino, e in self.durable_entries.items()}
+        other.changed = dict(self.changed)
+        other._next, other._ops = self._next, self._ops
+        return other
 
     # -- names ----------------------------------------------------------------
     def _lookup(self, path: str) -> int | None:
@@ -133,14 +130,14 @@ class Folder:
         parent.entries[name] = ino
         if node.kind == "dir":
             self.durable_entries[ino] = {}
-        else:
-            self.durable_data[ino] = b""  # created, never synced: empty after a power loss
+        else:  # created, never synced: empty after a power loss
+            self.durable_data[ino] = Content.empty(self.blobs)
         return ino
 
     # -- operations ----------------------------------------------------------
-    def apply(self, op: Event, data: bytes = b"") -> None:
-        """One recorded operation (`data`: a write's bytes)."""
-        self._apply(op, data)
+    def apply(self, op: Event) -> None:
+        """One recorded operation."""
+        self._apply(op)
         self._ops += 1
         if op["op"] not in ("fsync", "fsyncdir"):
             path = op.get("path", "")
@@ -149,27 +146,30 @@ class Folder:
                 if ino is not None:
                     self.changed[ino] = self._ops
 
-    def _apply(self, op: Event, data: bytes) -> None:
+    def torn(self, op: Event, keep: float) -> tuple[int, Content]:
+        """Write `op` cut to `keep` of its bytes: the file's inode and content then (the
+        folder itself is not changed)."""
+        ino, node = self._node(op["path"])
+        blob, size = _blob(op)
+        return ino, node.content.write(op["offset"], blob, int(size * keep))
+
+    def _apply(self, op: Event) -> None:
         kind, path = op["op"], op.get("path", "")
         if kind in ("create", "open"):
             ino = self._lookup(path)
             if ino is None:
-                self._add(path, Node("file"))
+                self._add(path, Node("file", Content.empty(self.blobs)))
             elif op.get("trunc"):
-                del self.nodes[ino].data[:]
+                self.nodes[ino].content = self.nodes[ino].content.truncate(0)
         elif kind == "write":
             node = self._node(path)[1]
-            start = op["offset"]
-            if len(node.data) < start:
-                node.data.extend(bytes(start - len(node.data)))
-            node.data[start:start + len(data)] = data
+            node.content = node.content.write(op["offset"], *_blob(op))
         elif kind == "truncate":
             node = self._node(path)[1]
-            del node.data[op["length"]:]
-            node.data.extend(bytes(op["length"] - len(node.data)))
+            node.content = node.content.truncate(op["length"])
         elif kind == "fsync":
             ino, node = self._node(path)
-            self.durable_data[ino] = bytes(node.data)
+            self.durable_data[ino] = node.content
         elif kind == "fsyncdir":
             ino, node = self._node(path)
             self.durable_entries[ino] = dict(node.entries)
@@ -195,16 +195,17 @@ class Folder:
             self._add(path, Node("link", target=op["source"]))
 
     # -- images --------------------------------------------------------------
-    def image(self, kept: frozenset[tuple[str, int]] | None = None) -> Image:
+    def image(self, kept: Kept | None = None,
+              override: tuple[int, Content] | None = None) -> Image:
         """The folder a restart finds: as it is now (`kept` None), or after a power loss
-        that kept only the pending changes named in `kept` (("data", ino) or
-        ("entries", ino)) and lost the rest."""
+        that kept only the pending changes named in `kept` and lost the rest;
+        `override`: one file's content instead of its own (a torn write)."""
         found: Image = {}
-        self._into(found, 0, "", kept, set())
+        self._into(found, 0, "", kept, dict([override]) if override else {}, set())
         return found
 
-    def _into(self, found: Image, ino: int, rel: str, kept: frozenset | None,
-              seen: set[int]) -> None:
+    def _into(self, found: Image, ino: int, rel: str, kept: Kept | None,
+              override: dict[int, Content], seen: set[int]) -> None:
         entries = self.nodes[ino].entries
         if kept is not None and ("entries", ino) not in kept:
             entries = self.durable_entries.get(ino, {})
@@ -213,14 +214,14 @@ class Folder:
             if node.kind == "dir":
                 found[path] = ("dir",)
                 if child not in seen:  # a directory reached twice: hard links cannot
-                    self._into(found, child, path, kept, seen | {child})
+                    self._into(found, child, path, kept, override, seen | {child})
             elif node.kind == "link":
                 found[path] = ("link", node.target)
             else:
-                data = bytes(node.data)
+                content = override.get(child, node.content)
                 if kept is not None and ("data", child) not in kept:
-                    data = self.durable_data.get(child, b"")
-                found[path] = ("file", data)
+                    content = self.durable_data.get(child) or Content.empty(self.blobs)
+                found[path] = ("file", content)
 
     def order(self) -> dict[str, int]:
         """Each path's last change, as an operation number (its mtime's order), for
@@ -238,28 +239,23 @@ class Folder:
         return found
 
     def pending(self) -> list[tuple[str, int]]:
-        """The changes a power loss may drop: unsynced data and unsynced entries."""
+        """The changes a power loss may drop: unsynced data and unsynced entries
+        (versions compared by their extents, never by bytes)."""
         found = []
         for ino, node in sorted(self.nodes.items()):
             if node.kind == "dir" and node.entries != self.durable_entries.get(ino, {}):
                 found.append(("entries", ino))
-            elif node.kind == "file" and bytes(node.data) != self.durable_data.get(ino, b""):
+            elif node.kind == "file" and not node.content.same(self.durable_data.get(ino)):
                 found.append(("data", ino))
         return found
 
 
-@dataclass(frozen=True)
-class CrashState:
-    mode: str  # an entry of MODES
-    cut: int  # operations fully applied (a prefix of the record)
-    image: Image
-    detail: str  # for people: which operation, what was torn or lost
-    keep: float | None = None  # torn: the fraction of the write that reached the disk
-    order: dict[str, int] = field(default_factory=dict, compare=False)  # Folder.order()
-
-    @property
-    def digest(self) -> str:
-        return image_digest(self.image)
+def _blob(op: Event) -> tuple[int, int]:
+    """Where a recorded write's bytes are in the blob file: (offset, size)."""
+    if "blob" not in op:
+        raise Unsupported(f"write to {op['path']} without its bytes (not a recording)")
+    offset, size = op["blob"]
+    return offset, size
 
 
 @dataclass
@@ -275,126 +271,242 @@ class Ranks:
         """The operations after `cut` that the other ranks still make when the rank of
         operation `cut` - 1 dies right after it: each runs on until the first collective
         the dead rank never entered (there it waits until the job is torn down)."""
+        return list(self._running_on(ops, cut, every=True))
+
+    def runs_on(self, ops: list[Event], cut: int) -> bool:
+        """Whether `run_on` finds any operation: each other rank's next one decides
+        (its later ones come later still), so this stops early."""
+        return next(self._running_on(ops, cut, every=False), None) is not None
+
+    def _running_on(self, ops: list[Event], cut: int, every: bool) -> Iterator[int]:
         dead, t = self.of_op[cut - 1], ops[cut - 1]["t"]
         if dead is None:
-            return []
+            return
         entered = sum(1 for when in self.syncs.get(dead, []) if when <= t)
-        found = []
+        others = {r for r in self.of_op if r is not None and r != dead}
         for number in range(cut, len(ops)):
             rank = self.of_op[number]
-            if rank is None or rank == dead:
+            if rank is None or rank == dead or (not every and rank not in others):
                 continue
             entries = self.syncs.get(rank, [])
             if entered >= len(entries) or ops[number]["t"] < entries[entered]:
-                found.append(number)
-        return found
+                yield number
+            elif not every:
+                others.discard(rank)
+                if not others:
+                    return
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """Which crash a state is, and nothing of the folder it leaves (`build_states`
+    makes that): a save's thousands of specs cost kilobytes."""
+
+    mode: str  # an entry of MODES
+    cut: int  # operations fully applied (a prefix of the record)
+    detail: str  # for people: which operation, what was torn or lost
+    keep: float | None = None  # torn: the fraction of the write that reached the disk
+    kept: Kept | None = None  # lose_unsynced: the pending changes the disk had written
+    run_on: tuple[int, ...] | None = None  # one rank killed: the others' later operations
+    tier: int = 0  # sampling order under a cap: 0 first (see sample_specs)
+
+
+@dataclass
+class CrashState:
+    """A crash state built: the folder image a restart finds (extents, not bytes)."""
+
+    mode: str
+    cut: int
+    image: Image
+    detail: str
+    keep: float | None = None
+    order: dict[str, int] = field(default_factory=dict)  # Folder.order()
+    # not a kill: what the crash took from the folder as the page cache had it
+    # ("removed", "reverted_files", "restored": paths, as a chaos run's fs_crash says)
+    dropped: dict[str, list[str]] | None = None
+
+    @property
+    def digest(self) -> str:
+        return image_digest(self.image)
 
 
 @dataclass
 class Enumeration:
-    states: list[CrashState]  # explored
-    total: int  # states that exist (more than explored where combinations were sampled)
+    specs: list[StateSpec]  # the candidates: at the chosen cuts, combinations up to `combos`
+    total: int  # states that exist (more than the candidates where cuts and combinations
+    # were chosen)
 
 
-def enumerate_states(start: Folder, ops: list[Event], blobs: bytes, first: int,
-                     modes: list[str], seed: int, combos: int = 16,
-                     torn_fractions: int = 2, inner_writes: int = 2,
-                     ranks: Ranks | None = None) -> Enumeration:
+def plan_states(ops: list[Event], first: int, modes: list[str], seed: int, combos: int = 16,
+                torn_fractions: int = 2, inner_writes: int = 2,
+                ranks: Ranks | None = None) -> Enumeration:
     """The crash states of `modes` after operations `first` .. len(ops) (the save under
-    test; the ones before it are applied first). `start` is changed in place.
+    test; the ones before it are replayed first), as specs: no image is built and no
+    byte read.
 
     A kill stops every rank at once; with `ranks`, also one rank alone, the others
     running on to their next collective (`Ranks.run_on`), as when one process dies.
 
-    A file written in many calls (a 100 kB `torch.save` is ~50 writes through the
-    filesystem) gives as many prefixes of one file; states are taken at every operation
-    that is not a write, at the first and last write of each run of writes to one file,
-    and at `inner_writes` seeded writes between (`total` counts them all)."""
+    A file written in many calls (torch.save of 1 GB is thousands of writes through the
+    filesystem, other ranks' writes between them) gives as many prefixes of one file;
+    states are taken at every operation that is not a write and, of each file's own
+    run of writes, at the first, the last and `inner_writes` seeded ones between,
+    whatever the other files got meanwhile (`total` counts every cut)."""
     rng = random.Random(seed)
-    pristine = copy.deepcopy(start)
+    folder = Folder(Blobs.of_bytes(b""))  # planning compares extents, reads nothing
     chosen = _chosen_cuts(ops, first, rng, inner_writes)
-    states: list[CrashState] = []
+    specs: list[StateSpec] = []
     total = 0
     for op in ops[:first]:
-        start.apply(op, op_bytes(op, blobs))
+        folder.apply(op)
     for cut in range(first, len(ops) + 1):
         if cut > first:
             op = ops[cut - 1]
             if "torn" in modes and op["op"] == "write" and op["size"] > 1:
                 total += torn_fractions
                 if cut in chosen:
-                    for keep in _fractions(rng, torn_fractions):
-                        data = op_bytes(op, blobs)
-                        start.apply(op, data[: int(len(data) * keep)])
-                        states.append(CrashState("torn", cut, start.image(), _torn(op, keep),
-                                                 keep, start.order()))
-            start.apply(op, op_bytes(op, blobs))
+                    specs += [StateSpec("torn", cut, _torn(op, keep), keep=keep, tier=min(n, 1))
+                              for n, keep in enumerate(_fractions(rng, torn_fractions))]
+            folder.apply(op)
         where = _after(ops, cut, first)
         if "kill" in modes:
             total += 1
             if cut in chosen:
-                states.append(CrashState("kill", cut, start.image(), f"kill {where}",
-                                         order=start.order()))
-            if ranks is not None and cut > first and (extra := ranks.run_on(ops, cut)):
-                total += 1
-                if cut in chosen:
-                    states.append(_run_on_state(pristine, ops, blobs, cut, extra, where,
-                                                ranks.of_op[cut - 1]))
+                specs.append(StateSpec("kill", cut, f"kill {where}"))
+            if ranks is not None and cut > first:
+                if cut not in chosen:
+                    total += ranks.runs_on(ops, cut)
+                elif extra := ranks.run_on(ops, cut):
+                    total += 1
+                    specs.append(StateSpec(
+                        "kill", cut, f"kill rank {ranks.of_op[cut - 1]} {where}; the others"
+                        f" ran on {len(extra)} operation(s)", run_on=tuple(extra), tier=1))
         if "lose_unsynced" in modes:
+            pending = folder.pending()
+            total += 2 ** len(pending)
             if cut in chosen:
-                found, count = _power_losses(start, where, cut, rng, combos)
-                states.extend(found)
+                specs += _power_losses(pending, where, cut, rng, combos)
+    return Enumeration(specs, total)
+
+
+def build_states(ops: list[Event], blobs: Blobs, first: int,
+                 specs: list[StateSpec]) -> Iterator[CrashState]:
+    """The states of `specs` (in `plan_states`'s order), built one at a time as the
+    record is replayed: each shares the folder model's extents and is dropped by the
+    caller once judged."""
+    folder = Folder(blobs)
+    at: dict[int, list[StateSpec]] = {}
+    for spec in specs:
+        at.setdefault(spec.cut, []).append(spec)
+    for op in ops[:first]:
+        folder.apply(op)
+    for cut in range(first, max(at, default=first - 1) + 1):
+        torn: dict[float, tuple[int, Content]] = {}
+        if cut > first:
+            op = ops[cut - 1]
+            torn = {s.keep: folder.torn(op, s.keep) for s in at.get(cut, ())
+                    if s.mode == "torn"}
+            folder.apply(op)
+        if cut not in at:
+            continue
+        before, order = folder.image(), folder.order()
+        for spec in at[cut]:
+            if spec.mode == "kill" and spec.run_on is None:
+                yield CrashState("kill", cut, before, spec.detail, order=order)
+            elif spec.mode == "kill":
+                ran_on = folder.fork()
+                for number in spec.run_on:
+                    ran_on.apply(ops[number])
+                yield CrashState("kill", cut, ran_on.image(), spec.detail,
+                                 order=ran_on.order())
             else:
-                count = 2 ** len(start.pending())
-            total += count
-    return Enumeration(states, total)
+                image = (folder.image(override=torn[spec.keep]) if spec.mode == "torn" else
+                         folder.image(spec.kept))
+                yield CrashState(spec.mode, cut, image, spec.detail, spec.keep, order,
+                                 _dropped(before, image))
 
 
-def _run_on_state(pristine: Folder, ops: list[Event], blobs: bytes, cut: int,
-                  extra: list[int], where: str, dead: int | None) -> CrashState:
-    folder = copy.deepcopy(pristine)
-    for number in [*range(cut), *extra]:
-        folder.apply(ops[number], op_bytes(ops[number], blobs))
-    return CrashState("kill", cut, folder.image(),
-                      f"kill rank {dead} {where}; the others ran on {len(extra)} operation(s)",
-                      order=folder.order())
+def _dropped(before: Image, after: Image) -> dict[str, list[str]]:
+    def differs(old: ImageEntry, new: ImageEntry) -> bool:
+        return old[0] != new[0] or (old[0] == "file" and not old[1].same(new[1])) or (
+            old[0] == "link" and old != new)
+
+    return {"removed": sorted(p for p in before if p not in after),
+            "reverted_files": sorted(p for p, e in before.items() if e[0] == "file"
+                                     and p in after and differs(e, after[p])),
+            "restored": sorted(p for p in after if p not in before)}
+
+
+def sample_specs(specs: list[StateSpec], cap: int | None, seed: int) -> list[StateSpec]:
+    """At most `cap` of `specs`, in their order: the modes take turns, and each mode
+    gives its tier 0 first (every kill of all ranks, every torn write at the default
+    fraction, the power loss that loses everything pending, at each cut), in seeded
+    order across the cuts, before its other states (one rank killed, other fractions,
+    other combinations of pending changes kept)."""
+    if cap is None or len(specs) <= cap:
+        return specs
+    rng = random.Random(seed)
+    queues: dict[str, list[int]] = {}
+    for number, spec in enumerate(specs):
+        queues.setdefault(spec.mode, []).append(number)
+    for queue in queues.values():
+        rng.shuffle(queue)
+        queue.sort(key=lambda n: specs[n].tier)
+    turns = [iter(queues[mode]) for mode in MODES if mode in queues]
+    chosen: list[int] = []
+    while len(chosen) < cap:
+        chosen += [n for n in (next(turn, None) for turn in turns) if n is not None]
+    return [specs[n] for n in sorted(chosen[:cap])]
+
+
+def coverage(sampled: list[StateSpec], specs: list[StateSpec]) -> str:
+    """What a sample covers, mode by mode ("kill 12/40, torn 10/80, ...")."""
+    def count(mode: str, among: list[StateSpec]) -> int:
+        return sum(1 for s in among if s.mode == mode)
+
+    return ", ".join(f"{mode} {count(mode, sampled)}/{count(mode, specs)}"
+                     for mode in MODES if count(mode, specs))
 
 
 def _chosen_cuts(ops: list[Event], first: int, rng: random.Random, inner: int) -> set[int]:
-    """The cuts (operations applied) states are taken at; see enumerate_states."""
+    """The cuts (operations applied) states are taken at; see plan_states."""
     chosen = {first}
-    run: list[int] = []  # cuts after consecutive writes to one file
-    for cut in range(first + 1, len(ops) + 1):
-        op = ops[cut - 1]
-        if op["op"] != "write":
-            chosen.add(cut)
-            continue
-        run.append(cut)
-        after = ops[cut] if cut < len(ops) else None
-        if after is None or after["op"] != "write" or after.get("path") != op.get("path"):
+    runs: dict[str, list[int]] = {}  # path -> cuts after its writes since its last other op
+
+    def close(path: str | None) -> None:
+        run = runs.pop(path, None) if path is not None else None
+        if run:
             middle = run[1:-1]
             chosen.update({run[0], run[-1], *rng.sample(middle, min(inner, len(middle)))})
-            run = []
+
+    for cut in range(first + 1, len(ops) + 1):
+        op = ops[cut - 1]
+        if op["op"] == "write":
+            runs.setdefault(op["path"], []).append(cut)
+            continue
+        chosen.add(cut)
+        close(op.get("path"))
+        close(op.get("to"))
+    for path in list(runs):
+        close(path)
     return chosen
 
 
-def _power_losses(folder: Folder, where: str, cut: int, rng: random.Random,
-                  combos: int) -> tuple[list[CrashState], int]:
-    pending = folder.pending()
-    count = 2 ** len(pending)
-    if count <= combos:
+def _power_losses(pending: list[tuple[str, int]], where: str, cut: int,
+                  rng: random.Random, combos: int) -> list[StateSpec]:
+    if 2 ** len(pending) <= combos:
         chosen = [frozenset(c) for n in range(len(pending) + 1)
                   for c in itertools.combinations(pending, n)]
     else:  # all lost first, then a seeded sample of the rest
         chosen = [frozenset()] + [frozenset(p for p in pending if rng.random() < 0.5)
                                   for _ in range(combos - 1)]
-    states = []
+    specs = []
     for kept in dict.fromkeys(chosen):
         lost = len(pending) - len(kept)
         what = "nothing pending" if not pending else f"{lost} of {len(pending)} pending lost"
-        states.append(CrashState("lose_unsynced", cut, folder.image(kept),
-                                 f"power loss {where} ({what})", order=folder.order()))
-    return states, count
+        specs.append(StateSpec("lose_unsynced", cut, f"power loss {where} ({what})",
+                               kept=kept, tier=0 if not kept else 2))
+    return specs
 
 
 def _fractions(rng: random.Random, n: int) -> list[float]:
@@ -415,25 +527,21 @@ def _after(ops: list[Event], cut: int, first: int) -> str:
     return f"after #{cut - first} {op['op']} {op.get('path') or '.'}{to}"
 
 
-def op_bytes(op: Event, blobs: bytes) -> bytes:
-    """A recorded write's bytes (nothing for any other operation)."""
-    if op["op"] != "write":
-        return b""
-    if "blob" not in op:
-        raise Unsupported(f"write to {op['path']} without its bytes (not a recording)")
-    offset, size = op["blob"]
-    return blobs[offset:offset + size]
-
-
 def image_digest(image: Image) -> str:
     h = hashlib.sha256()
     for path, entry in sorted(image.items()):
         h.update(f"{path}\0{entry[0]}\0".encode())
         if entry[0] == "file":
-            h.update(hashlib.sha256(entry[1]).digest())
+            h.update(entry[1].digest().encode())
         elif entry[0] == "link":
             h.update(entry[1].encode())
     return h.hexdigest()
+
+
+def plain(image: Image) -> dict[str, tuple]:
+    """The image with every file's bytes read: for tests and small folders only."""
+    return {path: ("file", entry[1].read()) if entry[0] == "file" else entry
+            for path, entry in image.items()}
 
 
 # -- what a recovery looked at ----------------------------------------------
@@ -487,9 +595,9 @@ def view_key(image: Image, view: View) -> str:
         elif entry is None:
             shown = "missing"
         elif op == "read" and entry[0] == "file":
-            shown = hashlib.sha256(entry[1]).hexdigest()
+            shown = entry[1].digest()
         elif entry[0] == "file":
-            shown = f"file {len(entry[1])}"
+            shown = f"file {entry[1].size}"
         else:
             shown = repr(entry)
         h.update(f"{op}\0{path}\0{shown}\n".encode())
@@ -497,9 +605,10 @@ def view_key(image: Image, view: View) -> str:
 
 
 def materialise(image: Image, into: Path, order: dict[str, int] | None = None) -> None:
-    """Write the image under `into` (created). Paths in `order` get modification times
-    in that order, 1 ms apart and in the past (a resume that takes the newest file by
-    mtime finds what it would after the crash); the others are older still."""
+    """Write the image under `into` (created): each file copied from the blob file in
+    the kernel, once. Paths in `order` get modification times in that order, 1 ms
+    apart and in the past (a resume that takes the newest file by mtime finds what it
+    would after the crash); the others are older still."""
     into.mkdir(parents=True, exist_ok=True)
     for path, entry in sorted(image.items()):
         target = into / path
@@ -508,7 +617,7 @@ def materialise(image: Image, into: Path, order: dict[str, int] | None = None) -
         elif entry[0] == "link":
             os.symlink(entry[1], target)
         else:
-            target.write_bytes(entry[1])
+            entry[1].write_to(target)
     order = order or {}
     now = time.time_ns()
     last = max(order.values(), default=0)
@@ -517,9 +626,44 @@ def materialise(image: Image, into: Path, order: dict[str, int] | None = None) -
         os.utime(into / path, ns=(stamp, stamp), follow_symlinks=False)
 
 
+# -- keeping a state to rebuild it later ---------------------------------------
+def describe(state: CrashState, blobs: Path) -> dict:
+    """What rebuilds the state's image (`rebuild`): its extents of the blob file, not a
+    copy of its bytes."""
+    paths = {}
+    for path, entry in state.image.items():
+        if entry[0] == "file":
+            paths[path] = {"file": entry[1].extents(), "size": entry[1].size}
+        else:
+            paths[path] = {entry[0]: entry[1] if entry[0] == "link" else True}
+    return {"state": state.detail, "blobs": str(blobs), "order": state.order,
+            "paths": paths}
+
+
+def rebuild(described: dict, into: Path) -> None:
+    """Write the image `describe` described under `into`."""
+    blobs = Blobs(Path(described["blobs"]))
+    image: Image = {}
+    for path, entry in described["paths"].items():
+        if "file" in entry:
+            pieces = [(offset, length) for offset, length in entry["file"]]
+            image[path] = ("file", Content(blobs, pieces, len(pieces), entry["size"]))
+        else:
+            image[path] = ("link", entry["link"]) if "link" in entry else ("dir",)
+    materialise(image, into, described["order"])
+    blobs.close()
+
+
 def _parts(path: str) -> list[str]:
     return [p for p in path.strip("/").split("/") if p and p != "."]
 
 
 def _join(rel: str, name: str) -> str:
     return name if rel in ("", ".") else f"{rel}/{name}"
+
+
+if __name__ == "__main__":  # python -m chaos.explore.crashstates IMAGE.json INTO
+    if len(sys.argv) != 3 or Path(sys.argv[2]).exists():
+        sys.exit("usage: python -m chaos.explore.crashstates IMAGE.json INTO  (INTO: a"
+                 " folder that does not exist yet)")
+    rebuild(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]))

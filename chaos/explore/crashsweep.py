@@ -6,9 +6,11 @@
    collectives each rank entered (chaos.rank.syncwatch). The recording is kept
    in the cache beside the reference (two recordings of one save differ, and
    shards, `--shard I/N`, must judge one) and linked into OUT/record.
-2. **Enumerate** the crash states of that save from the record
+2. **Plan** the crash states of that save from the record
    (`chaos.explore.crashstates`): kills after each operation, torn writes, power
-   losses with every combination of pending changes lost.
+   losses with every combination of pending changes lost; with `--cap`, a sample
+   across the modes. Then **build** them one at a time as the record is replayed:
+   a state's files are extents of the recording's blob file, never its bytes.
 3. **Recover once per view.** A state's recovery is a fresh start of the job
    on its folder image (what a restart finds), `--steps-after-resume` steps,
    with the recording filesystem noting what the recovery looked at. A later
@@ -19,7 +21,8 @@
    history after it (as a restart that found this folder). A state that does not
    pass gets a replay file with the nearest chaos-run fault (its rank's last file
    event before the crash), and its report lists the save's operations up to it;
-   the recovery's run folder keeps the image it started from (`image/`).
+   the recovery's run folder keeps what rebuilds the image it started from
+   (`image.json`: `python -m chaos.explore.crashstates image.json DIR`).
 
 A recovery that dies is restarted once (`--max-restarts 1`, no relaunch): the
 same resume dying the same way twice is a certain failure; waiting for every
@@ -28,10 +31,13 @@ requeue would only cost time.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import fcntl
+import json
 import shutil
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,21 +45,25 @@ from chaos import env
 from chaos.engine import prepare_out_dir
 from chaos.errors import CannotJudge, UsageError
 from chaos.explore.battery import Entry, dir_param
-from chaos.explore.crashpoints import _holds_path, sample
+from chaos.explore.crashpoints import holds_bytes
 from chaos.explore.crashstates import (
     MUTATIONS,
     CrashState,
     Enumeration,
-    Folder,
     Ranks,
+    StateSpec,
     Unsupported,
     View,
-    enumerate_states,
+    build_states,
+    coverage,
+    describe,
     materialise,
-    op_bytes,
+    plan_states,
     recovery_view,
+    sample_specs,
     view_key,
 )
+from chaos.explore.extents import Blobs
 from chaos.explore.shards import Shard, link_or_copy
 from chaos.harness.hangwatch import default_timeout
 from chaos.harness.reference import Reference, get_reference
@@ -69,6 +79,8 @@ from chaos.scenario.spec import parse_fault_spec
 
 RESTART_GAP = 0.5  # seconds between a crash and its recovery in a judged history
 DONE = "done"  # in a cached recording: it finished
+IMAGE_FILE = "image.json"  # in a recovery's folder: what rebuilds the image it started from
+SHOWN_OPERATIONS = 40  # a report lists at most the last this many operations before a crash
 
 
 @dataclass
@@ -88,7 +100,9 @@ class Sweep:
     entries: list[Entry]  # one per planned state, in order (another shard's: the plan only)
     numbers: list[int]  # the states (1-based) judged here: all of them, or a shard's
     total: int  # crash states that exist
-    distinct_images: int
+    candidates: int  # planned at the chosen cuts (before --cap)
+    distinct_images: int = 0  # among the states built (every planned one, in every shard)
+    covers: str = ""  # what the sample covers, mode by mode (crashstates.coverage)
     recoveries: list[Recovery] = field(default_factory=list)
     recovery_of: dict[int, Recovery] = field(default_factory=dict)  # state -> its recovery
     seconds: float = 0.0
@@ -105,7 +119,7 @@ class Record:
     run_dir: Path
     history: History
     ops: list[Event]
-    blobs: bytes
+    blobs: Blobs  # the recording's blob file, read in place
     first: int  # index of the save's first operation
     end: float  # the moment the job went on after the save (its first `stopped`)
 
@@ -118,20 +132,25 @@ def sweep(base: Scenario, out_dir: Path, cache_dir: Path, progress: Progress, sa
     folder = _folder(reference.history(), save)
     prepare_out_dir(out_dir)
     record = _recording(base, reference, cache_dir, out_dir, folder, save, progress)
-    found, states = planned_states(record, modes, base.seed, cap)
-    distinct = len({s.digest for s in found.states})
-    numbers = shard.numbers(len(states)) if shard else list(range(1, len(states) + 1))
-    progress(f"save {save}: {found.total} crash state(s), {len(found.states)} explored,"
-             f" {distinct} distinct folder image(s); judging {len(numbers)}"
-             + (f" (shard {shard}: states {', '.join(map(str, numbers))})" if shard else ""))
-    crashes = [_crash(record, state, save, folder) for state in states]
-    plan = [Entry(state.detail, crash.spec) for state, crash in zip(states, crashes)]
-    result = Sweep(plan, numbers, found.total, distinct)
+    found, specs = planned_states(record, modes, base.seed, cap)
+    numbers = shard.numbers(len(specs)) if shard else list(range(1, len(specs) + 1))
+    progress(f"save {save}: {found.total} crash state(s) exist, {len(found.specs)} at the"
+             f" chosen cuts, {len(specs)} planned ({coverage(specs, found.specs)}); judging"
+             f" {len(numbers)}" + (f" (shard {shard}: states {', '.join(map(str, numbers))})"
+                                   if shard else ""))
+    places = Places(record, save, folder)
+    crashes = [places.crash(spec) for spec in specs]
+    plan = [Entry(spec.detail, crash.spec) for spec, crash in zip(specs, crashes)]
+    result = Sweep(plan, numbers, found.total, len(found.specs),
+                   covers=coverage(specs, found.specs))
     scenario = dataclasses.replace(base, stop_after=steps_after, max_restarts=1,
                                    max_relaunches=0, faults=[],
                                    env={**base.env, env.RECOVERY: "1"})
-    for number in numbers:
-        state = states[number - 1]
+    judged, digests = set(numbers), set()
+    for number, state in enumerate(states_of(record, specs), 1):
+        digests.add(state.digest)  # every shard builds every state: they agree on the count
+        if number not in judged:
+            continue
         recovery = _matching(result.recoveries, state)
         if recovery is None:  # named by the first state it served: unique across shards
             recovery = _recover(scenario, reference, out_dir / "recoveries" / f"{number:03d}",
@@ -143,22 +162,27 @@ def sweep(base: Scenario, out_dir: Path, cache_dir: Path, progress: Progress, sa
                        out_dir / f"{number:03d}")
         result.entries[number - 1] = entry
         verdict = entry.report.verdict.upper() if entry.report else "ERROR"
-        progress(f"[{number}/{len(states)}] {verdict:<5} {entry.name}"
+        progress(f"[{number}/{len(specs)}] {verdict:<5} {entry.name}"
                  f" ({len(result.recoveries)} recoveries run)")
+    result.distinct_images = len(digests)
     result.seconds = time.monotonic() - started
     return result
 
 
 def planned_states(record: Record, modes: list[str], seed: int,
-                   cap: int | None) -> tuple[Enumeration, list[CrashState]]:
-    """Every crash state of the recorded save, and the seeded sample of them to judge."""
+                   cap: int | None) -> tuple[Enumeration, list[StateSpec]]:
+    """Every crash state of the recorded save, and the sample of them to judge."""
     try:
-        found = enumerate_states(Folder(), record.ops, record.blobs, record.first, modes,
-                                 seed, ranks=_ranks(record))
+        found = plan_states(record.ops, record.first, modes, seed, ranks=_ranks(record))
     except Unsupported as exc:
         raise CannotJudge(f"the recorded save cannot be replayed: {exc}; use --per-point"
                           ) from None
-    return found, sample(found.states, cap, seed)
+    return found, sample_specs(found.specs, cap, seed)
+
+
+def states_of(record: Record, specs: list[StateSpec]) -> Iterator[CrashState]:
+    """The planned states, built one at a time (drop each once it is judged)."""
+    return build_states(record.ops, record.blobs, record.first, specs)
 
 
 def _folder(history: History, save: int) -> str:
@@ -179,7 +203,12 @@ def _recording(base: Scenario, reference: Reference, cache_dir: Path, out_dir: P
     """The save's cached recording, linked into OUT/record."""
     cached = _cached_recording(base, reference, cache_dir, folder, save, progress)
     shutil.copytree(cached, out_dir / "record", symlinks=True, copy_function=link_or_copy)
-    return load_record(out_dir / "record", save)
+    record = load_record(out_dir / "record", save)
+    if record.blobs.path is not None and holds_bytes(record.blobs.path, str(cached.resolve())):
+        raise CannotJudge(f"the recorded save writes the recording run's own folder {cached}"
+                          " into a checkpoint: a copy of it would not resume as the job"
+                          " does; use --per-point")
+    return record
 
 
 def record_only(base: Scenario, cache_dir: Path, progress: Progress, save: int) -> Path:
@@ -241,7 +270,7 @@ def load_record(run_dir: Path, save: int) -> Record:
     first = next((n for n, e in enumerate(ops) if e["t"] > last_step), len(ops))
     end = min(e["t"] for e in history.of("stopped"))
     blobs = next(iter(sorted((RunLayout(run_dir).chaos_dir / "faultfs").glob("*.blobs"))))
-    return Record(run_dir, history, ops, blobs.read_bytes(), first, end)
+    return Record(run_dir, history, ops, Blobs(blobs), first, end)
 
 
 def _ranks(record: Record) -> Ranks | None:
@@ -266,18 +295,15 @@ def _matching(recoveries: list[Recovery], state: CrashState) -> Recovery | None:
 
 def _recover(scenario: Scenario, reference: Reference, run_dir: Path, folder: str,
              state: CrashState, record: Record, progress: Progress) -> Recovery:
-    """Start the job on the state's folder image and let it recover."""
-    image = run_dir / "image"
-    materialise(state.image, image / folder, state.order)
-    if holder := _holds_path(image, record.run_dir):
-        raise CannotJudge(f"the checkpoint {holder} holds the recording run's own folder"
-                          f" {record.run_dir}: a copy of it would not resume as the job"
-                          " does; use --per-point")
+    """Start the job on the state's folder image (written once, straight into its run
+    directory) and let it recover."""
     progress(f"recovery from the folder of: {state.detail}")
     chaos_dir = run_dir / "chaos"
     chaos_dir.mkdir(parents=True)
+    (run_dir / IMAGE_FILE).write_text(json.dumps(describe(state, record.blobs.path)))
     outcome = Job(scenario, chaos_dir, [], reference.run_dir, progress,
-                  default_timeout(reference.history()), start_from=image, record=folder).run()
+                  default_timeout(reference.history()), record=folder,
+                  fill=lambda into: materialise(state.image, into / folder, state.order)).run()
     history = History.of_run(chaos_dir)
     view = recovery_view(history.of("fs", "fs_read"))
     return Recovery(chaos_dir, outcome, history, view, view_key(state.image, view))
@@ -295,7 +321,7 @@ def _judge(base: Scenario, reference: Reference, record: Record, recovery: Recov
                    "step": max((e["step"] for e in events if e["ev"] == "step"
                                 and e.get("rank") == rank), default=0), "params": {}})
     if state.mode != "kill":
-        events.append(_fs_crash(record, state, fault.id, t_cut))
+        events.append(_fs_crash(state, fault.id, t_cut))
     events += _after_crash(recovery.history, state, process, t_cut)
     events.sort(key=lambda e: e["t"])
     outcome = recovery.outcome
@@ -336,62 +362,65 @@ class Crash:
     spec: str
 
 
-def _crash(record: Record, state: CrashState, save: int, folder: str) -> Crash:
-    t_cut = _crash_time(record, state)
-    rank, process = _crashed_process(record, state, t_cut)
-    return Crash(t_cut, rank, process, _spec(state, rank, save, folder, record, t_cut))
+class Places:
+    """Where each planned state's crash falls in the record (looked up once per record:
+    a save of 1 GB per rank has thousands of operations and states)."""
+
+    def __init__(self, record: Record, save: int, folder: str) -> None:
+        self.record, self.save, self.folder = record, save, folder
+        self.boots = {e["pid"]: e for e in record.history.of("boot")}
+        self.saved: dict[int, list[tuple[float, int]]] = {}  # rank -> (t, file event index)
+        for e in record.history.of("file"):
+            if e.get("save") == save:
+                self.saved.setdefault(e["rank"], []).append((e["t"], e["index"]))
+        for events in self.saved.values():
+            events.sort()
+
+    def crash(self, spec: StateSpec) -> Crash:
+        t_cut = self._time(spec.cut)
+        rank, process = self._process(spec.cut, t_cut)
+        return Crash(t_cut, rank, process, self._spec(spec, rank, t_cut))
+
+    def _time(self, cut: int) -> float:
+        record = self.record
+        if cut == len(record.ops):
+            return record.end - 1e-6  # after the whole save: the job went on past it
+        if cut == record.first:
+            return record.ops[record.first]["t"] - 1e-6
+        return record.ops[cut - 1]["t"]
+
+    def _process(self, cut: int, t_cut: float) -> tuple[int, Event]:
+        """The rank whose operation the crash follows (rank 0 before the save), and the
+        boot event of its process."""
+        if cut > self.record.first:
+            op = self.record.ops[cut - 1]
+            boot = self.boots.get(op.get("tgid", op.get("pid")))
+            if boot is not None:
+                return boot["rank"], boot
+        boot = min((e for e in self.boots.values() if e["t"] <= t_cut),
+                   key=lambda e: e["rank"])
+        return boot["rank"], boot
+
+    def _spec(self, spec: StateSpec, rank: int, t_cut: float) -> str:
+        """The chaos-run fault that leads to this state, as near as one spec says it (the
+        rank's last file event in the save before the crash): `--per-point` replays it."""
+        events = self.saved.get(rank, [])
+        before = bisect.bisect_right(events, (t_cut, float("inf")))
+        where = f"rank={rank},phase=checkpoint_save,save={self.save}"
+        if before:
+            where += f",event={max(index for _, index in events[:before])}"
+        if spec.mode == "kill":
+            return f"kill:{where}"
+        if spec.mode == "torn":
+            return f"storage:mode=torn,keep={spec.keep},{where}{dir_param(self.folder)}"
+        return f"storage:mode=lose_unsynced,{where}{dir_param(self.folder)}"
 
 
-def _crash_time(record: Record, state: CrashState) -> float:
-    if state.cut == len(record.ops):
-        return record.end - 1e-6  # after the whole save: the job went on past it
-    if state.cut == record.first:
-        return record.ops[record.first]["t"] - 1e-6
-    return record.ops[state.cut - 1]["t"]
-
-
-def _crashed_process(record: Record, state: CrashState, t_cut: float) -> tuple[int, Event]:
-    """The rank whose operation the crash follows (rank 0 before the save), and the boot
-    event of its process."""
-    boots = {e["pid"]: e for e in record.history.of("boot")}
-    if state.cut > record.first:
-        op = record.ops[state.cut - 1]
-        boot = boots.get(op.get("tgid", op.get("pid")))
-        if boot is not None:
-            return boot["rank"], boot
-    boot = min((e for e in boots.values() if e["t"] <= t_cut), key=lambda e: e["rank"])
-    return boot["rank"], boot
-
-
-def _spec(state: CrashState, rank: int, save: int, folder: str, record: Record,
-          t_cut: float) -> str:
-    """The chaos-run fault that leads to this state, as near as one spec says it (the
-    rank's last file event in the save before the crash): `--per-point` replays it."""
-    events = [e for e in record.history.of("file") if e.get("rank") == rank
-              and e.get("save") == save and e["t"] <= t_cut]
-    where = f"rank={rank},phase=checkpoint_save,save={save}"
-    if events:
-        where += f",event={max(e['index'] for e in events)}"
-    if state.mode == "kill":
-        return f"kill:{where}"
-    if state.mode == "torn":
-        return f"storage:mode=torn,keep={state.keep},{where}{dir_param(folder)}"
-    return f"storage:mode=lose_unsynced,{where}{dir_param(folder)}"
-
-
-def _fs_crash(record: Record, state: CrashState, fault_id: str, t_cut: float) -> Event:
+def _fs_crash(state: CrashState, fault_id: str, t_cut: float) -> Event:
     """What the filesystem dropped, as a chaos run's `fs_crash` says it."""
-    whole = Folder()
-    for op in record.ops[:state.cut]:
-        whole.apply(op, op_bytes(op, record.blobs))
-    before = whole.image()
-    removed = sorted(p for p in before if p not in state.image)
-    reverted = sorted(p for p, entry in before.items()
-                      if entry[0] == "file" and p in state.image and state.image[p] != entry)
-    restored = sorted(p for p in state.image if p not in before)
     return {"ev": "fs_crash", "t": t_cut + 1e-4, "source": "faultfs",
             "lose_unsynced": state.mode == "lose_unsynced", "killed": [], "fault": fault_id,
-            "removed": removed, "reverted_files": reverted, "restored": restored}
+            **(state.dropped or {"removed": [], "reverted_files": [], "restored": []})}
 
 
 def _after_crash(history: History, state: CrashState, crashed: Event,
@@ -418,9 +447,12 @@ def _after_crash(history: History, state: CrashState, crashed: Event,
 
 
 def _operations(record: Record, state: CrashState) -> list[str]:
-    """The save's operations that led to the state, for the report."""
-    shown = []
-    for op in record.ops[record.first:state.cut]:
+    """The save's operations that led to the state, for the report: the last
+    SHOWN_OPERATIONS of them (a save of 1 GB is thousands of writes)."""
+    start = max(record.first, state.cut - SHOWN_OPERATIONS)
+    shown = [f"... {start - record.first} earlier operation(s) of the save"] if (
+        start > record.first) else []
+    for op in record.ops[start:state.cut]:
         to = f" -> {op['to']}" if op["op"] == "rename" else ""
         size = f" {op['size']} bytes at {op['offset']}" if op["op"] == "write" else ""
         shown.append(f"{op['op']} {op.get('path') or '.'}{to}{size}")
@@ -429,12 +461,22 @@ def _operations(record: Record, state: CrashState) -> list[str]:
 
 def summary(result: Sweep, save: int) -> str:
     judged = [result.entries[n - 1] for n in result.numbers]
+    each = sum(r.outcome.wall_seconds for r in result.recoveries) / max(
+        len(result.recoveries), 1)
+    counts = _counts(save, judged, result.total, result.candidates, len(result.entries),
+                     result.distinct_images, result.covers, len(result.recoveries))
+    return f"{counts}; {result.seconds:.0f} s in all, {each:.1f} s per recovery"
+
+
+def _counts(save: int, judged: list[Entry], total: int, candidates: int, built: int,
+            distinct: int, covers: str, recoveries: int) -> str:
+    """How many states exist, were planned at the chosen cuts, built (with what a
+    sample covers), judged and distinct, and what they cost in recoveries."""
     failed = sum(1 for e in judged if e.report and e.report.verdict == "fail")
-    minutes = result.seconds / 60
-    return (f"save {save}: {len(judged)} of {result.total} crash states judged"
-            f" ({result.distinct_images} distinct folder images), {len(result.recoveries)}"
-            f" recoveries run, {failed} broke the protocol; {len(judged) / minutes:.1f} states"
-            " per minute")
+    sampled = f": {covers}" if built < candidates else ""
+    return (f"save {save}: {len(judged)} of {total} crash states judged ({candidates} at"
+            f" the chosen cuts, {built} built{sampled}; {distinct} distinct folder images),"
+            f" {recoveries} recoveries run, {failed} broke the protocol")
 
 
 def shard_extra(base: Scenario, result: Sweep, save: int, modes: list[str],
@@ -442,7 +484,8 @@ def shard_extra(base: Scenario, result: Sweep, save: int, modes: list[str],
     """What every shard of one sweep agrees on, beyond the plan: how the states were
     drawn, and how many there are."""
     return {"save": save, "modes": modes, "cap": cap, "seed": base.seed,
-            "total": result.total, "distinct": result.distinct_images}
+            "total": result.total, "candidates": result.candidates,
+            "distinct": result.distinct_images, "covers": result.covers}
 
 
 def shard_details(result: Sweep) -> dict[str, object]:
@@ -457,14 +500,14 @@ def merged_groups(record_dir: Path, extra: dict, details: list[dict]) -> dict[in
     """The recovery each state of the merged shards has as its group: the shards' states
     drawn again from the one recording, then `canonical_groups`."""
     record = load_record(record_dir, extra["save"])
-    _, states = planned_states(record, extra["modes"], extra["seed"], extra["cap"])
+    _, specs = planned_states(record, extra["modes"], extra["seed"], extra["cap"])
     views = {name: ([(op, path) for op, path in r["view"]], r["key"])
              for d in details for name, r in d["recoveries"].items()}
     used = {int(n): name for d in details for n, name in d["groups"].items()}
-    return canonical_groups(states, used, views)
+    return canonical_groups(states_of(record, specs), used, views)
 
 
-def canonical_groups(states: list[CrashState], used: dict[int, str],
+def canonical_groups(states: Iterable[CrashState], used: dict[int, str],
                      views: dict[str, tuple[View, str]]) -> dict[int, str]:
     """State number -> the recovery one unsharded sweep would have served it with: the
     first one, in state order, whose view the state's image shows the same way; where
@@ -487,11 +530,10 @@ def canonical_groups(states: list[CrashState], used: dict[int, str],
 
 def merged_summary(entries: list[Entry], extra: dict, groups: dict[int, str],
                    shards: int, ran: int) -> str:
-    failed = sum(1 for e in entries if e.report and e.report.verdict == "fail")
-    return (f"save {extra['save']}: {len(entries)} of {extra['total']} crash states judged"
-            f" ({extra['distinct']} distinct folder images), {len(set(groups.values()))}"
-            f" recoveries run, {failed} broke the protocol (merged from {shards} shards,"
-            f" which ran {ran} recoveries)")
+    counts = _counts(extra["save"], entries, extra["total"], extra["candidates"],
+                     len(entries), extra["distinct"], extra["covers"],
+                     len(set(groups.values())))
+    return f"{counts} (merged from {shards} shards, which ran {ran} recoveries)"
 
 
 def report_rows(entries: list[Entry], numbers: list[int], groups: dict[int, str]) -> list[Entry]:

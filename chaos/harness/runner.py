@@ -165,7 +165,7 @@ class Job:
     def __init__(self, scenario: Scenario, run_dir: Path, faults: list[ResolvedFault],
                  reference: Path | None = None, progress: Progress | None = None,
                  hang_timeout: float = 60.0, start_from: Path | None = None,
-                 record: str | None = None) -> None:
+                 record: str | None = None, fill: Callable[[Path], None] | None = None) -> None:
         self.scenario = scenario
         self.layout = RunLayout(run_dir)
         self.hangs = HangWatch(self.layout.beats_dir, hang_timeout)
@@ -182,6 +182,7 @@ class Job:
         self.nemesis: Nemesis | None = None
         self.start_from = start_from  # copied into the run dir first (Scenario.start_from)
         self.record = record  # a folder the fault filesystem records (chaos.explore.crashstates)
+        self.fill = fill  # writes what the job starts from into the run dir (a crash state)
 
     def run(self) -> JobOutcome:
         lifeline.own(self.run_id, self.layout.run_dir)  # before anything of the run exists
@@ -195,6 +196,8 @@ class Job:
             if self.start_from is not None:  # before a mount moves it into its backing store
                 shutil.copytree(self.start_from, self.layout.run_dir, symlinks=True,
                                 dirs_exist_ok=True)
+            if self.fill is not None:  # the same, written in place (no copy to copy from)
+                self.fill(self.layout.run_dir)
             self.layout.link(self.scenario.links)
             if self.scenario.network_kind == "netns":
                 self.network = Network(self.run_id, self.scenario.nodes).create()

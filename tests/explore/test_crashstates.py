@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
+import tracemalloc
 
 import pytest
 
 from chaos.explore.crashstates import (
-    Folder,
     Ranks,
     Unsupported,
-    enumerate_states,
-    image_digest,
-    materialise,
+    build_states,
+    coverage,
+    describe,
+        materialise,
+    plain,
+    plan_states,
+    rebuild,
     recovery_view,
+    sample_specs,
     view_key,
 )
+from chaos.explore.extents import Blobs, Content
 
 
 def _record(*ops: tuple) -> tuple[list[dict], bytes]:
@@ -43,9 +51,17 @@ BEFORE = _record(("create", "latest"), ("write", "latest", b"step 10"), ("fsync"
                  ("fsyncdir", ""))
 
 
-def _states(record, modes, first=0):
+def _enumerate(record, modes, first=0, seed=0, ranks=None):
     ops, blobs = record
-    return enumerate_states(Folder(), ops, blobs, first, modes, seed=0).states
+    found = plan_states(ops, first, modes, seed, ranks=ranks)
+    states = list(build_states(ops, Blobs.of_bytes(blobs), first, found.specs))
+    for state in states:
+        state.image = plain(state.image)
+    return found, states
+
+
+def _states(record, modes, first=0):
+    return _enumerate(record, modes, first)[1]
 
 
 def _joined():
@@ -69,9 +85,8 @@ def test_a_power_loss_keeps_what_was_fsynced_and_tries_each_pending_change():
     losses = _states((ops, blobs), ["lose_unsynced"], first=len(BEFORE[0]))
     after_rename = [s for s in losses if s.cut == 8]
     # pending: the folder's entries only (.tmp's data was fsynced): lost or kept
-    assert {image_digest(s.image) for s in after_rename} == {
-        image_digest({"latest": ("file", b"step 10")}),
-        image_digest({"latest": ("file", b"step 20")})}
+    assert {tuple(s.image.items()) for s in after_rename} == {
+        (("latest", ("file", b"step 10")),), (("latest", ("file", b"step 20")),)}
     after_write = [s for s in losses if s.cut == 6]
     # new .tmp entry and its unsynced data: 4 combinations, the data alone cannot show
     images = [s.image for s in after_write]
@@ -108,12 +123,16 @@ def test_folders_links_and_truncation_replay():
         _states(_record(("write", "nowhere", b"x")), ["kill"])
 
 
+def _content(data: bytes) -> Content:
+    blobs = Blobs.of_bytes(data)
+    return Content.empty(blobs).write(0, 0, len(data))
+
+
 def test_images_materialise_as_files(tmp_path):
-    materialise({"d": ("dir",), "d/f": ("file", b"abc"), "l": ("link", "d/f")}, tmp_path / "i")
+    materialise({"d": ("dir",), "d/f": ("file", _content(b"abc")), "l": ("link", "d/f")},
+                tmp_path / "i")
     assert (tmp_path / "i" / "d" / "f").read_bytes() == b"abc"
     assert (tmp_path / "i" / "l").read_bytes() == b"abc"
-    scanned = Folder.scan(tmp_path / "i")
-    assert scanned.image() == {"d": ("dir",), "d/f": ("file", b"abc"), "l": ("link", "d/f")}
 
 
 def test_a_recovery_view_tells_apart_only_what_the_recovery_looked_at():
@@ -124,13 +143,18 @@ def test_a_recovery_view_tells_apart_only_what_the_recovery_looked_at():
               {"ev": "fs_read", "t": 5.0, "op": "read", "path": "latest"}]
     view = recovery_view(events)
     assert view == [("read", "latest"), ("stat", "step-10"), ("list", "")]
-    base = {"latest": ("file", b"10"), "step-10": ("file", b"aaaa")}
+    def file(data):
+        return ("file", _content(data))
+
+    base = {"latest": file(b"10"), "step-10": file(b"aaaa")}
     # same size at a stat'ed path, other content: the recovery cannot tell
-    assert view_key(base, view) == view_key({**base, "step-10": ("file", b"bbbb")}, view)
-    assert view_key(base, view) != view_key({**base, "step-10": ("file", b"bb")}, view)
-    assert view_key(base, view) != view_key({**base, "latest": ("file", b"20")}, view)
-    assert view_key(base, view) != view_key({**base, ".tmp": ("file", b"")}, view)  # listed
-    assert view_key(base, view[:2]) == view_key({**base, ".tmp": ("file", b"")}, view[:2])
+    assert view_key(base, view) == view_key({**base, "step-10": file(b"bbbb")}, view)
+    assert view_key(base, view) != view_key({**base, "step-10": file(b"bb")}, view)
+    assert view_key(base, view) != view_key({**base, "latest": file(b"20")}, view)
+    # the same bytes from other extents: the same key
+    assert view_key(base, view) == view_key({**base, "latest": file(b"10")}, view)
+    assert view_key(base, view) != view_key({**base, ".tmp": file(b"")}, view)  # listed
+    assert view_key(base, view[:2]) == view_key({**base, ".tmp": file(b"")}, view[:2])
 
 
 def test_the_lookup_before_a_truncating_create_is_no_view():
@@ -153,9 +177,9 @@ def test_the_lookup_before_a_truncating_create_is_no_view():
 def test_states_are_taken_at_the_ends_of_a_run_of_writes_and_a_seeded_few_between():
     ops, blobs = _record(("create", "f"), *(("write", "f", b"x", n) for n in range(10)),
                          ("fsync", "f"))
-    found = enumerate_states(Folder(), ops, blobs, 0, ["kill"], seed=3)
+    found = plan_states(ops, 0, ["kill"], seed=3)
     assert found.total == 13
-    cuts = [s.cut for s in found.states]
+    cuts = [s.cut for s in found.specs]
     assert {0, 1, 2, 11, 12} <= set(cuts) and len(cuts) == 7
 
 
@@ -164,7 +188,8 @@ def test_images_keep_the_order_of_modification_times(tmp_path):
     newest."""
     ops, blobs = _record(("create", "b"), ("write", "b", b"1"), ("create", "a"),
                          ("write", "a", b"2"))
-    last = _states((ops, blobs), ["kill"])[-1]
+    found = plan_states(ops, 0, ["kill"], seed=0)
+    last = list(build_states(ops, Blobs.of_bytes(blobs), 0, found.specs))[-1]
     materialise(last.image, tmp_path / "i", last.order)
     a, b = (os.stat(tmp_path / "i" / name).st_mtime_ns for name in "ab")
     assert b < a < time.time_ns()
@@ -183,9 +208,87 @@ def test_one_rank_dies_and_the_others_run_on_to_their_next_collective():
     entered = Ranks(ranks.of_op, {0: [3.5], 1: [1.5]})
     assert entered.run_on(ops, 3) == [3, 4, 5]  # rank 1 in the barrier: rank 0 goes on
     assert ranks.run_on(ops, 2) == [2]  # rank 0 dead after its create: rank 1 writes
-    found = enumerate_states(Folder(), ops, blobs, 0, ["kill"], seed=0, ranks=ranks)
-    ran_on = [s for s in found.states if "ran on" in s.detail]
+    ran_on = [s for s in _enumerate((ops, blobs), ["kill"], ranks=ranks)[1]
+              if "ran on" in s.detail]
     first = next(s for s in ran_on if s.cut == 1)
     assert first.image == {"s1": ("file", b""), "s0": ("file", b"0")}
     assert "kill rank 1 after #1 create s1; the others ran on 2 operation(s)" == first.detail
     assert all("latest" not in s.image or s.cut >= 4 for s in ran_on)
+
+
+def test_a_content_is_extents_of_the_blob_file_and_reads_as_the_bytes_written():
+    blobs = Blobs.of_bytes(b"0123456789abcdef")
+    grown = Content.empty(blobs).write(0, 0, 4).write(4, 4, 4)  # "01234567"
+    assert grown.read() == b"01234567" and grown.pieces is grown.base.pieces  # shared list
+    assert grown.write(2, 10, 3).read() == b"01abc567"  # over the middle
+    assert grown.write(10, 12, 2).read() == b"01234567\0\0cd"  # past the end: a hole
+    assert grown.truncate(3).read() == b"012" and grown.truncate(9).read() == b"01234567\0"
+    torn = grown.write(8, 8, 2)  # a fork of the shared prefix: grown is unchanged
+    assert grown.read() == b"01234567" and torn.read() == b"0123456789"
+    for content in (grown, torn, grown.write(2, 10, 3), grown.truncate(3)):
+        assert content.digest() == hashlib.sha256(content.read()).hexdigest()
+
+
+def test_describe_and_rebuild_make_the_same_folder(tmp_path):
+    ops, blobs = _joined()
+    (tmp_path / "blobs").write_bytes(blobs)
+    found = plan_states(ops, len(BEFORE[0]), ["kill"], seed=0)
+    state = list(build_states(ops, Blobs(tmp_path / "blobs"), len(BEFORE[0]), found.specs))[2]
+    rebuild(json.loads(json.dumps(describe(state, tmp_path / "blobs"))), tmp_path / "again")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "again").iterdir()} == {
+        "latest": b"step 10", ".tmp": b"step 20"}
+
+
+def test_each_file_keeps_its_own_first_and_last_write_whatever_came_between():
+    """Two ranks' writes interleave one by one (as the FUSE daemon sees them): each
+    file's run still yields its first, last and two seeded writes, not every write."""
+    writes = [op for n in range(10) for op in (("write", "a", b"x", n), ("write", "b", b"y", n))]
+    ops, blobs = _record(("create", "a"), ("create", "b"), *writes, ("fsync", "a"),
+                         ("fsync", "b"))
+    cuts = {s.cut for s in plan_states(ops, 0, ["kill"], seed=1).specs}
+    assert {3, 4, 21, 22} <= cuts  # first and last write of a (cuts 3, 21) and of b
+    assert len([c for c in cuts if 3 <= c <= 22]) == 8
+
+
+def test_a_cap_covers_every_mode_and_the_first_tier_first():
+    ops, blobs = _record(("create", ".tmp"), *(("write", ".tmp", b"ab", 2 * n) for n in range(6)),
+                         ("rename", ".tmp", "ckpt"), ("fsyncdir", ""))
+    specs = plan_states(ops, 0, ["kill", "torn", "lose_unsynced"], seed=0).specs
+    chosen = sample_specs(specs, 9, seed=0)
+    assert [s.mode for s in chosen].count("kill") == 3
+    assert {s.mode for s in chosen} == {"kill", "torn", "lose_unsynced"}
+    assert all(s.tier == 0 for s in chosen)
+    assert chosen == [s for s in specs if s in chosen]  # in their order
+    assert coverage(chosen, specs).startswith("kill 3/")
+
+
+def test_a_200_mb_save_enumerates_without_a_copy_of_its_bytes(tmp_path):
+    """Two ranks write a 100 MB file each, interleaved 1 MiB at a time, then publish:
+    every state is planned, built and hashed, yet memory stays far below one file."""
+    mib = 1 << 20
+    blob = tmp_path / "blobs"
+    with open(blob, "wb") as out:  # the blob file of such a recording: sparse, 200 MB
+        out.truncate(200 * mib)
+    ops = [{"ev": "fs", "t": 0.0, "op": "create", "path": f"r{r}.tmp"} for r in (0, 1)]
+    for n in range(100):
+        for r in (0, 1):
+            ops.append({"ev": "fs", "t": len(ops) * 1.0, "op": "write", "path": f"r{r}.tmp",
+                        "offset": n * mib, "size": mib, "blob": [(2 * n + r) * mib, mib]})
+    for r in (0, 1):
+        ops += [{"ev": "fs", "t": len(ops) * 1.0, "op": "fsync", "path": f"r{r}.tmp"},
+                {"ev": "fs", "t": len(ops) + 0.5, "op": "rename", "path": f"r{r}.tmp",
+                 "to": f"r{r}.pt"}]
+    tracemalloc.start()
+    found = plan_states(ops, 0, ["kill", "torn", "lose_unsynced"], seed=0)
+    states = built = 0
+    distinct = set()
+    for state in build_states(ops, Blobs(blob), 0, found.specs):
+        states += 1
+        built += sum(1 for e in state.image.values() if e[0] == "file")
+        assert all(isinstance(e[1], Content) for e in state.image.values() if e[0] == "file")
+        distinct.add(state.digest)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert states == len(found.specs) > 100 and found.total > 2000
+    assert len(distinct) > 20 and built > states  # zeros: equal bytes, one image
+    assert peak < 32 * mib, f"{peak / mib:.0f} MiB at the peak"

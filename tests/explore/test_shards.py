@@ -184,8 +184,9 @@ def test_merged_crash_states_equal_the_unsharded_sweep(tmp_path) -> None:
     whole = _cli(*common, "--out", str(tmp_path / "whole"), "--junitxml",
                  str(tmp_path / "whole.xml"), *job, cwd=tmp_path)
     assert whole.returncode == 0, whole.stdout + whole.stderr
-    summary = re.search(r"save 2: (\d+) of (\d+) crash states judged \((\d+) distinct folder"
-                        r" images\), (\d+) recoveries run, 0 broke", whole.stdout)
+    summary = re.search(r"save 2: (\d+) of (\d+) crash states judged \(\d+ at the chosen"
+                        r" cuts, \d+ built; (\d+) distinct folder images\), (\d+) recoveries"
+                        r" run, 0 broke", whole.stdout)
     assert summary, whole.stdout
     judged, _total, images, recoveries = map(int, summary.groups())
     reports = [json.loads(p.read_text())
