@@ -17,6 +17,12 @@ the harness and rolls back to the newest verified checkpoint (at most
 ``--max-rollbacks`` times, then it crashes). ``--no-sdc-defences`` turns them
 all off: the undefended target the harness must flag.
 
+``--state-mb MB`` gives every rank MB megabytes more training state (a stand-in
+for the parameter and optimizer shards a large model keeps per rank), saved by
+each rank into its own file (``rank<R>-step-<N>.pt``, written atomically) before
+rank 0 publishes the step: checkpoints of the sizes real jobs write, for the
+harness's benchmarks (``bench/crashstates_scale.py``).
+
 ``--bug NAME`` plants exactly one recovery bug, for the harness to find:
 
 - ``write_in_place``: torch.save straight into ``ckpt/latest.pt``, no temp file,
@@ -104,6 +110,9 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(p)
     p.add_argument("--bug", choices=BUGS, default="none")
+    p.add_argument("--state-mb", type=float, default=0.0, metavar="MB",
+                   help="MB of extra training state per rank, each rank saving its own file"
+                        " (default 0: rank 0 writes one file)")
     p.add_argument("--replica-check-every", type=int, default=5, metavar="K",
                    help="compare the replicas' weight hashes every K steps (0: only before"
                         " saves)")
@@ -124,8 +133,11 @@ def update_manifest(
 ) -> None:
     entry = {"step": step, "file": name, "sha256": digest}
     for dropped in publish_in_manifest(directory, entry, "file", keep, sync):
-        if os.path.exists(os.path.join(directory, dropped)):
-            os.remove(os.path.join(directory, dropped))
+        step_of = dropped.removeprefix("step-")
+        for name in [dropped, *(f for f in os.listdir(directory)
+                                if f.startswith("rank") and f.endswith(f"-step-{step_of}"))]:
+            if os.path.exists(os.path.join(directory, name)):
+                os.remove(os.path.join(directory, name))
 
 
 def write_checkpoint(state: dict[str, Any], args: argparse.Namespace) -> None:
@@ -162,6 +174,7 @@ class Trainer:
     data_pos: int = 0  # equals step unless a bug (off_by_one) shifts the data
     resumes: int = 0  # how often training resumed from a checkpoint (kept in it)
     loss: float = float("nan")
+    extra: torch.Tensor | None = None  # --state-mb: this rank's own state, its own file
 
     def parts(self) -> dict[str, Any]:
         return {"model": self.inner, "optim": self.optim, "sched": self.sched}
@@ -171,6 +184,11 @@ def save(t: Trainer) -> None:
     """Collective: every rank contributes its RNG state, rank 0 writes."""
     rngs: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(rngs, rng_state(t.device))
+    if t.extra is not None:  # every rank's own file, complete before the step is published
+        name = f"rank{dist.get_rank()}-step-{t.step:06d}.pt"
+        atomic_write(t.args.ckpt_dir, name, lambda out: torch.save(t.extra, out),
+                     t.args.bug != "no_fsync")
+        dist.barrier()
     if dist.get_rank() == 0:
         state = {k: v.state_dict() for k, v in t.parts().items()}
         state.update(step=t.step, loss=t.loss, data_pos=t.data_pos, resumes=t.resumes,
@@ -217,6 +235,9 @@ def resume(t: Trainer) -> bool:
     if t.args.bug != "skip_rng":
         set_rng_state(state["rng"][dist.get_rank()], t.device)
     t.step, t.loss = state["step"], state["loss"]
+    if t.extra is not None:
+        own = os.path.join(t.args.ckpt_dir, f"rank{dist.get_rank()}-step-{t.step:06d}.pt")
+        t.extra = torch.load(own, map_location="cpu", weights_only=True)
     t.data_pos = state["data_pos"] + (1 if t.args.bug == "off_by_one" else 0)
     if t.args.bug == "resume_twice":
         t.data_pos += state.get("resumes", 0)
@@ -252,6 +273,8 @@ def train_step(t: Trainer) -> None:
     t.optim.step()
     t.sched.step()
     t.step, t.data_pos, t.loss = step, pos, loss.item()
+    if t.extra is not None:  # the extra state changes every step, as real state does
+        t.extra[step % t.extra.numel()] += 1.0
 
 
 def go_it_alone(t: Trainer) -> None:
@@ -278,7 +301,11 @@ def setup(args: argparse.Namespace) -> Trainer:
                                     find_unused_parameters=True)
     optim = torch.optim.AdamW(model.parameters(), lr=3e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_lambda(args.steps))
-    return Trainer(args, device, inner, model, optim, sched)
+    trainer = Trainer(args, device, inner, model, optim, sched)
+    if args.state_mb > 0:
+        generator = torch.Generator().manual_seed(args.seed * 1000 + dist.get_rank())
+        trainer.extra = torch.rand(int(args.state_mb * (1 << 20)) // 4, generator=generator)
+    return trainer
 
 
 def main() -> None:

@@ -21,8 +21,9 @@
    history after it (as a restart that found this folder). A state that does not
    pass gets a replay file with the nearest chaos-run fault (its rank's last file
    event before the crash), and its report lists the save's operations up to it;
-   the recovery's run folder keeps what rebuilds the image it started from
-   (`image.json`: `python -m chaos.explore.crashstates image.json DIR`).
+   the recovery's folder keeps what rebuilds the image it started from
+   (`image.json`: `python -m chaos.explore.crashstates image.json DIR`), not the
+   checkpoint folder itself (GBs per recovery), which goes once it ended.
 
 A recovery that dies is restarted once (`--max-restarts 1`, no relaunch): the
 same resume dying the same way twice is a certain failure; waiting for every
@@ -306,6 +307,10 @@ def _recover(scenario: Scenario, reference: Reference, run_dir: Path, folder: st
                   fill=lambda into: materialise(state.image, into / folder, state.order)).run()
     history = History.of_run(chaos_dir)
     view = recovery_view(history.of("fs", "fs_read"))
+    checkpoints = chaos_dir / folder
+    if folder != "." and checkpoints.is_dir() and not checkpoints.is_symlink():
+        # a copy of GBs per recovery; IMAGE_FILE rebuilds what it started from
+        shutil.rmtree(checkpoints)
     return Recovery(chaos_dir, outcome, history, view, view_key(state.image, view))
 
 

@@ -195,6 +195,12 @@ def test_merged_crash_states_equal_the_unsharded_sweep(tmp_path) -> None:
     assert all(r["verdict"] == "pass" for r in reports)
     assert {r["crash_state"].split()[0] for r in reports} == {"kill", "torn", "power"}
     assert len({r["run_dir"] for r in reports}) == recoveries  # each serves many states
+    # a recovery keeps what rebuilds its image (extents of the recording), not a copy
+    first = sorted((tmp_path / "whole" / "recoveries").iterdir())[0]
+    assert not (first / "chaos" / "ckpt").exists()
+    rebuilt = subprocess.run([sys.executable, "-m", "chaos.explore.crashstates",
+                              str(first / "image.json"), str(tmp_path / "rebuilt")])
+    assert rebuilt.returncode == 0 and (tmp_path / "rebuilt" / "manifest.json").is_file()
     shards = [_cli(*common, "--shard", f"{i}/2", "--out", str(tmp_path / f"shard-{i}"), *job,
                    cwd=tmp_path) for i in (1, 2)]
     for shard in shards:

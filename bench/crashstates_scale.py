@@ -1,0 +1,157 @@
+"""Crash states at the checkpoint sizes people train with, side by side in one run.
+
+The bundled target (2 ranks, gloo, 20 steps, a checkpoint every 5) with
+`--state-mb MB`: every rank saves MB megabytes of its own state into its own
+file at every save. For each size, each from a cold cache:
+
+- `torchchaos crashpoints --save 2` (one recording, crash states from it, one
+  recovery per distinct view): wall time to full coverage of save 2 (every
+  state at the chosen cuts judged), the state counts of its summary, peak RSS of
+  the harness and of the FUSE daemons (sampled every 0.1 s), disk under --out
+  and the cache;
+- `torchchaos crashpoints --per-point --cap N` (one whole chaos run per file
+  event): seconds per point;
+- ckpt-chaos 0.1.8 (the peer on the package registry; it reruns the job for
+  every crash point), `--max-points N`: seconds per point (`--peer` to include).
+
+    python bench/crashstates_scale.py [--sizes 1,30,300,1024] [--points 3] [--peer]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import venv
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = REPO / "targets" / "ddp_lm.py"
+JOB = ["--steps", "20", "--ckpt-every", "5"]
+PEER = "ckpt-chaos==0.1.8"
+MIB = 1 << 20
+
+
+def rss_of(pid: int) -> int:
+    """Resident bytes of a process now (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def fuse_daemons() -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"faults.faultfs" in cmd:
+                found.append(int(entry))
+    return found
+
+
+def watched(cmd: list[str], cwd: Path) -> tuple[float, str, int, int]:
+    """Run `cmd` (exit 0 or 1: a verdict); seconds, output, peak RSS of it and of the
+    largest FUSE daemon, sampled."""
+    started = time.monotonic()
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, text=True)
+        peak = daemon = 0
+        while proc.poll() is None:
+            peak = max(peak, rss_of(proc.pid))
+            daemon = max([daemon, *(rss_of(p) for p in fuse_daemons())])
+            time.sleep(0.1)
+        seconds = time.monotonic() - started
+        out.seek(0)
+        text = out.read()
+    if proc.returncode not in (0, 1):
+        sys.exit(f"{cmd[:4]} failed ({proc.returncode}):\n{text[-3000:]}")
+    return seconds, text, peak, daemon
+
+
+def disk(*paths: Path) -> int:
+    """Bytes on disk under the paths together (a hard link counted once)."""
+    done = subprocess.run(["du", "-sck", *map(str, paths)], capture_output=True, text=True)
+    return int(done.stdout.strip().splitlines()[-1].split()[0]) * 1024
+
+
+def states(work: Path, mb: float) -> dict:
+    out, cache = work / f"states-{mb:g}", work / f"states-{mb:g}-cache"
+    seconds, text, peak, daemon = watched(
+        [sys.executable, "-m", "chaos.cli", "crashpoints", "--save", "2", "--out", str(out),
+         "--cache-dir", str(cache), "--", str(TARGET), *JOB, "--state-mb", f"{mb:g}"], work)
+    line = re.search(r"^save 2: .*$", text, re.M)
+    if not line:
+        sys.exit(f"no summary in torchchaos's output:\n{text[-3000:]}")
+    return {"seconds": seconds, "summary": line.group(0), "harness_rss": peak,
+            "daemon_rss": daemon, "out": disk(out), "cache": disk(cache),
+            "together": disk(out, cache)}
+
+
+def per_point(work: Path, mb: float, points: int) -> dict:
+    out = work / f"points-{mb:g}"
+    seconds, text, peak, _ = watched(
+        [sys.executable, "-m", "chaos.cli", "crashpoints", "--per-point", "--cap", str(points),
+         "--save", "2", "--out", str(out), "--cache-dir", str(out) + "-cache", "--",
+         str(TARGET), *JOB, "--state-mb", f"{mb:g}"], work)
+    line = re.search(r"^\d+ of \d+ points run.*$", text, re.M)
+    return {"seconds": seconds, "summary": line.group(0) if line else text[-500:],
+            "harness_rss": peak}
+
+
+def peer(work: Path, mb: float, points: int) -> dict:
+    env_dir = work / "peer-venv"
+    if not env_dir.exists():
+        venv.create(env_dir, with_pip=True, system_site_packages=True)  # torch from here
+        subprocess.run([env_dir / "bin" / "pip", "install", "-q", PEER], check=True)
+    seconds, text, peak, _ = watched(
+        [str(env_dir / "bin" / "ckpt-chaos"), "run", "--ranks", "2", "--step-regex",
+         r"resumed from \S+ at step (\d+)", "--max-points", str(points), "--work",
+         str(work / f"peer-{mb:g}"), "--", str(env_dir / "bin" / "python"), str(TARGET), *JOB,
+         "--state-mb", f"{mb:g}", "--ckpt-dir", "{out}"], work)
+    rows = re.findall(r"^(?:#\d+ |no crash \(control\))", text, re.M)
+    return {"seconds": seconds, "summary": f"{len(rows)} points", "harness_rss": peak}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1,30,300,1024",
+                        help="MB of state per rank, comma-separated (default 1,30,300,1024)")
+    parser.add_argument("--points", type=int, default=3,
+                        help="points for --per-point and ckpt-chaos (default 3)")
+    parser.add_argument("--peer", action="store_true", help="also run ckpt-chaos 0.1.8")
+    parser.add_argument("--no-per-point", action="store_true")
+    parser.add_argument("--work", type=Path, default=None)
+    ns = parser.parse_args()
+    work = ns.work or Path(tempfile.mkdtemp(prefix="torchchaos-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    for mb in (float(s) for s in ns.sizes.split(",")):
+        found = states(work, mb)
+        print(f"{mb:g} MB per rank: crash states to full coverage of save 2 in"
+              f" {found['seconds']:.1f} s; harness peak RSS {found['harness_rss'] / MIB:.0f}"
+              f" MiB, FUSE daemon {found['daemon_rss'] / MIB:.0f} MiB; disk --out"
+              f" {found['out'] / MIB:.0f} MiB, cache {found['cache'] / MIB:.0f} MiB, both"
+              f" {found['together'] / MIB:.0f} MiB\n  {found['summary']}", flush=True)
+        if not ns.no_per_point:
+            points = per_point(work, mb, ns.points)
+            print(f"  --per-point: {points['seconds']:.1f} s ({points['summary']});"
+                  f" harness peak RSS {points['harness_rss'] / MIB:.0f} MiB", flush=True)
+        if ns.peer:
+            theirs = peer(work, mb, ns.points)
+            print(f"  {PEER}: {theirs['seconds']:.1f} s ({theirs['summary']})", flush=True)
+    print(f"work: {work}")
+
+
+if __name__ == "__main__":
+    main()
