@@ -31,7 +31,10 @@ STACK_SIGNAL = signal.SIGRTMIN + 6  # real-time: no target or library uses it fo
 PY_SPY_SECONDS = 10.0
 FAULTHANDLER_SECONDS = 2.0
 
-PY_SPY_THREAD = re.compile(r'^Thread \S+ \((?:idle|active|gil)[^)]*\): "(?P<name>[^"]*)"')
+PY_SPY_PROCESS = re.compile(r"^Process (?P<pid>\d+):")
+# py-spy names a thread ("MainThread") only when the target imported `threading`
+PY_SPY_THREAD = re.compile(
+    r'^Thread (?P<id>\S+) \((?:idle|active|gil)[^)]*\)(?:: "(?P<name>[^"]*)")?')
 PY_SPY_FRAME = re.compile(r"^\s+(?P<func>\S+) \((?P<file>.+?):(?P<line>\d+)\)")
 FH_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
 FH_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>\S+)')
@@ -117,9 +120,14 @@ def _faulthandler(pid: int, path: Path) -> str:
 def threads(text: str) -> list[tuple[str, list[Frame]]]:
     """(thread name, frames innermost first) from a py-spy or faulthandler dump."""
     found: list[tuple[str, list[Frame]]] = []
+    pid = ""
     for line in text.splitlines():
-        if m := PY_SPY_THREAD.match(line):
-            found.append((m["name"], []))
+        if m := PY_SPY_PROCESS.match(line):
+            pid = m["pid"]
+        elif m := PY_SPY_THREAD.match(line):
+            # the main thread's id is the process's own: py-spy leaves it unnamed in a
+            # script that never imported threading (a plain interpreter in a venv)
+            found.append((m["name"] or ("MainThread" if m["id"] == pid else ""), []))
         elif FH_THREAD.match(line):
             found.append(("", []))
         elif found and (m := PY_SPY_FRAME.match(line) or FH_FRAME.match(line)):

@@ -145,6 +145,16 @@ def test_py_spy_takes_the_stack_of_a_running_or_stopped_process(tmp_path, sleepe
     assert stacks.summarize(text).startswith("wait_for_peers (sleeper.py:")
 
 
+def test_the_main_thread_is_found_by_its_id_where_py_spy_gives_no_name():
+    """py-spy names threads only in a target that imported `threading` (a plain script
+    in a venv does not): the main thread is then the one whose id is the process's."""
+    text = ("Process 21792: /tmp/v0/bin/python sleeper.py\nPython v3.11.7\n\n"
+            "Thread 21795 (idle)\n    helper (sleeper.py:3)\n"
+            "Thread 21792 (idle)\n    wait_for_peers (sleeper.py:9)\n    run (sleeper.py:12)\n")
+    assert [f.func for f in stacks.main_thread(text)] == ["wait_for_peers", "run"]
+    assert stacks.summarize(text).startswith("wait_for_peers (sleeper.py:9)")
+
+
 def test_a_process_without_the_agent_is_never_sent_the_stack_signal(monkeypatch):
     """A torchrun agent has no handler for STACK_SIGNAL, whose default action kills."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
