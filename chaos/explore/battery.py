@@ -5,11 +5,12 @@ battery fits any training script: kills land mid-interval (between two
 checkpoints), the in-save kills hit the second save of the rank that writes
 checkpoints at its first write and its first rename, the file that save
 writes last is torn (cut in half, in the rank, then its node dies), a power
-loss lands right after that rename, and the preemption lands where a save is
-not due anyway. The power loss goes to the folder the save writes in (the
-fault filesystem is mounted there); a job whose save writes in several
-top-level folders of the run directory gets no power-loss row, and a
-progress line says why.
+loss lands right after that rename (one step after the save where it renames
+nothing), and the preemption lands where a save is not due anyway. The power
+loss goes to the folder the save writes in (the fault filesystem is mounted
+there). A row the job gives no place for (no rename, a save in several
+top-level folders of the run directory, no FUSE) is left out, and a progress
+line says which and why.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def plan(base: Scenario, cache_dir: Path, progress: Progress) -> list[Entry]:
     entries = [Entry(f"kill rank {rank} at step {mid}", f"kill:rank={rank},step={mid}")
                for rank in sorted({0, last_rank})]
     entries.append(Entry(f"kill node 0 at step {mid}", f"kill:node=0,step={mid}"))
-    entries.extend(_in_save_kills(history, writer))
-    entries.extend(_torn_last_write(history, writer))
+    entries.extend(_in_save_kills(history, writer, progress))
+    entries.extend(_torn_last_write(history, writer, progress))
     entries.extend(_power_losses(history, writer, progress))
     entries.append(Entry(f"preempt rank 0 (SIGTERM) at step {mid}",
                          f"kill:rank=0,step={mid},signal=SIGTERM,grace=30"))
@@ -78,9 +79,10 @@ def _save_events(history: History, writer: int, save: int) -> list[Event]:
     return [e for e in history.of("file") if e["rank"] == writer and e.get("save") == save]
 
 
-def _in_save_kills(history: History, writer: int) -> list[Entry]:
+def _in_save_kills(history: History, writer: int, progress: Progress) -> list[Entry]:
     """Kills inside the writer's 2nd save: mid-write (a torn file) and after the first
-    rename (a published name), the two crash points that break most protocols."""
+    rename (a published name), the two crash points that break most protocols. A row
+    the save gives no place for is left out, with a progress line that says so."""
     events = _save_events(history, writer, 2)
     entries = []
     for op, what in (("write", "mid-write"), ("rename", "right after a rename")):
@@ -89,10 +91,13 @@ def _in_save_kills(history: History, writer: int) -> list[Entry]:
             entries.append(Entry(f"kill rank {writer} {what} in its 2nd save",
                                  f"kill:rank={writer},phase=checkpoint_save,save=2,"
                                  f"event={index}"))
+        else:
+            progress(f"no 'kill {what}' row in the battery: rank {writer}'s 2nd save makes no"
+                     f" {op} the agent saw" + ("" if events else " (it saw no save 2 at all)"))
     return entries
 
 
-def _torn_last_write(history: History, writer: int) -> list[Entry]:
+def _torn_last_write(history: History, writer: int, progress: Progress) -> list[Entry]:
     """The newest file of the writer's 2nd save cut in half, then its node killed. An
     atomic protocol wrote it under a temporary name, so nothing published is harmed;
     one that overwrites in place has just lost its checkpoint. Torn in the rank
@@ -100,6 +105,8 @@ def _torn_last_write(history: History, writer: int) -> list[Entry]:
     index = next((e["index"] for e in reversed(_save_events(history, writer, 2))
                   if e["op"] == "write"), None)
     if index is None:
+        progress(f"no torn-write row in the battery: rank {writer}'s 2nd save makes no write"
+                 " the agent saw")
         return []
     return [Entry(f"tear rank {writer}'s last write in its 2nd save",
                   f"storage:mode=torn,via=agent,rank={writer},phase=checkpoint_save,save=2,"
@@ -109,12 +116,17 @@ def _torn_last_write(history: History, writer: int) -> list[Entry]:
 def _power_losses(history: History, writer: int, progress: Progress) -> list[Entry]:
     """A power loss right after the first rename of the writer's 2nd save: the new name
     is published, and only fsyncs of the file and its folder make it (and the save
-    before) survive. Needs the fault filesystem; left out where FUSE is missing, and
-    where the save does not write in one folder of the run directory to mount it on."""
-
+    before) survive. A save that renames nothing (written in place: nanoGPT, the DDP
+    tutorial, HF Trainer) gets its power loss one step after it ended, before the next
+    save: what it wrote survives only if it was fsynced. Needs the fault filesystem;
+    left out, with a progress line that says why, where FUSE is missing and where the
+    save does not write in one folder of the run directory to mount it on."""
+    if reason := get_kind("storage").unavailable_reason():
+        progress(f"no power loss in the battery: {reason}")
+        return []
     events = _save_events(history, writer, 2)
-    index = next((e["index"] for e in events if e["op"] == "rename"), None)
-    if index is None or get_kind("storage").unavailable_reason():
+    if not events:
+        progress(f"no power loss in the battery: the agent saw no 2nd save of rank {writer}")
         return []
     folder = history.checkpoint_dir(2)
     if folder is None:
@@ -124,9 +136,21 @@ def _power_losses(history: History, writer: int, progress: Progress) -> list[Ent
         progress(f"no power loss in the battery: the 2nd save writes in {shown}, not in one"
                  " folder of the run directory that the fault filesystem can be mounted over")
         return []
-    return [Entry(f"power loss on rank {writer} after a rename in its 2nd save",
-                  f"storage:mode=lose_unsynced,rank={writer},phase=checkpoint_save,save=2,"
-                  f"event={index}{dir_param(folder)}")]
+    index = next((e["index"] for e in events if e["op"] == "rename"), None)
+    if index is not None:
+        return [Entry(f"power loss on rank {writer} after a rename in its 2nd save",
+                      f"storage:mode=lose_unsynced,rank={writer},phase=checkpoint_save,"
+                      f"save=2,event={index}{dir_param(folder)}")]
+    saved = max((e["after_step"] for e in history.of("save_begin")
+                 if e.get("rank") == writer and e.get("save") == 2), default=None)
+    if saved is None or saved + 1 > history.final_step():
+        progress("no power loss in the battery: the 2nd save renames nothing, and no step"
+                 " follows it to put a power loss after it")
+        return []
+    return [Entry(f"power loss at step {saved + 1}, after rank {writer}'s 2nd save (which"
+                  " renames nothing) ended",
+                  f"storage:mode=lose_unsynced,rank={writer},step={saved + 1}"
+                  f"{dir_param(folder)}")]
 
 
 def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: Path,

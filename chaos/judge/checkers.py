@@ -103,6 +103,9 @@ def _failed_resume(ev: Evidence) -> str | None:
     what = f"it read {read[-1]} and" if read else "it"
     failed = (f"resume failed on rank {events[0]['rank']} (pid {pid}): {what} died before its"
               f" first step; {why}")
+    if lost := lost_checkpoint(ev):  # before blaming the writer: a write was in progress?
+        return (f"a power loss damaged the finished checkpoint of step {lost.step}"
+                f" ({lost.describe()}), and the resume failed on it ({failed})")
     if read and _written_in_place(ev, read[-1]):
         return (f"the checkpoint is written in place: a crash in the middle of the write"
                 f" left no loadable checkpoint ({failed})")
@@ -481,6 +484,67 @@ def _fired_at(ev: Evidence, effect: Event) -> float:
     return min(fired, default=effect["t"])
 
 
+@dataclass
+class LostCheckpoint:
+    """What a power loss took of a checkpoint the job had finished before it: files
+    whose data went back to their last fsync (empty if never fsynced), and names it
+    undid (their folder's entry never fsynced)."""
+
+    step: int
+    emptied: list[str]
+    removed: list[str]
+
+    def describe(self) -> str:
+        parts = []
+        if self.emptied:
+            its, file = ("their", "each file") if len(self.emptied) > 1 else ("its", "the file")
+            parts.append(f"reverted {_listed(self.emptied)} to {its} last fsync ({its} data was"
+                         f" never fsynced: fsync {file} before it is published)")
+        if self.removed:
+            parts.append(f"undid {_listed(self.removed)} (the folder was never fsynced after"
+                         " the file was created or renamed there: fsync the folder)")
+        return f"the power loss {' and '.join(parts)}"
+
+
+def _listed(paths: list[str]) -> str:
+    return ", ".join(paths[:4]) + (f" and {len(paths) - 4} more" if len(paths) > 4 else "")
+
+
+def lost_checkpoint(ev: Evidence) -> LostCheckpoint | None:
+    """The newest finished checkpoint a power loss of this run damaged, if any: a file
+    its saves wrote or renamed into place among what the loss reverted or removed."""
+    for loss in ev.chaos.of("fs_crash"):
+        if not loss.get("lose_unsynced"):
+            continue
+        fired = _fired_at(ev, loss)
+        finished = set(_finished_checkpoints(ev, fired))
+        files = _checkpoint_files(ev, finished, fired)
+        for step in sorted(finished, reverse=True):
+            emptied = [p for p in loss.get("reverted_files", []) if _one_of(p, files[step])]
+            removed = [p for p in loss.get("removed", []) if _one_of(p, files[step])]
+            if emptied or removed:
+                return LostCheckpoint(step, emptied, removed)
+    return None
+
+
+def _checkpoint_files(ev: Evidence, steps: set[int], before: float) -> dict[int, set[str]]:
+    """The paths (relative to the run directory) that the saves of each step wrote or
+    renamed into place and no later save wrote again before `before` (what a power
+    loss then reverts of such a path may be the later save's bytes, not the step's)."""
+    begins = {(e["pid"], e["save"]): e.get("after_step") for e in ev.chaos.of("save_begin")}
+    last_writer: dict[str, int | None] = {}
+    for e in ev.chaos.of("file"):
+        if e["t"] < before and e["op"] in ("open", "write", "rename", "replace"):
+            last_writer[e["path"]] = begins.get((e["pid"], e.get("save")))
+    return {step: {p for p, s in last_writer.items() if s == step} for step in steps}
+
+
+def _one_of(dropped: str, paths: set[str]) -> bool:
+    """Is `dropped` (relative to the fault filesystem's folder) one of `paths`
+    (relative to the run directory, which holds that folder)?"""
+    return any(p == dropped or p.endswith("/" + dropped) for p in paths)
+
+
 def durable_checkpoints(ev: Evidence) -> CheckResult:
     """A checkpoint the target had finished before a power loss survives it."""
     losses = [e for e in ev.chaos.of("fs_crash") if e.get("lose_unsynced")]
@@ -489,6 +553,15 @@ def durable_checkpoints(ev: Evidence) -> CheckResult:
     for loss in losses:
         saved = _finished_checkpoints(ev, _fired_at(ev, loss))
         after = [r for r in ev.recoveries if r.started > loss["t"]]
+        if saved and (not after or after[0].restored_step is None) and (
+                lost := lost_checkpoint(ev)):
+            # the commonest real power loss: the name survived, its bytes did not
+            return CheckResult(False, f"the checkpoint saved after step {lost.step} was"
+                                      " finished before the power loss (training went on)"
+                                      f" but did not survive it: {lost.describe()}; the"
+                                      " resume then failed on what was left",
+                               {"newest_finished": lost.step, "restored": None,
+                                "dropped": sorted(lost.emptied + lost.removed)})
         if not saved or not after or after[0].restored_step is None:
             continue  # nothing finished yet, or the resume failed: other checks say why
         newest, restored = max(saved), after[0].restored_step

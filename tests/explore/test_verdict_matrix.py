@@ -97,7 +97,11 @@ class Bug:
 
     @property
     def retries(self) -> dict[str, int]:
-        return {"max_restarts": 1, "max_relaunches": 0} if self.crashes_on_resume else {}
+        if not self.crashes_on_resume:
+            return {}
+        if self.needs_faultfs:  # a power loss takes the whole job: it needs a relaunch
+            return {"max_restarts": 0, "max_relaunches": 1}
+        return {"max_restarts": 1, "max_relaunches": 0}
 
 
 BUGS = {
@@ -140,6 +144,12 @@ BUGS = {
         OnEvent("kill", 0, "*", "*model-000008*"), "atomic_recovery",
         "with --keep 1, save 2 removes step 4's files before writing step 8's; rank 0"
         " dies there and trainer_state.json names files that are gone",
+        crashes_on_resume=True),
+    ("flat_files", "no_file_fsync"): Bug(
+        "storage:mode=lose_unsynced,rank=0,step=6,dir=state", "durable_checkpoints",
+        "power loss at step 6, after save 1 (step 4) finished: its files were renamed into"
+        " place and the folder fsynced, never a file; the names survive without their"
+        " bytes and the resume dies on them", words=("fsync each file",),
         crashes_on_resume=True),
     ("folder_publish", "unpublished_pick"): Bug(
         OnEvent("kill", 0, "write", "*tmp-step-8/*"), "atomic_recovery",

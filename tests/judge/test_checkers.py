@@ -620,3 +620,65 @@ def test_a_restore_that_matches_nothing_this_run_had_is_still_torn():
     restart_onto(timeline, attempt=1, params="torn", optim="torn")
     atomic = checkers.atomic_recovery(evidence(timeline.history(), reference(14)))
     assert atomic.ok is False and "matches no step of the reference (torn" in atomic.detail
+
+
+def _in_place_save_then_power_loss(later_save_wrote: bool) -> Timeline:
+    """nanoGPT's way: rank 0 saves out/ckpt.pt in place every 10 steps and never
+    fsyncs. Save 1 finished at step 10 and training went on; at step 14 the power goes
+    out and the file goes back to its last fsync (empty: never). `later_save_wrote`:
+    save 2 had begun rewriting the file first (then what was reverted was its bytes)."""
+    timeline = Timeline()
+    timeline.train(2, range(1, 11), save_every=0)
+    timeline.add("save_begin", save=1, after_step=10, **timeline.proc(0))
+    for op in ("open", "write"):
+        timeline.add("file", op=op, path="out/ckpt.pt", save=1, index=1, **timeline.proc(0))
+    timeline.add("save_end", save=1, ended="step", **timeline.proc(0))
+    if later_save_wrote:
+        timeline.train(2, range(11, 21), save_every=0)
+        timeline.add("save_begin", save=2, after_step=20, **timeline.proc(0))
+        timeline.add("file", op="open", path="out/ckpt.pt", save=2, index=1,
+                     **timeline.proc(0))
+    else:
+        timeline.train(2, range(11, 15), save_every=0)
+    timeline.add("fault", id="f0-storage", kind="storage", step=14,
+                 spec="storage:mode=lose_unsynced", **timeline.proc(0))
+    timeline.add("fs_crash", lose_unsynced=True, fault="f0-storage", removed=[],
+                 reverted_files=["ckpt.pt"], restored=[])
+    relaunched = {"launch": 1, "attempt": 1}  # (attempt 1: pids of their own)
+    for rank in (0, 1):
+        timeline.add("boot", **timeline.proc(rank, **relaunched))
+    timeline.add("load", path="out/ckpt.pt", **timeline.proc(0, **relaunched))
+    timeline.add("exception", type="EOFError", message="Ran out of input",
+                 **timeline.proc(0, **relaunched))
+    return timeline
+
+
+def test_a_finished_checkpoint_a_power_loss_emptied_is_named_as_lost():
+    """Issue 30, items 1-2: the resume dies on the empty file. Before, durability
+    passed (it skipped failed resumes) and atomicity blamed a write in place, though
+    no write was in progress: the cause is the missing fsync."""
+    ref = Timeline()
+    ref.train(2, range(1, 21), save_every=10)
+    ev = evidence(_in_place_save_then_power_loss(False).history(), ref.history(),
+                  completed=False, exit_codes=[[1, 1]])
+    durable = checkers.durable_checkpoints(ev)
+    assert durable.ok is False, durable.detail
+    assert ("saved after step 10 was finished before the power loss" in durable.detail
+            and "reverted ckpt.pt to its last fsync" in durable.detail
+            and "fsync the file" in durable.detail)
+    atomic = checkers.atomic_recovery(ev)
+    assert atomic.ok is False and "written in place" not in atomic.detail
+    assert "a power loss damaged the finished checkpoint of step 10" in atomic.detail
+    assert "EOFError" in atomic.detail
+
+
+def test_a_power_loss_that_reverts_a_later_saves_bytes_blames_no_finished_checkpoint():
+    """The same file rewritten in place by save 2 when the power went out: what went
+    back was save 2's bytes; a kill-like tear of an in-place write, not a lost
+    checkpoint."""
+    ref = Timeline()
+    ref.train(2, range(1, 31), save_every=10)
+    ev = evidence(_in_place_save_then_power_loss(True).history(), ref.history(),
+                  completed=False, exit_codes=[[1, 1]])
+    assert checkers.lost_checkpoint(ev) is None
+    assert "written in place" in checkers.atomic_recovery(ev).detail
