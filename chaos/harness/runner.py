@@ -14,7 +14,6 @@ every fault and removes the namespaces.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import chaos
 from chaos import env
 from chaos.harness.hangwatch import STATE_ORDER, Hang, HangWatch
 from chaos.harness.nemesis import Nemesis
+from chaos.harness.repeats import COLLATERAL, ERROR_LINE, RepeatWatch
 from chaos.host import lifeline, netns, procs, stacks
 from chaos.host.mounts import mounts_under
 from chaos.host.netns import Network
@@ -45,8 +45,6 @@ INJECT_DIR = Path(__file__).resolve().parents[1] / "rank" / "_inject"  # sitecus
 PACKAGE_ROOT = Path(chaos.__file__).resolve().parent.parent
 POLL_SECONDS = 0.1
 STORE_PORT = 29400  # the rendezvous store's port on node 0 (torchrun's usual one)
-ERROR_LINE = re.compile(r"\b\w+(Error|Exception)\b: ")
-COLLATERAL = re.compile(r"Connection (reset|closed|refused)|Broken pipe|DistNetworkError")
 # Set to stop every Job of this process that is waiting (runs on threads of a parallel
 # sweep, which a Ctrl-C in the main thread does not reach): each raises
 # KeyboardInterrupt in its own thread, so its `finally` heals and reaps as usual.
@@ -64,6 +62,13 @@ def reset_cancel() -> None:
 
 
 @dataclass
+class GaveUp:
+    """The runner stops the job: waiting longer cannot change how it ends."""
+
+    reason: str
+
+
+@dataclass
 class JobOutcome:
     run_dir: Path
     completed: bool = False  # the last launch exited 0 on every node (or stopped as asked)
@@ -71,6 +76,7 @@ class JobOutcome:
     deadline_hit: bool = False
     hang: dict[str, Any] | None = None  # the hang detector's finding (then torn down)
     exit_codes: list[list[int | None]] = field(default_factory=list)  # per launch, per node
+    gave_up: str = ""  # why the runner stopped the job early (chaos.harness.repeats)
     wall_seconds: float = 0.0
     reaped: list[int] = field(default_factory=list)  # killed by the harness after the job ended
     leftovers: list[int] = field(default_factory=list)  # alive even after reaping: a harness bug
@@ -192,6 +198,7 @@ class Job:
         log = self._harness_log()
         t0 = time.monotonic()
         deadline = t0 + self.scenario.timeout
+        self.repeats = RepeatWatch(self.layout.run_dir)
         try:
             if self.start_from is not None:  # before a mount moves it into its backing store
                 shutil.copytree(self.start_from, self.layout.run_dir, symlinks=True,
@@ -212,6 +219,10 @@ class Job:
                 if isinstance(ended, Hang):
                     outcome.hang = self._capture_hang(ended, log)
                     codes = [p.poll() for p in self.nodes]
+                if isinstance(ended, GaveUp):
+                    outcome.gave_up = ended.reason
+                    log.record("gave_up", reason=ended.reason)
+                    self.progress(ended.reason)
                 outcome.exit_codes.append(codes)
                 log.record("job_exit", launch=launch, codes=codes, stopped=ended == "stopped")
                 if ended == "stopped":
@@ -221,8 +232,8 @@ class Job:
                     outcome.deadline_hit = True
                     log.record("deadline", seconds=self.scenario.timeout)
                     break
-                if outcome.hang is not None:
-                    break  # torn down below: a hung job is not requeued
+                if outcome.hang is not None or outcome.gave_up:
+                    break  # torn down below: a hung job, or one certain to die, is not requeued
                 if all(code == 0 for code in codes):
                     outcome.completed = True
                     break
@@ -298,10 +309,10 @@ class Job:
                 ))
 
     def _wait(self, deadline: float,
-              log: HistoryWriter) -> tuple[list[int | None], str | Hang]:
+              log: HistoryWriter) -> tuple[list[int | None], str | Hang | GaveUp]:
         """Wait until every node exited, one failed, every rank stopped as asked, the job
-        hung or the deadline passed. Returns the exit codes and "exited", "stopped",
-        "deadline" or the hang."""
+        hung, its resume died twice the same way or the deadline passed. Returns the exit
+        codes and "exited", "stopped", "deadline", the hang or why it gave up."""
         while True:
             if _CANCELLED.is_set():
                 raise KeyboardInterrupt("cancelled")
@@ -321,6 +332,8 @@ class Job:
                            launch=beat.launch, attempt=beat.attempt)
             if hang is not None:
                 return codes, hang
+            if why := self.repeats.poll(exits):
+                return codes, GaveUp(why)
             time.sleep(POLL_SECONDS)
 
     def _capture_hang(self, hang: Hang, log: HistoryWriter) -> dict[str, Any]:

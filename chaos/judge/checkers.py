@@ -40,6 +40,9 @@ def completes(ev: Evidence) -> CheckResult:
                                   f" {_secs(ev.hang['seconds'])} s; the harness tore it down")
     if ev.deadline_hit:
         return CheckResult(False, f"deadline of the run passed at step {reached} of {target}")
+    if gave_up := ev.chaos.of("gave_up"):
+        return CheckResult(False, f"job failed at step {reached} of {target} after {launches}"
+                                  f" launch(es): {gave_up[-1]['reason']}")
     if not ev.completed:
         tail = f"; last output: {ev.log_tail}" if ev.log_tail else ""
         return CheckResult(False, f"job failed at step {reached} of {target} after {launches}"

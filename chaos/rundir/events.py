@@ -78,6 +78,8 @@ EVENTS: dict[str, EventSpec] = {
     "hang": _e("harness", "no progress for the hang timeout",
                "seconds, timeout, stacks_dir, after_exit"),
     "deadline": _e("harness", "the run's deadline killed the job", "seconds"),
+    "gave_up": _e("harness", "the runner stopped a job whose resume died twice the same way"
+                  " (chaos.harness.repeats)", "reason"),
     "reaped": _e("harness", "processes the job left running were killed", "pids"),
     "nemesis_begin": _e("harness", "a harness fault was put in force",
                         "id, kind, window, seconds, and what the kind says of the cut"),

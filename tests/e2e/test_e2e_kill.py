@@ -98,6 +98,18 @@ def test_each_planted_bug_is_caught_by_its_check(chaos_run, bug):
     assert words in report.checks[check]["detail"], report.table()
 
 
+def test_a_resume_that_dies_the_same_way_twice_is_stopped_and_judged(chaos_run):
+    """Issue 30, item 7: with the default retries (3 restarts, 3 relaunches) a resume
+    that dies on a broken checkpoint was restarted 11 times (35 s here, over 90 s
+    elsewhere); the second identical death settles it."""
+    report = chaos_run(TARGET, faults=[BUGS["early_pointer"][0]],
+                       args=[*STEPS, "--bug", "early_pointer"], expect="fail")
+    assert report.restarts == 2, report.table()  # the kill's restart, then one more
+    completes = report.checks["completes"]["detail"]
+    assert "died twice in a row before its first step with the same error" in completes
+    assert report.checks["atomic_recovery"]["ok"] is False, report.table()
+
+
 @pytest.mark.slow  # tests/test_plugin.py sees the divergent step named too
 def test_deterministic_resume_names_the_first_divergent_step(chaos_run):
     report = chaos_run(TARGET, faults=["kill:rank=1,step=12"], args=[*STEPS, "--bug",
