@@ -272,13 +272,19 @@ def _what_was_not_restored(ev: Evidence, step: Event, ref: dict[str, str],
                            component: str) -> str:
     """The cause of a divergence in the user's words."""
     batch_differs = step["fp"].get("batch") != ref.get("batch")
-    if component.startswith("rng"):
-        names = component[component.find("(") + 1:-1]
+    names = component[component.find("(") + 1:-1] if component.startswith("rng") else ""
+    # the batches say it first: the batch of another step is a data position not
+    # restored (an epoch replayed, a sampler's epoch saved one short), whatever else
+    # differs; an RNG is only one way to get there
+    if batch_differs and (component == "data" or names) and (
+            other := _replayed_batch(ev, step)) is not None:
+        also = (f"; the RNG differs too ({names}): if the data order is drawn from it,"
+                " restore it" if names else "")
+        return (f"data position not restored: step {step['step']} was given the batch of"
+                f" step {other} (data replayed or skipped){also}")
+    if names:
         tail = "; the data order depends on it" if batch_differs else ""
         return f"RNG not restored ({names}{tail})"
-    if component == "data" and (other := _replayed_batch(ev, step)) is not None:
-        return (f"data position not restored: step {step['step']} was given the batch of"
-                f" step {other} (data replayed or skipped)")
     return f"{component} not restored"
 
 

@@ -430,6 +430,24 @@ def test_a_run_started_from_a_snapshot_is_a_recovery_not_proof_of_nondeterminism
     assert "RNG not restored (torch; the data order depends on it)" in result.detail
 
 
+def test_a_batch_of_another_step_names_the_data_position_before_the_rng():
+    """Issue 30, item 4: the PyTorch DDP tutorial saves the epoch one short and replays
+    it; its global RNG differs too (an unused per-iterator seed draw), and the verdict
+    read "RNG not restored", though step 11 trained on step 7's batch."""
+    replayed = {step: fp(step, **{"rng.torch": "drawn once more", "batch": f"batch@{step - 4}",
+                                  "params": "x"}) for step in range(11, 21)}
+    result = checkers.deterministic_resume(evidence(killed_and_resumed(fps=replayed).history()))
+    assert result.ok is False
+    assert result.detail.startswith("diverged from the reference at step 11 on rank")
+    assert ": data position not restored: step 11 was given the batch of step 7" in result.detail
+    assert "the RNG differs too (torch)" in result.detail
+    # a batch of no other step: the RNG (the data order drawn from it) is still named
+    fresh = {step: fp(step, **{"rng.torch": "other", "batch": "never seen", "params": "x"})
+             for step in range(11, 21)}
+    result = checkers.deterministic_resume(evidence(killed_and_resumed(fps=fresh).history()))
+    assert "RNG not restored (torch; the data order depends on it)" in result.detail
+
+
 def test_a_generator_the_reference_never_draws_from_is_never_the_culprit():
     """Defect 7: "rng" was blamed where the data was replayed."""
     ref = Timeline()
