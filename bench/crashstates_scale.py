@@ -29,6 +29,8 @@ import time
 import venv
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parent.parent
 TARGET = REPO / "targets" / "ddp_lm.py"
 JOB = ["--steps", "20", "--ckpt-every", "5"]
@@ -39,13 +41,9 @@ MIB = 1 << 20
 def rss_of(pid: int) -> int:
     """Resident bytes of a process now (0 once it is gone)."""
     try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+        return psutil.Process(pid).memory_info().rss
+    except psutil.Error:
+        return 0
 
 
 def fuse_daemons() -> list[int]:

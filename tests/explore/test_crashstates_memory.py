@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from conftest import REPO
 
@@ -21,14 +22,11 @@ LIMIT = 1536 << 20  # bytes of resident memory the harness may peak at (issue 29
 
 
 def _rss(pid: int) -> int:
+    """Resident bytes of a process now (0 once it is gone)."""
     try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+        return psutil.Process(pid).memory_info().rss
+    except psutil.Error:
+        return 0
 
 
 @pytest.mark.slow
