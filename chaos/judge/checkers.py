@@ -422,9 +422,12 @@ def _why_work_was_lost(ev: Evidence, rec: Recovery, steps: int) -> str:
 
 
 def _overwritten_checkpoint(ev: Evidence, rec: Recovery) -> str | None:
-    """A save after this recovery that wrote over a file of a newer checkpoint."""
+    """A save after this recovery that wrote over a file of a newer checkpoint: one that
+    existed, its save finished before the failure (a save killed or torn mid-write
+    left no checkpoint to overwrite)."""
     after = {(e["pid"], e["save"]): e.get("after_step") for e in ev.chaos.of("save_begin")}
-    newest: dict[str, int] = {}  # path -> the newest step a save before the recovery wrote
+    finished = set(_finished_checkpoints(ev, rec.failed_at))
+    newest: dict[str, int] = {}  # path -> the newest finished step a save before it wrote
     for e in ev.chaos.of("file", "fs_crash"):
         if e["ev"] == "fs_crash":  # what a power loss dropped is no checkpoint to overwrite
             lost = e.get("removed", []) + e.get("reverted_files", [])
@@ -434,7 +437,8 @@ def _overwritten_checkpoint(ev: Evidence, rec: Recovery) -> str | None:
         if step is None or e["op"] not in ("open", "write", "rename"):
             continue
         if e["t"] < rec.started:
-            newest[e["path"]] = max(step, newest.get(e["path"], 0))
+            if step in finished:
+                newest[e["path"]] = max(step, newest.get(e["path"], 0))
         elif newest.get(e["path"], 0) > step:
             return (f"a restart overwrote the newer checkpoint of step {newest[e['path']]}"
                     f" with an older state (step {step}) in {e['path']}")

@@ -522,6 +522,24 @@ def test_a_restart_from_zero_despite_a_committed_checkpoint_is_named():
             " in ckpt/step-10.pt") in result.detail
 
 
+def test_a_save_killed_mid_write_is_no_newer_checkpoint_a_restart_overwrote():
+    """Issue 30, item 5 (nanoGPT as shipped): the save of step 10 was killed mid-write
+    and never finished; the restart from step 0 then writes the same file at step 5.
+    There was no checkpoint of step 10 to overwrite: say what happened instead."""
+    timeline = Timeline()
+    timeline.train(2, range(1, 11), save_every=0)
+    timeline.add("save_begin", save=1, after_step=10, **timeline.proc(0))
+    timeline.add("file", op="open", path="out/ckpt.pt", save=1, index=1, **timeline.proc(0))
+    timeline.fault(0, 10)
+    timeline.train(2, range(1, 21), attempt=1, restored=0)
+    restart = next(e for e in timeline.events if e["ev"] == "save_begin" and e["attempt"] == 1)
+    timeline.events.append({**restart, "ev": "file", "op": "open", "index": 1,
+                            "path": "out/ckpt.pt", "t": restart["t"] + .2})
+    result = checkers.bounded_lost_work(evidence(timeline.history()))
+    assert result.ok is False and "redid 10 steps after the failure" in result.detail
+    assert "overwrote" not in result.detail, result.detail
+
+
 def judged(spec: str, chaos: Timeline):
     from chaos.report import verdict
     from chaos.scenario import schedule
