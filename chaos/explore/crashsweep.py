@@ -134,16 +134,16 @@ def sweep(base: Scenario, out_dir: Path, cache_dir: Path, progress: Progress, sa
     prepare_out_dir(out_dir)
     record = _recording(base, reference, cache_dir, out_dir, folder, save, progress)
     found, specs = planned_states(record, modes, base.seed, cap)
+    covers = coverage(specs, found.specs)
     numbers = shard.numbers(len(specs)) if shard else list(range(1, len(specs) + 1))
     progress(f"save {save}: {found.total} crash state(s) exist, {len(found.specs)} at the"
-             f" chosen cuts, {len(specs)} planned ({coverage(specs, found.specs)}); judging"
+             f" chosen cuts, {len(specs)} planned ({covers}); judging"
              f" {len(numbers)}" + (f" (shard {shard}: states {', '.join(map(str, numbers))})"
                                    if shard else ""))
     places = Places(record, save, folder)
     crashes = [places.crash(spec) for spec in specs]
     plan = [Entry(spec.detail, crash.spec) for spec, crash in zip(specs, crashes)]
-    result = Sweep(plan, numbers, found.total, len(found.specs),
-                   covers=coverage(specs, found.specs))
+    result = Sweep(plan, numbers, found.total, len(found.specs), covers=covers)
     scenario = dataclasses.replace(base, stop_after=steps_after, max_restarts=1,
                                    max_relaunches=0, faults=[],
                                    env={**base.env, env.RECOVERY: "1"})

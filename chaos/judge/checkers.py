@@ -563,11 +563,11 @@ def durable_checkpoints(ev: Evidence) -> CheckResult:
     losses = [e for e in ev.chaos.of("fs_crash") if e.get("lose_unsynced")]
     if not losses:
         return CheckResult(None, "no power loss in this run, durability not tested")
+    lost = lost_checkpoint(ev)
     for loss in losses:
         saved = _finished_checkpoints(ev, _fired_at(ev, loss))
         after = [r for r in ev.recoveries if r.started > loss["t"]]
-        if saved and (not after or after[0].restored_step is None) and (
-                lost := lost_checkpoint(ev)):
+        if saved and (not after or after[0].restored_step is None) and lost:
             # the commonest real power loss: the name survived, its bytes did not
             return CheckResult(False, f"the checkpoint saved after step {lost.step} was"
                                       " finished before the power loss (training went on)"
