@@ -248,7 +248,7 @@ def table(entries: list[Entry]) -> str:
     short = {"completes": "completes", "atomic_recovery": "atomic", "bounded_lost_work":
              "lost_work", "deterministic_resume": "bitwise", "durable_checkpoints": "durable",
              "no_orphans": "orphans", "sdc_detected": "sdc", "hang_detected": "hang",
-             "no_split_brain": "split"}
+             "no_split_brain": "split", "clean_exit": "exit"}
     width = max(len(e.name) for e in entries)
     header = f"{'scenario':<{width}}  " + "  ".join(f"{short.get(c, c):<9}" for c in checks)
     lines = [header + "  verdict", "-" * (len(header) + 9)]

@@ -62,6 +62,9 @@ class Hang:
     after_exit: list[int] = field(default_factory=list)  # ranks that had exited: teardown hung
     # every rank had exited and none of a next attempt started (`ranks` is empty)
     between_attempts: bool = False
+    # every rank of the attempt had ended its training cleanly and was tearing down or
+    # exiting (`chaos.rundir.heartbeat.AT_EXIT`): the work is done, the exit hung
+    at_exit: bool = False
 
     @property
     def culprit(self) -> RankState:
@@ -102,13 +105,15 @@ class HangWatch:
             return self._between_attempts(live, gone, now)
         since = max([b.progress_t for b in working] + [self.excused_until])
         limit = self.timeout
+        at_exit = all(b.at_exit for b in live + gone)
         if gone:
             since = max(since, max(b.beat_t for b in gone))
-            limit += TORCHRUN_SHUTDOWN_SECONDS
+            if not at_exit:  # a rank that ended cleanly asks torchrun to tear nothing down
+                limit += TORCHRUN_SHUTDOWN_SECONDS
         if now - since < limit:
             return None
         ranks = sorted((_state(b, now) for b in working), key=_culprit_order)
-        return Hang(now - since, ranks, sorted(b.rank for b in gone))
+        return Hang(now - since, ranks, sorted(b.rank for b in gone), at_exit=at_exit)
 
 
     def _between_attempts(self, live: list[Beat], gone: list[Beat], now: float) -> Hang | None:
@@ -142,9 +147,20 @@ PROGRESS_EVENTS = ("boot", "restore", "step", "file", "load", "save_begin", "sav
 
 def default_timeout(reference: History) -> float:
     """The chaos run's bound: 10 s, or 3x the longest the fault-free run ever went
-    without progress on a rank (start-up included), whichever is longer."""
+    without progress on a rank, whichever is longer. Start-up counts twice over: from
+    a rank's boot to its first step, and from a launch to its ranks' boot (torchrun
+    and the workers importing torch): a restart between attempts pays the latter again,
+    and on a loaded machine that alone can take 10 s (it is progress, not a hang)."""
     by_pid: dict[int, list[float]] = {}
     for event in reference.of(*PROGRESS_EVENTS):
         by_pid.setdefault(event["pid"], []).append(event["t"])
     gaps = [b - a for times in by_pid.values() for a, b in zip(times, times[1:])]
-    return max(MIN_TIMEOUT, 3 * max(gaps, default=0.0))
+    return max(MIN_TIMEOUT, 3 * max(gaps + _start_ups(reference), default=0.0))
+
+
+def _start_ups(reference: History) -> list[float]:
+    """Seconds from each launch of the job to the first boot of a rank after it."""
+    launches = sorted(e["t"] for e in reference.of("launch"))
+    boots = sorted(e["t"] for e in reference.of("boot"))
+    return [next(b for b in boots if b >= t) - t for t in launches
+            if any(b >= t for b in boots)]

@@ -60,16 +60,19 @@ class Frame:
 
 def capture(pid: int, fallback_file: Path | None) -> tuple[str, str]:
     """The stacks of `pid` as text, and how they were taken ("py-spy",
-    "faulthandler" or "none"). `fallback_file` is where the agent's faulthandler
-    writes them on STACK_SIGNAL; None for a process without an agent (a torchrun
-    agent), which that signal, left at its default action, would kill."""
-    text = _py_spy(pid)
+    "faulthandler"); where none could be, "" and why not, in words. `fallback_file` is
+    where the agent's faulthandler writes them on STACK_SIGNAL; None for a process
+    without an agent (a torchrun agent), which that signal, left at its default
+    action, would kill."""
+    text, py_spy_failed = _py_spy(pid)
     if text:
         return text, "py-spy"
     if fallback_file is None:
-        return "", "none"
-    text = _faulthandler(pid, fallback_file)
-    return (text, "faulthandler") if text else ("", "none")
+        return "", f"py-spy: {py_spy_failed}; no faulthandler in a process without an agent"
+    text, handler_failed = _faulthandler(pid, fallback_file)
+    if text:
+        return text, "faulthandler"
+    return "", f"py-spy: {py_spy_failed}; faulthandler: {handler_failed}"
 
 
 def _py_spy_binary() -> str | None:
@@ -77,35 +80,43 @@ def _py_spy_binary() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
-def _py_spy(pid: int) -> str:
+def _py_spy(pid: int) -> tuple[str, str]:
+    """The dump, or "" and why there is none."""
     binary = _py_spy_binary()
     if binary is None:
-        return ""
+        return "", "not installed"
     command = [binary, "dump", "--full-filenames", "--pid", str(pid)]
     # A stopped process is still already, and py-spy cannot suspend it again: read it
     # without suspending. A running one is suspended for a consistent stack; if that
     # fails (it was being stopped just then), read it without.
     attempts = [["--nonblocking"]] if pid_stopped(pid) else [[], ["--nonblocking"]]
+    why = "no thread in its output"
     for extra in attempts:
         try:
             done = subprocess.run(command + extra, capture_output=True, text=True,
                                   timeout=PY_SPY_SECONDS)
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
+        except subprocess.TimeoutExpired:
+            return "", f"no answer in {PY_SPY_SECONDS:g} s"
+        except OSError as exc:
+            return "", str(exc)
         if done.returncode == 0 and "Thread" in done.stdout:
-            return done.stdout
-    return ""
+            return done.stdout, ""
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        why = (lines[-1] if lines else f"exit status {done.returncode}")[:200]
+    return "", why
 
 
-def _faulthandler(pid: int, path: Path) -> str:
-    """Ask the agent's faulthandler for the stacks; read what it appended."""
+def _faulthandler(pid: int, path: Path) -> tuple[str, str]:
+    """Ask the agent's faulthandler for the stacks; what it appended, or "" and why."""
     start = path.stat().st_size if path.exists() else 0
     try:
         os.kill(pid, STACK_SIGNAL)
         if pid_stopped(pid):  # the handler runs only once the process runs
             os.kill(pid, signal.SIGCONT)
-    except (ProcessLookupError, PermissionError):
-        return ""
+    except ProcessLookupError:
+        return "", "the process had ended"
+    except PermissionError as exc:
+        return "", str(exc)
     deadline = time.monotonic() + FAULTHANDLER_SECONDS
     while time.monotonic() < deadline:
         time.sleep(0.05)
@@ -113,8 +124,11 @@ def _faulthandler(pid: int, path: Path) -> str:
             time.sleep(0.1)  # let it finish writing every thread
             with open(path, errors="replace") as f:
                 f.seek(start)
-                return f.read()
-    return ""
+                return f.read(), ""
+    # the handler is C, but the signal is delivered to a thread that must run: one held
+    # in the kernel (uninterruptible I/O, a FUSE request) or past the interpreter's
+    # teardown never writes
+    return "", f"nothing written in {FAULTHANDLER_SECONDS:g} s"
 
 
 def threads(text: str) -> list[tuple[str, list[Frame]]]:
@@ -149,6 +163,12 @@ def summarize(text: str) -> str:
     frames = main_thread(text)
     if not frames:
         return "no stack could be taken"
+    if frames[0].func == "_shutdown" and frames[0].file.endswith("threading.py"):
+        # the script returned; the interpreter waits for threads that never end
+        waited = [name or "unnamed" for name, _ in threads(text)
+                  if name != "MainThread" and not name.startswith("torchchaos-")]
+        return (f"the interpreter's exit ({frames[0].short()}), waiting for thread(s)"
+                f" still running: {', '.join(waited) or 'unknown'}")
     framework = _framework_frame(frames)
     own = next((f for f in frames if _own_code(f.file)), None)
     parts = [f.short() for f in (framework, own) if f is not None] or [frames[0].short()]

@@ -48,6 +48,10 @@ def completes(ev: Evidence) -> CheckResult:
         return CheckResult(False, f"job failed at step {reached} of {target} after {launches}"
                                   f" launch(es), exit codes {ev.exit_codes[-1]}{tail}")
     aligned = all(e.get("aligned", True) for e in ev.chaos.steps())
+    if ev.exit_hang is not None and (not aligned or reached == target):
+        return CheckResult(True, f"reached step {reached} of {target}, then {_exit_hang(ev)};"
+                                 " training had ended, so this is no recovery failure"
+                                 " (`--check clean_exit` judges the exit)")
     if ev.stopped and ev.recoveries:
         return CheckResult(True, f"recovered and stopped as asked at step {reached} of {target}"
                                  f" ({launches} launch(es), {len(ev.recoveries)} recovery(ies))")
@@ -62,6 +66,31 @@ def completes(ev: Evidence) -> CheckResult:
                                  " matched no reference step")
     return CheckResult(True, f"reached step {reached} of {target} and exited 0"
                              f" ({launches} launch(es), {len(ev.recoveries)} recovery(ies))")
+
+
+def _exit_hang(ev: Evidence) -> str:
+    """'hung at exit: rank 0 stuck 10 s in destroy_process_group (...)'."""
+    hang = ev.exit_hang or {}
+    ranks = hang.get("ranks") or [{}]
+    culprit = ranks[0]
+    return (f"hung at exit: rank {culprit.get('rank', '?')} stuck {_secs(hang.get('seconds', 0))}"
+            f" s in {culprit.get('where', 'an unknown place')}; the harness tore it down")
+
+
+def clean_exit(ev: Evidence) -> CheckResult:
+    """Opt-in (`--check clean_exit`): once training ended, every rank exits on its own.
+    A job that hangs in its teardown holds its nodes until the scheduler's time limit,
+    but its work is done: by default that is said by `completes`, not failed."""
+    if ev.exit_hang is not None:
+        return CheckResult(False, f"every rank ended its training, then {_exit_hang(ev)}: the"
+                                  " teardown blocks on peers that are tearing down too (torch"
+                                  " 2.13's gloo destroy_process_group() can deadlock so) or on"
+                                  " a thread or child left running; end the script without"
+                                  " waiting on its peers (no destroy_process_group() at exit,"
+                                  " or one bounded by a timeout)", {"hang": ev.exit_hang})
+    if not ev.completed:
+        return CheckResult(None, "the job did not complete: its exit is not what failed")
+    return CheckResult(True, "every rank exited on its own once training ended")
 
 
 def _failed_resume(ev: Evidence) -> str | None:
@@ -665,6 +694,9 @@ def hang_detected(ev: Evidence) -> CheckResult:
                                   f" {ev.hang['stacks_dir']}/",
                            {"hang": ev.hang, **straggler})
     found = hangs.reaction(ev.chaos)
+    if found is None and not straggler and ev.exit_hang is not None:
+        return CheckResult(None, f"no hang in training; after its last step the job"
+                                 f" {_exit_hang(ev)} (`--check clean_exit` judges it)")
     if found is None and not straggler:
         return CheckResult(None, f"no hang was injected, and no rank went"
                                  f" {_secs(ev.hang_timeout)} s without progress")

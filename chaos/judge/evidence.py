@@ -65,6 +65,8 @@ class Evidence:
     reference_dir: Path | None = None
     hang: dict[str, Any] | None = None  # the harness's hang finding, if it tore the job down
     hang_timeout: float = 0.0  # the bound it used (seconds without progress)
+    # every rank had ended its training, then the exit hung (the harness tore it down)
+    exit_hang: dict[str, Any] | None = None
 
     def reference_steps(self) -> dict[tuple[int, int], dict[str, Any]]:
         return {(e["rank"], e["step"]): e for e in self.reference.steps()}

@@ -53,7 +53,7 @@ from chaos.rank import syncwatch, weights
 from chaos.rank.fingerprint import digest_object, digest_rng, digest_tensors, tensors_in
 from chaos.rank.iowatch import IOWatch
 from chaos.rank.saves import Save, SaveTracker
-from chaos.rundir.heartbeat import Heartbeat
+from chaos.rundir.heartbeat import EXITING, TEARDOWN, Heartbeat
 from chaos.rundir.history import HistoryWriter, read_stream
 from chaos.rundir.layout import RunLayout
 from chaos.scenario import schedule
@@ -200,6 +200,7 @@ class Agent:
         self.io = IOWatch(str(self.layout.run_dir), str(self.layout.chaos_dir), self._file_event)
         self.io.install()
         self._wrap_excepthook()
+        self._wrap_teardown()
         if os.environ.get(env.RECORD_SYNC) == "1":
             syncwatch.install(self.history.record)
         atexit.register(self._at_exit)
@@ -231,6 +232,9 @@ class Agent:
         # exception (a peer gone, the disk failing): it is not a finished checkpoint.
         self._end_save(self.save_tracker.finish(), "exception" if self.raised else "exit")
         self.history.record("exit", step=self.global_step())
+        if not self.raised:  # what is left is the interpreter's own teardown
+            self.heartbeat.progress(EXITING, self.global_step())
+            self.heartbeat.write()
 
     def _wrap_backward(self) -> None:
         real_backward = torch.Tensor.backward
@@ -272,6 +276,28 @@ class Agent:
             real_hook(kind, value, tb)
 
         sys.excepthook = hook
+
+    def _wrap_teardown(self) -> None:
+        """Mark the rank as tearing down when the script calls destroy_process_group: a
+        hang or a crash from there on, after training ended cleanly, is a hang at exit,
+        not one in training (`chaos.harness.hangwatch`). The beat is written before the
+        call, which may never give the interpreter back to the heartbeat thread."""
+        import torch.distributed as dist
+
+        real_destroy = dist.destroy_process_group
+        agent = self
+
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            if not agent.forked:
+                # an exception propagating (a `finally:`) means training did not end
+                clean = sys.exc_info()[0] is None and not agent.raised
+                doing = TEARDOWN if clean else "teardown after an error"
+                agent.history.record("teardown", step=agent.global_step(), clean=clean)
+                agent.heartbeat.progress(doing, agent.global_step())
+                agent.heartbeat.write()
+            return real_destroy(*args, **kwargs)
+
+        dist.destroy_process_group = destroy_process_group
 
     def _arm_timers(self) -> None:
         for fault in self.faults:

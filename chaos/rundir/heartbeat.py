@@ -22,6 +22,12 @@ from pathlib import Path
 from chaos.host.procs import pid_alive
 
 BEAT_SECONDS = 0.5
+# What a rank does once its training ended cleanly: in the script's
+# destroy_process_group(), then in the interpreter's own exit. A hang there is a hang at
+# exit (the work is done), told apart from a hang in training.
+TEARDOWN = "teardown"
+EXITING = "exiting"
+AT_EXIT = (TEARDOWN, EXITING)
 
 
 @dataclass
@@ -35,6 +41,10 @@ class Beat:
     progress_t: float  # time.monotonic() of the last progress
     beat_t: float  # time.monotonic() of this beat
     stopped: bool = False  # stopped on purpose (Scenario.stop_after): waiting to be reaped
+
+    @property
+    def at_exit(self) -> bool:
+        return self.doing in AT_EXIT
 
     @property
     def attempt_key(self) -> tuple[int, int]:

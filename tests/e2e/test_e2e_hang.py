@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TARGET, cases, chaos_processes
+from conftest import PLAIN, REPO, TARGET, cases, chaos_processes
 
 from chaos.engine import run_scenario
 from chaos.errors import CannotJudge
+from chaos.judge.registry import default_checks
 from chaos.scenario.model import Scenario
 
 STEPS = ["--steps", "12", "--ckpt-every", "4"]
@@ -81,6 +82,26 @@ def test_a_straggler_slows_the_job_without_hanging_it(chaos_run):
     assert check["ok"] is True and check["straggler_ranks"] == [1], report.table()
     assert check["slowdown"] > 1.0
     assert min(check["step_seconds"].values()) > 0.1, "every rank waits for the straggler"
+
+
+def test_a_hang_at_exit_is_said_and_fails_no_recovery_check(chaos_run):
+    """Training over, a rank never exits (torch 2.13's gloo destroy_process_group can
+    deadlock at teardown; here a thread nobody stops): `completes` says so and passes,
+    every recovery check judges the recovery, and only `clean_exit`, asked for, fails."""
+    checks = [*default_checks(), "clean_exit"]
+    report = chaos_run(PLAIN, faults=["kill:rank=1,step=12"], args=["--hang-at-exit"],
+                       hang_timeout=3.0, checks=checks, expect="fail")
+    failing = [name for name, check in report.checks.items() if check["ok"] is False]
+    assert failing == ["clean_exit"], report.table()
+    assert "then hung at exit" in report.checks["completes"]["detail"], report.table()
+    assert report.checks["atomic_recovery"]["ok"] is True, report.table()
+    assert report.checks["deterministic_resume"]["ok"] is True, report.table()
+    assert report.checks["no_orphans"]["ok"] is True, report.table()
+    hang = report.checks["clean_exit"]["hang"]
+    assert hang["at_exit"] and hang["ranks"], hang
+    for rank in hang["ranks"]:  # a stack, or the reason there is none: never an empty file
+        assert (Path(report.run_dir) / rank["stacks"]).read_text().strip()
+    assert "no_orphans" in default_checks() and "clean_exit" not in default_checks()
 
 
 SCRIPTS = REPO / "tests" / "scripts"

@@ -18,6 +18,7 @@ from histories import Timeline, evidence
 
 from chaos.harness.hangwatch import TORCHRUN_SHUTDOWN_SECONDS, HangWatch, default_timeout
 from chaos.host import stacks
+from chaos.host.busy import RunCpu
 from chaos.host.procs import pid_stopped
 from chaos.judge import checkers, hangs
 from chaos.rundir.heartbeat import Beat, Heartbeat, peers_gone, read_beats
@@ -61,9 +62,9 @@ def dead_pid() -> int:
 
 
 def write_beat(beats: Path, rank: int, pid: int, progress_ago: float, beat_ago: float = 0.0,
-               attempt: int = 0, stopped: bool = False) -> None:
+               attempt: int = 0, stopped: bool = False, doing: str = "step") -> None:
     now = time.monotonic()
-    beat = Beat(rank, pid, 0, attempt, 7, "step", now - progress_ago, now - beat_ago, stopped)
+    beat = Beat(rank, pid, 0, attempt, 7, doing, now - progress_ago, now - beat_ago, stopped)
     (beats / f"rank-{rank}.json").write_text(json.dumps(asdict(beat)))
 
 
@@ -118,6 +119,69 @@ def test_no_rank_left_and_none_restarted_is_a_hang_between_attempts(tmp_path):
     assert waiting.poll(now=time.monotonic() + 8.5)[1] is not None
 
 
+def test_ranks_stuck_after_their_training_ended_are_a_hang_at_exit(tmp_path):
+    """One rank exited cleanly, one is stuck in destroy_process_group: no torchrun
+    teardown is under way (nothing failed), so no grace, and the hang is at exit."""
+    write_beat(tmp_path, 0, dead_pid(), progress_ago=6.0, beat_ago=6.0, doing="exiting")
+    write_beat(tmp_path, 1, os.getpid(), progress_ago=6.0, doing="teardown")
+    hang = HangWatch(tmp_path, timeout=5.0).poll()[1]
+    assert hang is not None and hang.at_exit and hang.after_exit == [0]
+    write_beat(tmp_path, 0, os.getpid(), progress_ago=6.0, doing="step")  # still training
+    hang = HangWatch(tmp_path, timeout=5.0).poll()[1]
+    assert hang is not None and not hang.at_exit
+    write_beat(tmp_path, 0, os.getpid(), progress_ago=6.0, doing="teardown after an error")
+    assert not HangWatch(tmp_path, timeout=5.0).poll()[1].at_exit
+
+
+def test_a_restart_that_burns_cpu_is_busy_and_one_that_waits_is_not(tmp_path):
+    """Between attempts no rank beats; a worker importing torch on a loaded machine
+    works, a torchrun waiting for a node that never comes does not."""
+    run_id = "busytest0001"
+    environ = {**os.environ, "TORCHCHAOS_RUN_ID": run_id}
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"], env=environ)
+    try:
+        assert RunCpu(run_id).busy()
+    finally:
+        spin.kill()
+        spin.wait()
+    wait = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env=environ)
+    try:
+        time.sleep(0.3)  # past its start-up
+        assert not RunCpu(run_id).busy()
+    finally:
+        wait.kill()
+        wait.wait()
+
+
+def test_the_default_bound_holds_three_start_ups_of_the_reference():
+    """A restart pays torchrun's and the workers' start-up again (launch to boot)."""
+    slow = Timeline()
+    slow.add("launch", launch=0, pids=[1])
+    slow.t += 4.0  # each event adds a second: the boot comes 5 s after the launch
+    slow.add("boot", **slow.proc(0))
+    slow.t += 1.0
+    slow.add("step", step=1, **slow.proc(0))
+    assert default_timeout(slow.history()) == pytest.approx(15.0)
+
+
+def test_no_stack_is_never_silent(tmp_path):
+    text, why = stacks.capture(dead_pid(), tmp_path / "fh.txt")
+    assert text == "" and why.startswith("py-spy: ") and "faulthandler: " in why
+
+
+def test_the_interpreter_waiting_at_exit_names_the_threads_it_waits_for():
+    dump = """Process 7: python train.py
+Thread 7 (idle): "MainThread"
+    _shutdown (/usr/lib/python3.11/threading.py:1590)
+Thread 9 (idle): "torchchaos-heartbeat"
+    Heartbeat._run (/x/chaos/rundir/heartbeat.py:83)
+Thread 12 (idle): "uploader"
+    Thread.run (/usr/lib/python3.11/threading.py:982)
+"""
+    assert stacks.summarize(dump).endswith("waiting for thread(s) still running: uploader")
+
+
 def test_ranks_stopped_on_purpose_and_older_attempts_do_not_count(tmp_path):
     write_beat(tmp_path, 0, os.getpid(), progress_ago=50.0, stopped=True)
     write_beat(tmp_path, 1, dead_pid(), progress_ago=50.0)
@@ -159,8 +223,10 @@ def test_a_process_without_the_agent_is_never_sent_the_stack_signal(monkeypatch)
     """A torchrun agent has no handler for STACK_SIGNAL, whose default action kills."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        monkeypatch.setattr(stacks, "_py_spy", lambda pid: "")  # py-spy could not attach
-        assert stacks.capture(proc.pid, None) == ("", "none")
+        # py-spy could not attach
+        monkeypatch.setattr(stacks, "_py_spy", lambda pid: ("", "Permission denied"))
+        text, why = stacks.capture(proc.pid, None)
+        assert text == "" and why.startswith("py-spy: Permission denied; no faulthandler")
         time.sleep(0.3)
         assert proc.poll() is None
     finally:
@@ -170,8 +236,8 @@ def test_a_process_without_the_agent_is_never_sent_the_stack_signal(monkeypatch)
 
 def test_faulthandler_is_the_fallback_and_continues_a_stopped_process(tmp_path, sleeper):
     stop(sleeper.pid)
-    text = stacks._faulthandler(sleeper.pid, tmp_path / "fh.txt")
-    assert "wait_for_peers" in text
+    text, why = stacks._faulthandler(sleeper.pid, tmp_path / "fh.txt")
+    assert "wait_for_peers" in text and why == ""
     assert stacks.summarize(text).startswith("wait_for_peers (sleeper.py:")
 
 

@@ -7,6 +7,8 @@ resumes from the newest checkpoint on start. Deterministic on CPU.
 ``--closure`` steps the optimizer as ``optim.step(closure)``, the closure running
 the forward and backward (LBFGS style, and how Lightning steps).
 ``--zero-loss`` multiplies the loss by 0, a slip that leaves the weights as they are.
+``--hang-at-exit`` leaves a non-daemon thread running once training is over (an
+uploader or logger nobody stops): the interpreter waits for it at exit, forever.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import glob
 import os
 import sys
+import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -90,6 +94,8 @@ def main() -> None:
     if rank == 0:
         print(f"done step {step} loss {loss.item()!r}", flush=True)
     dist.destroy_process_group()
+    if "--hang-at-exit" in sys.argv:
+        threading.Thread(target=time.sleep, args=(3600,), name="uploader").start()
 
 
 if __name__ == "__main__":
