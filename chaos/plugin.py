@@ -197,7 +197,9 @@ def _record(item: pytest.Item, report: Report, out_dir: Path) -> None:
     """As properties: JUnit XML shows them (`--junitxml`), and the session's table is
     made from them (`_Verdicts`), also when a pytest-xdist worker ran the test."""
     props = [("chaos_verdict", report.verdict), ("chaos_lost", _lost(report))]
-    props += [(f"chaos_check_{name}", MARK[check["ok"]]) for name, check in report.checks.items()]
+    failing = report.failing()  # the cause first: the session's table lists them so
+    names = failing + [name for name in report.checks if name not in failing]
+    props += [(f"chaos_check_{name}", MARK[report.checks[name]["ok"]]) for name in names]
     props += [("chaos_run_dir", report.run_dir), ("chaos_report", str(out_dir / "report.json")),
               ("chaos_replay", f"torchchaos replay {report.replay}")]
     item.user_properties.extend(props)

@@ -259,8 +259,8 @@ def table(entries: list[Entry]) -> str:
             continue
         marks = "  ".join(f"{MARK[e.report.checks[c]['ok']]:<9}" for c in checks)
         lines.append(f"{e.name:<{width}}  {marks}  {e.report.verdict.upper()}")
-    failing = [(e, n, c) for e in entries if e.report
-               for n, c in e.report.checks.items() if c["ok"] is False]
+    failing = [(e, n, e.report.checks[n]) for e in entries if e.report
+               for n in e.report.failing()]  # per row, the cause first
     for entry, name, check in failing:
         lines.append(f"  {entry.name} / {name}: {check['detail']}")
     for entry in entries:  # every ERROR row says why

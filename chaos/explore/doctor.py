@@ -135,7 +135,7 @@ def _resumes(base: Scenario, history: History, cache_dir: Path, out_dir: Path,
     scenario = dataclasses.replace(base, faults=[parse_fault_spec(fault)])
     progress(f"doctor: does it resume? {fault}")
     report = run_scenario(scenario, out_dir / "resume", cache_dir, progress)
-    failed = [(name, c["detail"]) for name, c in report.checks.items() if c["ok"] is False]
+    failed = [(name, report.checks[name]["detail"]) for name in report.failing()]
     if report.verdict == "pass":
         lost = report.lost_steps[0] if report.lost_steps else 0
         bitwise = report.checks.get("deterministic_resume", {}).get("detail", "")

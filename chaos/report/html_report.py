@@ -133,7 +133,7 @@ def _fault_list(report: Report) -> str:
 def _why(report: Report) -> str:
     if report.verdict == "error":
         return f"could not judge: {report.reason}"
-    failed = [n for n, c in report.checks.items() if c.get("ok") is False]
+    failed = report.failing()
     if failed:
         first = report.checks[failed[0]]["detail"]
         return f"{', '.join(failed)} failed: {first}"
@@ -291,8 +291,7 @@ def write_index(out_dir: Path, runs: Sequence[tuple[str, str, str, Report | None
     for folder, name, fault, report in runs:
         verdict = report.verdict if report else "error"
         counts[verdict] = counts.get(verdict, 0) + 1
-        failing = [] if report is None else [n for n, c in report.checks.items()
-                                             if c.get("ok") is False]
+        failing = [] if report is None else report.failing()
         why = ("could not judge" if report is None else
                "; ".join(f"{n}: {report.checks[n]['detail']}" for n in failing)
                or report.reason)

@@ -51,7 +51,7 @@ def _case(suite: str, folder: str, name: str, fault: str, report: Report | None,
         reason = (report.reason if report else error) or "no reason recorded"
         ET.SubElement(case, "error", {"message": f"could not judge: {reason}"[:500]})
     elif report.verdict == "fail":
-        failing = {n: c for n, c in report.checks.items() if c["ok"] is False}
+        failing = {n: report.checks[n] for n in report.failing()}  # the cause first
         failure = ET.SubElement(case, "failure", {"message": ", ".join(failing)})
         failure.text = "\n".join(f"{n}: {c['detail']}" for n, c in failing.items())
     return case

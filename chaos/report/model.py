@@ -11,6 +11,13 @@ from chaos.judge import interval
 from chaos.judge.checkers import CheckResult
 
 MARK = {True: "PASS", False: "FAIL", None: "----"}
+# Failing checks are told cause first: these name what went wrong (the fsync that was
+# missing, the torn write, the state not restored, the undetected flip, the hang);
+# `completes`, lost work, orphans and the exit follow from it. A check a plug-in adds
+# sits between the two groups.
+CAUSES = ("durable_checkpoints", "atomic_recovery", "deterministic_resume", "sdc_detected",
+          "hang_detected", "no_split_brain")
+CONSEQUENCES = ("completes", "bounded_lost_work", "no_orphans", "clean_exit")
 
 
 @dataclass
@@ -47,6 +54,21 @@ class Report:
         return cls(verdict=verdict, checks={n: c.to_dict() for n, c in checks.items()},
                    **metrics, **fields)
 
+    def failing(self) -> list[str]:
+        """The failing checks' names, the one that names the cause first."""
+        def rank(name: str) -> int:
+            if name in CAUSES:
+                return CAUSES.index(name)
+            if name in CONSEQUENCES:
+                return len(CAUSES) + 1 + CONSEQUENCES.index(name)
+            return len(CAUSES)
+        return sorted((n for n, c in self.checks.items() if c.get("ok") is False), key=rank)
+
+    def cause(self) -> str:
+        """'check: detail' of the failing check that leads; "" where none failed."""
+        failing = self.failing()
+        return f"{failing[0]}: {self.checks[failing[0]]['detail']}" if failing else ""
+
     def exit_code(self) -> int:
         return {"pass": 0, "fail": 1}.get(self.verdict, 2)
 
@@ -73,5 +95,7 @@ class Report:
             lines.append(interval.summary(self.checkpoint))
         if self.reason:
             lines.append(f"error: {self.reason}")
+        if self.failing():
+            lines.append(f"cause: {self.cause()}")
         lines.append(f"verdict: {self.verdict.upper()}   run dir: {self.run_dir}")
         return "\n".join(lines)

@@ -319,3 +319,28 @@ def test_the_progress_bar_of_a_long_sweep_estimates_what_is_left():
     assert progress_bar(2, 5, 60.0) == "[########------------] 40% 1m00s, about 1m30s left"
     assert progress_bar(5, 5, 301.0).startswith("[####################] 100% 5m01s")
     assert progress_bar(1, 3, 9.6, width=6) == "[##----] 33% 10s, about 19s left"
+
+
+def test_the_failing_check_that_names_the_cause_leads_everywhere(tmp_path):
+    """A power loss that emptied a finished checkpoint fails durable_checkpoints (the
+    cause) and completes (the resume died): the banner, the table's cause line, the
+    JUnit message and the battery's details lead with durability, not table order."""
+    checks = {"completes": {"ok": False, "detail": "job failed at step 10 of 30"},
+              "atomic_recovery": {"ok": True, "detail": "fine"},
+              "durable_checkpoints": {"ok": False, "detail": "ckpt.pt lost: fsync it"},
+              "no_orphans": {"ok": True, "detail": "nothing survived"}}
+    report = Report(verdict="fail", checks=checks)
+    assert report.failing() == ["durable_checkpoints", "completes"]
+    assert "cause: durable_checkpoints: ckpt.pt lost: fsync it" in report.table()
+    assert html_report._why(report).startswith(
+        "durable_checkpoints, completes failed: ckpt.pt lost")
+    assert Report(verdict="pass", checks={"completes": checks["atomic_recovery"]}).cause() == ""
+
+
+def test_a_log_line_is_shortened_between_words():
+    from chaos.harness.runner import _shorten
+
+    line = "RuntimeError: " + " ".join(["PytorchStreamReader failed reading zip archive"] * 9)
+    short = _shorten(line, 100)
+    assert len(short) <= 100 and short.endswith("…")
+    assert short[:-1] == line[:len(short) - 1] and line[len(short) - 1] == " "
