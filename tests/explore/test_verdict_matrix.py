@@ -84,6 +84,7 @@ class Bug:
     what: str  # what the bug does under that fault
     words: tuple[str, ...] = ()  # the check's detail must name the cause
     crashes_on_resume: bool = False  # a resume that raises: one restart is enough
+    variant: str = ""  # the target's --variant, where the case's name is not it
 
     @property
     def needs_faultfs(self) -> bool:
@@ -123,6 +124,16 @@ BUGS = {
         OnEvent("kill", 0, "*", "*snapshot.pt"), "atomic_recovery",
         "rank 0 dies at the first file event of torch.save over the only snapshot:"
         " resume reads a truncated file", crashes_on_resume=True),
+    ("epoch_snapshot", "in_place-power_loss"): Bug(
+        "storage:mode=lose_unsynced,rank=0,step=6,dir=checkpoints", "durable_checkpoints",
+        "nanoGPT's save (torch.save over the one file, no fsync): a power loss at step 6,"
+        " after the epoch-0 snapshot (step 4) finished, leaves its name without its bytes",
+        words=("fsync",), crashes_on_resume=True, variant="in_place"),
+    ("epoch_snapshot", "no_fsync"): Bug(
+        "storage:mode=lose_unsynced,rank=0,step=6,dir=checkpoints", "durable_checkpoints",
+        "temporary file and os.replace, never an fsync: a power loss at step 6 takes the"
+        " finished snapshot of step 4 (bytes and rename) with it", words=("fsync",),
+        crashes_on_resume=True),
     ("epoch_snapshot", "no_rng"): Bug(
         "kill:rank=1,step=7", "deterministic_resume",
         "resume from the epoch-0 snapshot (step 4) leaves torch's RNG where seeding left"
@@ -303,7 +314,7 @@ def test_planted_bug_is_caught(target: str, variant: str, repeat: int, tally: Ta
     bug = BUGS[(target, variant)]
     if bug.needs_faultfs and unavailable_reason():
         pytest.skip(unavailable_reason())
-    base = ALL_TARGETS[target].scenario(variant, **bug.retries)
+    base = ALL_TARGETS[target].scenario(bug.variant or variant, **bug.retries)
     out = tmp_path_factory.mktemp(f"matrix-{target}-{variant}")
     spec, error, report = str(bug.fault), "", None
     if not isinstance(bug.fault, str):
@@ -336,7 +347,7 @@ def test_planted_bug_is_caught_in_the_crash_states(target: str, variant: str, ta
     modes = _state_modes()
     if bug.needs_faultfs and "lose_unsynced" not in modes:
         pytest.skip(unavailable_reason())
-    base = ALL_TARGETS[target].scenario(variant)
+    base = ALL_TARGETS[target].scenario(bug.variant or variant)
     out = tmp_path_factory.mktemp(f"matrix-{target}-{variant}-states") / "states"
     entries, error = sweep_states(base, out, cache, modes)
     reports = [(e, dataclasses.asdict(e.report)) for e in entries if e.report]

@@ -10,7 +10,8 @@ epoch after the snapshot's.
     torchrun --nproc-per-node 2 epoch_snapshot.py --out checkpoints --epochs 3
 
 Variants with a planted bug (--variant):
-  in_place      torch.save straight onto snapshot.pt
+  in_place      torch.save straight onto snapshot.pt (nanoGPT's way: no fsync either)
+  no_fsync      the temporary file and os.replace, but nothing is ever fsynced
   no_rng        the RNG state is not in the snapshot (masking restarts its stream)
   repeat_epoch  resume runs the snapshot's epoch again
   skip_epoch    resume jumps over the epoch after the snapshot's
@@ -34,7 +35,7 @@ VOCAB = 40
 CONTEXT = 10
 SEQUENCES = 32  # 16 per rank, 4 per batch: 4 steps an epoch
 MASK_ID = 0
-VARIANTS = ("correct", "in_place", "no_rng", "repeat_epoch", "skip_epoch")
+VARIANTS = ("correct", "in_place", "no_fsync", "no_rng", "repeat_epoch", "skip_epoch")
 
 
 class BigramLM(nn.Module):
@@ -78,8 +79,11 @@ def write_snapshot(state: dict, path: str, variant: str) -> None:
     with open(tmp, "wb") as f:
         torch.save(state, f)
         f.flush()
-        os.fsync(f.fileno())
+        if variant != "no_fsync":
+            os.fsync(f.fileno())
     os.replace(tmp, path)
+    if variant == "no_fsync":
+        return
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
