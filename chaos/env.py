@@ -5,6 +5,9 @@ RUN_ID = "TORCHCHAOS_RUN_ID"  # marks every process of a run, so none escapes re
 # marks a harness helper (a fault filesystem daemon) with the run it serves: reaped with
 # the run's leftovers, but not by the run's own reaping (the harness stops it in order)
 HELPER = "TORCHCHAOS_HELPER_OF"
+# the lock file of the harness that started this process (chaos.host.owners): the
+# process is a leftover once that lock is dead, wherever the harness kept it
+LOCK = "TORCHCHAOS_LOCK"
 REFERENCE = "TORCHCHAOS_REFERENCE"  # run dir of the reference run (absent in the reference)
 LAUNCH = "TORCHCHAOS_LAUNCH"  # how many times the runner relaunched the whole job
 T0 = "TORCHCHAOS_T0"  # time.monotonic() when the job first started, for time= triggers

@@ -31,6 +31,7 @@ from chaos.harness.hangwatch import STATE_ORDER, Hang, HangWatch
 from chaos.harness.nemesis import Nemesis
 from chaos.harness.repeats import COLLATERAL, ERROR_LINE, RepeatWatch
 from chaos.host import lifeline, netns, procs, stacks
+from chaos.host.busy import RunCpu
 from chaos.host.mounts import mounts_under
 from chaos.host.netns import Network
 from chaos.rundir.history import History, HistoryWriter
@@ -75,6 +76,8 @@ class JobOutcome:
     stopped: bool = False  # every rank stopped as asked (Scenario.stop_after); then reaped
     deadline_hit: bool = False
     hang: dict[str, Any] | None = None  # the hang detector's finding (then torn down)
+    # every rank ended its training, then the exit hung (torn down; the job completed)
+    exit_hang: dict[str, Any] | None = None
     exit_codes: list[list[int | None]] = field(default_factory=list)  # per launch, per node
     gave_up: str = ""  # why the runner stopped the job early (chaos.harness.repeats)
     wall_seconds: float = 0.0
@@ -100,7 +103,15 @@ class JobOutcome:
         # a peer's lost connection is the echo of a death, not its cause; with ranks
         # printing at once it can come first
         causes = [ln for ln in errors if not COLLATERAL.search(ln)] or errors
-        return causes[0][:300] if causes else (lines or [""])[-1][:300]
+        return _shorten(causes[0] if causes else (lines or [""])[-1], 300)
+
+
+def _shorten(line: str, limit: int) -> str:
+    """At most `limit` characters, cut between words (a cut word reads as a typo)."""
+    if len(line) <= limit:
+        return line
+    cut = line[:limit - 1]
+    return (cut.rsplit(" ", 1)[0] if " " in cut[limit // 2:] else cut) + "…"
 
 
 def substitute(args: list[str], run_dir: Path) -> list[str]:
@@ -153,7 +164,7 @@ def job_environment(scenario: Scenario, run_dir: Path, run_id: str, launch: int,
     environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     environ.setdefault("PYTHONUNBUFFERED", "1")
     environ.update({env.RUN_DIR: str(run_dir), env.RUN_ID: run_id, env.LAUNCH: str(launch),
-                    env.T0: repr(t0)})
+                    env.T0: repr(t0), **lifeline.lock_env()})
     # torchrun and torch make temporary folders (torchelastic_*); keep them in the run
     environ["TMPDIR"] = str(RunLayout(run_dir).tmp_dir)
     if reference is not None:
@@ -199,6 +210,7 @@ class Job:
         t0 = time.monotonic()
         deadline = t0 + self.scenario.timeout
         self.repeats = RepeatWatch(self.layout.run_dir)
+        self._starting = RunCpu(self.run_id)  # a slow restart is busy, a stalled one idle
         try:
             if self.start_from is not None:  # before a mount moves it into its backing store
                 shutil.copytree(self.start_from, self.layout.run_dir, symlinks=True,
@@ -217,7 +229,11 @@ class Job:
                 log.record("launch", launch=launch, pids=[p.pid for p in self.nodes])
                 codes, ended = self._wait(deadline, log)
                 if isinstance(ended, Hang):
-                    outcome.hang = self._capture_hang(ended, log)
+                    found = self._capture_hang(ended, log)
+                    if ended.at_exit:
+                        outcome.exit_hang = found
+                    else:
+                        outcome.hang = found
                     codes = [p.poll() for p in self.nodes]
                 if isinstance(ended, GaveUp):
                     outcome.gave_up = ended.reason
@@ -232,6 +248,9 @@ class Job:
                     outcome.deadline_hit = True
                     log.record("deadline", seconds=self.scenario.timeout)
                     break
+                if outcome.exit_hang is not None:  # the work was done: killed, not failed
+                    outcome.completed = True
+                    break
                 if outcome.hang is not None or outcome.gave_up:
                     break  # torn down below: a hung job, or one certain to die, is not requeued
                 if all(code == 0 for code in codes):
@@ -243,7 +262,8 @@ class Job:
                 self._reap(log)
         finally:
             killed = self._reap(log)
-            if outcome.completed and not outcome.stopped:  # ended, yet these still ran
+            if outcome.completed and not outcome.stopped and outcome.exit_hang is None:
+                # ended, yet these still ran (a hang at exit is said as such instead)
                 outcome.reaped = killed
             outcome.leftovers = procs.marked_pids(self.run_id)
             self._tear_down()
@@ -330,7 +350,9 @@ class Job:
             for beat in exits:  # the job reacting: a rank is gone
                 log.record("rank_exit", rank=beat.rank, pid=beat.pid, step=beat.step,
                            launch=beat.launch, attempt=beat.attempt)
-            if hang is not None:
+            if hang is not None and hang.between_attempts and self._starting.busy():
+                self.hangs.excuse_until(time.monotonic())  # a slow restart, not a stall
+            elif hang is not None:
                 return codes, hang
             if why := self.repeats.poll(exits):
                 return codes, GaveUp(why)
@@ -351,8 +373,13 @@ class Job:
                 rank.state = "stuck"  # not in a collective: the likely cause, not a victim
             ranks.append({**rank.to_dict(), **taken})
         ranks.sort(key=lambda r: STATE_ORDER.index(r["state"]))  # stable: idle longest first
-        event = self._record_hang(hang, log, ranks=ranks)
+        event = self._record_hang(hang, log, ranks=ranks, at_exit=hang.at_exit)
         culprit = ranks[0]
+        if hang.at_exit:
+            self.progress(f"hung at exit: every rank had ended its training; rank"
+                          f" {culprit['rank']} stuck {hang.seconds:.0f} s after step"
+                          f" {culprit['step']} in {culprit['where']}; tearing it down")
+            return event
         self.progress(f"hang: no progress for {hang.seconds:.0f} s; rank {culprit['rank']}"
                       f" {culprit['state']} after step {culprit['step']} in {culprit['where']};"
                       " tearing the job down")
@@ -375,8 +402,14 @@ class Job:
         hang event says about them."""
         text, how = stacks.capture(pid, fallback)
         dump = self.layout.stacks_dir / f"{name}.txt"
-        dump.write_text(text)
-        return text, {"where": stacks.summarize(text), "stack_tool": how,
+        if text:
+            dump.write_text(text)
+            where = stacks.summarize(text)
+        else:  # never an empty file: a reader must learn why there is no stack
+            where = f"no stack could be taken ({how})"
+            dump.write_text(f"no stack could be taken of process {pid}: {how}\n")
+            how = "none"
+        return text, {"where": where, "stack_tool": how,
                       "stacks": str(dump.relative_to(self.layout.run_dir))}
 
     def _record_hang(self, hang: Hang, log: HistoryWriter, **found: Any) -> dict[str, Any]:

@@ -5,21 +5,43 @@ daemons: all carry the run's id in their environment), network namespaces,
 veth links and a bridge (named after the run id; a partition's nftables
 tables live inside the namespaces and go with them), fault filesystem mounts
 (fsname `torchchaos-faultfs`, under the run directory), and the lock file of
-its harness (`chaos.host.owners`). `inventory()` lists all of it; a thing is
-stale when no live harness owns its run or folder; `remove` takes things
-away in the order that works: processes first (they keep mounts busy), then
-mounts, then the network, then the lock files.
+its harness (`chaos.host.owners`). `inventory()` lists all of it; `stale`
+says what is a leftover; `remove` takes things away in the order that works:
+processes first (they keep mounts busy), then mounts, then the network, then
+the lock files.
+
+A thing is a leftover only if its own harness is provably gone, wherever that
+harness kept its lock file:
+- a process names its harness's lock file (`env.LOCK`): a leftover exactly
+  when that file is not live. One without the variable (a run of an older
+  version) is judged by its run id, as mounts and networks are;
+- a mount, namespace or link is owned when a live lock file lists its run or
+  folder: one of this state folder, one a process of any run names, or, when
+  those leave something unowned, any lock file held open on the machine. That
+  last look closes the race of a live harness between two launches: its
+  network exists, no process of its run does, its lock is elsewhere; it is
+  still held open by the harness, so it is found;
+- processes and mounts of other users are never listed, so never touched
+  (also by root).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from chaos import env
 from chaos.host import netns, procs
-from chaos.host.owners import LockFile, Owners, owners
+from chaos.host.owners import (
+    LockFile,
+    Owners,
+    held_anywhere,
+    is_lock_path,
+    owners,
+    read_live,
+)
 
 FSNAME = "torchchaos-faultfs"  # the fault filesystem's mounts show this source
 ORDER = ("process", "mount", "netns", "link", "lock")
@@ -34,6 +56,7 @@ class Leftover:
     name: str  # pid, mountpoint, namespace, link or lock file path
     run: str = ""  # the run id it carries (a prefix for network names)
     detail: str = ""  # a process's command line, a dead harness's pid
+    lock: str = ""  # a process's harness's lock file (env.LOCK), when it names one
 
     def describe(self) -> str:
         run = f" of run {self.run}" if self.run else ""
@@ -48,12 +71,24 @@ def inventory() -> list[Leftover]:
 
 
 def stale(found: list[Leftover], who: Owners | None = None) -> list[Leftover]:
-    """What no live harness owns, plus the lock files of dead harnesses. Read the owners
-    after listing: a run is registered before anything of it exists."""
+    """What no live harness owns (see the module's words), plus the lock files of dead
+    harnesses: this state folder's, and those that the processes found name. Read the
+    owners after listing: a run is registered before anything of it exists."""
     who = who if who is not None else owners()
+    named = {x.lock for x in found if x.lock}
+    who = who.plus(read_live(named))
     orphans = [x for x in found if not _owned(x, who)]
-    return orphans + [Leftover("lock", str(f.path), detail=f"harness pid {f.pid}, dead")
-                      for f in who.dead]
+    if orphans:  # the costlier look, only to confirm
+        who = who.plus(held_anywhere())
+        orphans = [x for x in orphans if not _owned(x, who)]
+    dead = who.dead + [LockFile.read(Path(p)) for p in sorted(named)
+                       if not who.holds(p) and Path(p).exists()]
+    return orphans + [_dead_lock(f) for f in {f.path: f for f in dead}.values()]
+
+
+def _dead_lock(lock: LockFile) -> Leftover:
+    said = f"; its watcher said: {lock.notes[-1]}" if lock.notes else ""
+    return Leftover("lock", str(lock.path), detail=f"harness pid {lock.pid}, dead{said}")
 
 
 def of_lock(found: list[Leftover], lock: LockFile) -> list[Leftover]:
@@ -64,6 +99,8 @@ def of_lock(found: list[Leftover], lock: LockFile) -> list[Leftover]:
 def _owned(item: Leftover, who: Owners) -> bool:
     if item.kind == "mount":
         return who.owns_path(item.name)
+    if item.lock:  # its own harness's lock decides, whatever else lists its run
+        return who.holds(item.lock)
     return bool(item.run) and who.owns_run(item.run)
 
 
@@ -109,10 +146,16 @@ def _run_quietly(command: list[str], item: Leftover) -> list[str]:
 
 
 def _processes() -> list[Leftover]:
+    """This user's marked processes (procs.env_vars skips other users')."""
     found = []
-    for pid, run in procs.env_values(MARKERS).items():
+    for pid, values in procs.env_vars((*MARKERS, env.LOCK)).items():
+        run = next((values[m] for m in MARKERS if m in values), None)
+        if run is None:
+            continue  # env.LOCK alone marks nothing
+        lock = values.get(env.LOCK, "")
         state = "stopped; " if procs.pid_stopped(pid) else ""
-        found.append(Leftover("process", str(pid), run, state + _command(Path(f"/proc/{pid}"))))
+        found.append(Leftover("process", str(pid), run, state + _command(Path(f"/proc/{pid}")),
+                              lock if is_lock_path(lock) else ""))
     return found
 
 
@@ -128,14 +171,20 @@ def _command(proc_dir: Path) -> str:
 
 
 def _mounts() -> list[Leftover]:
-    """Fault filesystem mounts: mountinfo's fields after " - " are type, source, options."""
+    """This user's fault filesystem mounts: mountinfo's fields after " - " are type,
+    source, options; a FUSE mount's options name the user who mounted it (user_id=)."""
     found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         before, _, after = line.partition(" - ")
         fields = after.split()
-        if len(fields) >= 2 and fields[1] == FSNAME:
+        if len(fields) >= 2 and fields[1] == FSNAME and _mine(fields[2:]):
             found.append(Leftover("mount", before.split()[4].replace("\\040", " ")))
     return found
+
+
+def _mine(options: list[str]) -> bool:
+    users = [o for o in ",".join(options).split(",") if o.startswith("user_id=")]
+    return all(u == f"user_id={os.getuid()}" for u in users)
 
 
 def _network() -> list[Leftover]:

@@ -13,6 +13,10 @@ When the harness ends (returns, raises, SIGKILL, OOM) the kernel closes the
 write end; the watcher's `read` returns and it removes what still exists of
 the listed runs — SIGKILL to every marked process (a SIGSTOPped rank dies
 too), lazy unmounts, namespaces, links, bridge — then deletes the lock file.
+It does not give up while a process of those runs is left (one stuck in the
+kernel, one a stray parent keeps forking): it tries again, less and less
+often, and says what survived in the lock file (`torchchaos clean` shows it
+if the watcher dies too).
 Nothing polls: training pays nothing, the watcher sleeps in read(2). While it
 works its descriptor keeps the lock held, so no other harness takes those
 runs for leftovers; if it is killed too, the lock is free and the next start
@@ -24,20 +28,25 @@ Starting a lifeline first removes whatever dead harnesses left behind
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+from chaos import env
 from chaos.host import leftovers
-from chaos.host.owners import HarnessLock, LockFile
+from chaos.host.owners import HarnessLock, LockFile, note
 
 OFF_ENV = "TORCHCHAOS_NO_LIFELINE"  # "1": no lock, no watcher, no sweep (benchmarks only)
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+ROUND_SECONDS = 10.0  # one round of the watcher's SIGKILLs; rounds go on while a process is left
+PAUSES = (1.0, 2.0, 5.0, 10.0, 30.0)  # between rounds, then the last one again and again
 
 _lock = threading.Lock()
 # (pid, lifeline or None where it could not start): a forked child makes its own
@@ -75,6 +84,13 @@ def own(run_id: str | None = None, path: Path | str | None = None) -> None:
             _current = (os.getpid(), _start())
         if _current[1] is not None:
             _current[1].own(run_id, path)
+
+
+def lock_env() -> dict[str, str]:
+    """env.LOCK for what this process starts: the path of its lock file, empty if it has
+    none (which also hides one inherited from an outer harness). Call `own` first."""
+    current = _current[1] if _current is not None and _current[0] == os.getpid() else None
+    return {env.LOCK: str(current.lock.path) if current is not None else ""}
 
 
 def _start() -> Lifeline | None:
@@ -122,17 +138,56 @@ def _start_watcher(lock: HarnessLock) -> int:
     return write_end
 
 
-def watch(lock_path: Path) -> None:
+def watch(lock_path: Path, lock_fd: int | None = None) -> None:
     """The watcher: wait for the harness's end, then remove what is left of its runs."""
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
     while os.read(0, 4096):  # nothing is ever written: this returns b"" at the end
         pass
-    mine = leftovers.of_lock(leftovers.inventory(), LockFile.read(lock_path))
-    failures = leftovers.remove(mine)
+    failures = remove_runs(LockFile.read(lock_path), lambda words: _note(lock_fd, words))
     if not failures:  # else the file stays: the next start or `clean` tries again
         lock_path.unlink(missing_ok=True)
 
 
+def remove_runs(lock: LockFile, say: Say, pauses: tuple[float, ...] = PAUSES) -> list[str]:
+    """Remove what is left of a dead harness's runs, round after round while any process
+    of them survives (held in the kernel: a driver, a hung filesystem): while this runs the
+    lock stays held, so no sweep competes. Returns what the last round could not remove
+    (a mount, a namespace: left to the next sweep)."""
+    failures = _round(lock)
+    for attempt in itertools.count():
+        if not failures:
+            break
+        pause = pauses[min(attempt, len(pauses) - 1)]
+        time.sleep(pause)  # before looking again: what just died may not be reaped yet
+        left = [x.name for x in leftovers.of_lock(leftovers.inventory(), lock)
+                if x.kind == "process"]
+        if left:
+            say(f"{len(left)} process(es) of its runs survived SIGKILL ({', '.join(left[:5])});"
+                f" still killing, round {attempt + 2}")
+        failures = _round(lock)  # with no process left, what they kept busy goes now
+        if not left:
+            break  # what still fails (a mount, a namespace) is left to the next sweep
+    for failure in failures:
+        say(f"could not remove {failure}")
+    return failures
+
+
+def _round(lock: LockFile) -> list[str]:
+    return leftovers.remove(leftovers.of_lock(leftovers.inventory(), lock), ROUND_SECONDS)
+
+
+def _note(lock_fd: int | None, words: str) -> None:
+    """Say it where it is looked for: in the lock file (through the inherited descriptor:
+    the file may be unreadable by path), which `torchchaos clean` shows once dead."""
+    if lock_fd is None:
+        return
+    try:
+        note(lock_fd, {"note": words, "time": time.time()})
+    except OSError:
+        pass  # nowhere to say it; the removal goes on
+
+
 if __name__ == "__main__":
-    watch(Path(sys.argv[1]))  # argv[2]: the lock's descriptor, inherited and held open
+    # argv[2]: the lock's descriptor, inherited and held open (keeps the lock held)
+    watch(Path(sys.argv[1]), int(sys.argv[2]))

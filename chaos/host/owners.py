@@ -8,6 +8,12 @@ killer included), so "is this harness alive?" is one non-blocking lock
 attempt, immune to pid reuse. Whatever of a run exists while no live file
 lists it is a leftover (`chaos.host.leftovers`).
 
+Harnesses need not share a state folder (another `TORCHCHAOS_STATE_DIR`, each
+user's `$XDG_RUNTIME_DIR`), so a harness also finds the others' files without
+their folder: every process a harness starts names its file in its
+environment (`chaos.env.LOCK`, `read_live`), and a live file is always held
+open by its harness, so `/proc/*/fd` shows it (`held_anywhere`), even deleted.
+
 Races this layout rules out:
 - a file is locked before it gets its `.lock` name (made under a temporary
   name, locked, renamed), so no reader ever sees an unlocked file of a live
@@ -22,6 +28,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import tempfile
 import time
 import uuid
@@ -30,6 +37,8 @@ from pathlib import Path
 
 STATE_ENV = "TORCHCHAOS_STATE_DIR"  # where the lock files live (default: see state_dir)
 SUFFIX = ".lock"
+LOCK_NAME = re.compile(r"\d+-[0-9a-f]{8}\.lock")  # HarnessLock's names: <pid>-<random>.lock
+DELETED = " (deleted)"  # how /proc/PID/fd shows a file unlinked while open
 
 
 def state_dir() -> Path:
@@ -54,6 +63,7 @@ class LockFile:
     command: str = ""
     runs: set[str] = field(default_factory=set)  # run ids
     dirs: set[str] = field(default_factory=set)  # run directories and mountpoints
+    notes: list[str] = field(default_factory=list)  # what its watcher could not remove
 
     @classmethod
     def read(cls, path: Path) -> LockFile:
@@ -73,6 +83,8 @@ class LockFile:
                 found.runs.add(entry["run"])
             if entry.get("dir"):
                 found.dirs.add(entry["dir"])
+            if entry.get("note"):
+                found.notes.append(str(entry["note"]))
         return found
 
     def owns_path(self, path: str) -> bool:
@@ -86,6 +98,9 @@ class HarnessLock:
     def __init__(self, folder: Path | None = None) -> None:
         folder = folder or state_dir()
         folder.mkdir(parents=True, exist_ok=True)
+        # absolute and without links: the watcher (cwd /) and every process of the runs
+        # (env.LOCK) are given this path, and /proc/PID/fd shows it so
+        folder = folder.resolve()
         name = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         temporary = folder / f".{name}.new"
         self.fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
@@ -110,7 +125,13 @@ class HarnessLock:
         self._owned.add(key)
 
     def _write(self, entry: dict[str, object]) -> None:
-        os.write(self.fd, (json.dumps(entry) + "\n").encode())
+        note(self.fd, entry)
+
+
+def note(fd: int, entry: dict[str, object]) -> None:
+    """Append one line to a lock file through a descriptor of it (one `write`: a reader
+    never sees half of it but as a line it skips)."""
+    os.write(fd, (json.dumps(entry) + "\n").encode())
 
 
 def _own_command() -> list[str]:
@@ -121,7 +142,7 @@ def _own_command() -> list[str]:
 
 
 def lock_files(folder: Path | None = None) -> list[Path]:
-    folder = folder or state_dir()
+    folder = (folder or state_dir()).resolve()  # as HarnessLock names them
     try:
         return sorted(p for p in folder.iterdir() if p.name.endswith(SUFFIX))
     except FileNotFoundError:
@@ -129,11 +150,15 @@ def lock_files(folder: Path | None = None) -> list[Path]:
 
 
 def is_live(path: Path) -> bool:
-    """Some process holds this file's lock (its harness, or that harness's watcher)."""
+    """Some process holds this file's lock (its harness, or that harness's watcher). False
+    only when that is proven: a file that cannot be opened for another reason counts as
+    live. A missing file is not live here, but may be held open deleted: `held_anywhere`."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return False
+    except OSError:
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -156,6 +181,44 @@ class Owners:
 
     def owns_path(self, path: str) -> bool:
         return any(f.owns_path(path) for f in self.live)
+
+    def holds(self, lock_path: str) -> bool:
+        """This lock file (a process's env.LOCK) is one of the live ones."""
+        return any(str(f.path) == lock_path for f in self.live)
+
+    def plus(self, live: list[LockFile]) -> Owners:
+        known = {f.path for f in self.live}
+        return Owners(self.live + [f for f in live if f.path not in known], self.dead)
+
+
+def is_lock_path(value: str) -> bool:
+    """A value of env.LOCK that names a harness's lock file; anything else (a relative
+    path, another file) is ignored, and the process judged as one without the variable."""
+    return os.path.isabs(value) and bool(LOCK_NAME.fullmatch(os.path.basename(value)))
+
+
+def read_live(paths: set[str]) -> list[LockFile]:
+    """The live ones of these lock files, read."""
+    return [LockFile.read(Path(p)) for p in sorted(paths) if is_live(Path(p))]
+
+
+def held_anywhere() -> list[LockFile]:
+    """Every live lock file that some process we can see holds open, wherever its folder,
+    deleted or not: the holder of a live lock always has it open (the harness never closes
+    it; its watcher inherited it). Read and tried through the holder's descriptor, which
+    reaches a deleted file too. A pass over every descriptor of every process (~10 ms per
+    thousand): asked only when something looks unowned otherwise."""
+    found: dict[str, LockFile] = {}
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        try:
+            path = os.readlink(fd).removesuffix(DELETED)
+        except OSError:
+            continue  # gone meanwhile, or a process we may not look into
+        if path not in found and LOCK_NAME.fullmatch(os.path.basename(path)) and is_live(fd):
+            lock = LockFile.read(fd)
+            lock.path = Path(path)
+            found[path] = lock
+    return list(found.values())
 
 
 def owners(folder: Path | None = None) -> Owners:

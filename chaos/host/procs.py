@@ -27,26 +27,44 @@ def marked_pids(run_id: str) -> list[int]:
 
 
 def env_values(names: tuple[str, ...]) -> dict[int, str]:
-    """Live (not zombie) processes, other than this one, that have one of these
-    variables, non-empty, in their initial environment: pid -> its value (the first of
-    `names` it has)."""
-    wanted = {name.encode(): rank for rank, name in enumerate(names)}
+    """Live (not zombie) processes of this user, other than this one, that have one of
+    these variables, non-empty, in their initial environment: pid -> its value (the first
+    of `names` it has)."""
+    return {pid: next(values[n] for n in names if n in values)
+            for pid, values in env_vars(names).items()}
+
+
+def env_vars(names: tuple[str, ...]) -> dict[int, dict[str, str]]:
+    """Live (not zombie) processes of this user, other than this one, that have any of
+    these variables, non-empty, in their initial environment: pid -> those variables.
+
+    "This user" is the real uid: processes of other users are never ours to reap, also
+    when we are root and can read (and kill) them."""
+    wanted = {name.encode() for name in names}
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            environ = (entry / "environ").read_bytes()
             values = {}
-            for item in environ.split(b"\0"):
+            for item in (entry / "environ").read_bytes().split(b"\0"):
                 name, _, value = item.partition(b"=")
                 if name in wanted and value:
-                    values[wanted[name]] = value.decode(errors="replace")
-            if values and not _is_zombie(entry):
-                found[int(entry.name)] = values[min(values)]
+                    values[name.decode()] = value.decode(errors="replace")
+            if values and real_uid(entry) == os.getuid() and not _is_zombie(entry):
+                found[int(entry.name)] = values
         except OSError:
             continue
     return found
+
+
+def real_uid(proc_dir: Path) -> int:
+    """The process's real uid (status: "Uid: real effective saved fs"); a setuid program
+    keeps its caller's."""
+    for line in (proc_dir / "status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise OSError(f"no Uid line in {proc_dir}/status")
 
 
 def _is_zombie(proc_dir: Path) -> bool:

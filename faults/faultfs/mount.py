@@ -119,7 +119,8 @@ class Mount:
             self.daemon = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                            stderr=subprocess.STDOUT, start_new_session=True,
                                            pass_fds=(root_fd,),
-                                           env={**os.environ, HELPER: self.owner})
+                                           env={**os.environ, HELPER: self.owner,
+                                                **lifeline.lock_env()})
         rel = self._inside(self.state)
         if rel is not None:  # under the mount: only the daemon's descriptor reaches it
             self.socket_path = f"/proc/{self.daemon.pid}/fd/{root_fd}/{rel}/control.sock"
