@@ -6,24 +6,52 @@ from pathlib import Path
 
 from chaos.errors import UsageError
 from chaos.harness.hangwatch import default_timeout
-from chaos.harness.reference import get_reference
+from chaos.harness.reference import check_cache_dir, get_reference
 from chaos.harness.runner import Job, Progress, torchrun_command
 from chaos.judge import interval
 from chaos.judge.evidence import Evidence
 from chaos.report.model import Report
-from chaos.report.verdict import judge, write_html
+from chaos.report.verdict import fault_summary, judge, write_html
+from chaos.rundir.folders import unwritable
 from chaos.rundir.history import History
 from chaos.scenario import files as scenario_file
 from chaos.scenario import schedule
 from chaos.scenario.model import Scenario
 
 
-def prepare_out_dir(out_dir: Path) -> None:
-    """Create the output directory; never write into one that already holds data."""
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse an output directory that holds data or cannot be written, before anything
+    is started or written: found later, a run would be lost half way."""
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UsageError(f"output directory {out_dir} already exists and is not empty;"
                          " choose a new one")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    why = unwritable(out_dir)
+    if why:
+        raise UsageError(f"output directory {out_dir}: {why}; choose another (--out)")
+
+
+def prepare_out_dir(out_dir: Path) -> None:
+    """Create the output directory; never write into one that already holds data."""
+    check_out_dir(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # the filesystem changed since the check
+        raise UsageError(f"output directory {out_dir}: {exc.strerror or exc};"
+                         " choose another (--out)") from None
+
+
+def interrupted(out_dir: Path, chaos_dir: Path, faults: list[schedule.ResolvedFault],
+                exc: BaseException) -> Report:
+    """OUT/report.json of a run cut short (its processes already reaped): verdict
+    "error", how far it got, so a CI job killed at its time limit leaves a report."""
+    history = History.of_run(chaos_dir)
+    how = f" ({exc})" if str(exc) else ""
+    report = Report(verdict="error", run_dir=str(chaos_dir),
+                    faults=fault_summary(faults, history),
+                    reason=f"interrupted{how} at step {history.final_step()}, before a"
+                           " verdict: nothing was judged")
+    report.write(out_dir)
+    return report
 
 
 def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
@@ -31,6 +59,7 @@ def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
     say = progress or (lambda _msg: None)
     scenario.validate()
     faults = schedule.resolve(scenario.faults, scenario.seed, scenario.nproc, scenario.nodes)
+    check_cache_dir(cache_dir)  # before replay.yaml: a refused run leaves --out unused
     prepare_out_dir(out_dir)
     # Written first, so that even a run cut short can be replayed; again at the end with
     # the verdict, so that a replay says whether it reproduced.
@@ -42,8 +71,12 @@ def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
     reference_history = reference.history()
     hang_timeout = scenario.hang_timeout or default_timeout(reference_history)
     start_from = Path(scenario.start_from) if scenario.start_from else None
-    outcome = Job(scenario, chaos_dir, faults, reference.run_dir, say, hang_timeout,
-                  start_from).run()
+    try:
+        outcome = Job(scenario, chaos_dir, faults, reference.run_dir, say, hang_timeout,
+                      start_from).run()
+    except KeyboardInterrupt as exc:  # Ctrl-C, or a CI job's timeout (SIGTERM)
+        interrupted(out_dir, chaos_dir, faults, exc)
+        raise
     say(f"chaos run done in {outcome.wall_seconds:.1f} s ({outcome.launches} launch(es))")
     chaos_history = History.of_run(chaos_dir)
     evidence = Evidence(
@@ -57,7 +90,7 @@ def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
         max_lost_steps=scenario.max_lost_steps, max_lost_seconds=scenario.max_lost_seconds,
         log_tail=outcome.log_tail(), max_detect_steps=scenario.max_detect_steps,
         chaos_dir=chaos_dir, reference_dir=reference.run_dir, hang=outcome.hang,
-        hang_timeout=hang_timeout,
+        exit_hang=outcome.exit_hang, hang_timeout=hang_timeout,
     )
     report = judge(
         evidence, faults, scenario.checks, run_dir=str(chaos_dir),

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from chaos.cli import multinode
 from chaos.cli.output import print_report, progress_printer
 from chaos.errors import CannotJudge, ChaosError, UsageError
-from chaos.harness.reference import default_cache_dir
+from chaos.harness.reference import check_cache_dir, default_cache_dir
 from chaos.host import leftovers, owners
 from faults.registry import get_kind
 
@@ -455,9 +455,16 @@ def _scenario(ns: argparse.Namespace, script: str, args: list[str], faults: list
 
 
 def _dirs(ns: argparse.Namespace) -> tuple[Path, Path]:
+    """--out and --cache-dir, refused here (one line, exit 2) when they hold data or cannot
+    be written: before any process starts and before anything (replay.yaml) is written."""
+    from chaos.engine import check_out_dir
+
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    out = ns.out or Path("torchchaos-runs") / stamp
-    return out.resolve(), (ns.cache_dir or default_cache_dir()).resolve()
+    out = (ns.out or Path("torchchaos-runs") / stamp).resolve()
+    cache = (ns.cache_dir or default_cache_dir()).resolve()
+    check_cache_dir(cache)
+    check_out_dir(out)
+    return out, cache
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
@@ -508,8 +515,12 @@ def _run_sweep(ns: argparse.Namespace, command: str, entries: list[Entry], base:
     if ns.shard:
         progress_printer(ns.quiet)(f"shard {ns.shard}: runs {', '.join(map(str, numbers))}"
                                    f" of {len(entries)}")
-    battery.run_entries(entries, base, out, cache, progress_printer(ns.quiet),
-                        title=TITLES[command], jobs=ns.jobs, numbers=numbers)
+    try:
+        battery.run_entries(entries, base, out, cache, progress_printer(ns.quiet),
+                            title=TITLES[command], jobs=ns.jobs, numbers=numbers)
+    except battery.SweepInterrupted as stop:  # what finished is shown, then exit 130
+        _finish_sweep(command, entries, stop.finished, out, ns.junitxml, f"{stop}")
+        raise
     if ns.shard:
         from chaos.explore.shards import write_manifest
 
@@ -585,11 +596,11 @@ def cmd_battery(ns: argparse.Namespace) -> int:
 
 
 def cmd_merge(ns: argparse.Namespace) -> int:
-    from chaos.engine import prepare_out_dir
+    from chaos.engine import check_out_dir
     from chaos.explore import shards
 
-    prepare_out_dir(ns.out)
-    merged = shards.merge(ns.dirs, ns.out)
+    check_out_dir(ns.out)
+    merged = shards.merge(ns.dirs, ns.out)  # checks every shard whole, then writes
     if merged.command == "search":
         return _merge_searches(merged.searches, ns.out)
     numbers = list(range(1, len(merged.entries) + 1))
@@ -645,8 +656,15 @@ def cmd_crashpoints(ns: argparse.Namespace) -> int:
             print(f"recording of save {ns.save}: {entry}; pass --cache-dir {cache} to the"
                   " shards")
             return 0
-        result = crashsweep.sweep(base, out, cache, progress, ns.save, modes, ns.cap,
-                                  ns.steps_after_resume or 3, ns.shard)
+        try:
+            result = crashsweep.sweep(base, out, cache, progress, ns.save, modes, ns.cap,
+                                      ns.steps_after_resume or 3, ns.shard)
+        except crashsweep.Interrupted as stop:  # what was judged is shown, then exit 130
+            _finish_sweep("crashstates", stop.result.entries, stop.judged, out, ns.junitxml,
+                          f"save {ns.save}: {stop}",
+                          crashsweep.report_rows(stop.result.entries, stop.judged,
+                                                 stop.result.groups()))
+            raise
         if ns.shard:
             from chaos.explore.shards import CRASH_STATES, write_manifest
 

@@ -175,13 +175,26 @@ def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: 
                  f"{progress_bar(len(finished), len(chosen), time.monotonic() - started)}")
         write_index(entries, out_dir, title, sorted(finished))
 
-    if jobs <= 1:
-        for number in chosen:
-            run(number)
-            after(number)
-    else:
-        _in_parallel(run, after, chosen, jobs)
+    try:
+        if jobs <= 1:
+            for number in chosen:
+                run(number)
+                after(number)
+        else:
+            _in_parallel(run, after, chosen, jobs)
+    except KeyboardInterrupt as exc:  # every run's processes are reaped by now
+        raise SweepInterrupted(sorted(finished), len(chosen)) from exc
     return entries
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """A sweep stopped by Ctrl-C or SIGTERM: the runs that finished (1-based numbers),
+    for the partial table and pages, and how many were planned."""
+
+    def __init__(self, finished: list[int], planned: int) -> None:
+        super().__init__(f"interrupted after {len(finished)} of {planned} run(s)")
+        self.finished = finished
+        self.planned = planned
 
 
 def _run_entry(entry: Entry, number: int, total: int, base: Scenario, out_dir: Path,
@@ -244,6 +257,8 @@ def write_index(entries: list[Entry], out_dir: Path, title: str,
 
 
 def table(entries: list[Entry]) -> str:
+    if not entries:
+        return "(no run finished)"
     checks = next((list(e.report.checks) for e in entries if e.report), [])
     short = {"completes": "completes", "atomic_recovery": "atomic", "bounded_lost_work":
              "lost_work", "deterministic_resume": "bitwise", "durable_checkpoints": "durable",

@@ -147,6 +147,34 @@ def sweep(base: Scenario, out_dir: Path, cache_dir: Path, progress: Progress, sa
     scenario = dataclasses.replace(base, stop_after=steps_after, max_restarts=1,
                                    max_relaunches=0, faults=[],
                                    env={**base.env, env.RECOVERY: "1"})
+    try:
+        _judge_states(base, reference, record, specs, crashes, scenario, folder, out_dir,
+                      result, progress)
+    except KeyboardInterrupt as exc:  # the recovery's processes are reaped by now
+        result.seconds = time.monotonic() - started
+        done = sorted(n for n in numbers if result.entries[n - 1].report is not None
+                      or result.entries[n - 1].error)
+        raise Interrupted(result, done) from exc
+    result.seconds = time.monotonic() - started
+    return result
+
+
+class Interrupted(KeyboardInterrupt):
+    """A sweep stopped by Ctrl-C or SIGTERM, with what it had judged (`judged`: 1-based
+    state numbers) for the partial table and pages."""
+
+    def __init__(self, result: Sweep, judged: list[int]) -> None:
+        super().__init__(f"interrupted after {len(judged)} of {len(result.numbers)} state(s)")
+        self.result = result
+        self.judged = judged
+
+
+def _judge_states(base: Scenario, reference: Reference, record: Record,
+                  specs: list[StateSpec], crashes: list[Crash], scenario: Scenario,
+                  folder: str, out_dir: Path, result: Sweep, progress: Progress) -> None:
+    """Build each planned state, recover (or reuse a recovery that read the same
+    bytes) and judge it; into `result` as it goes."""
+    numbers = result.numbers
     judged, digests = set(numbers), set()
     for number, state in enumerate(states_of(record, specs), 1):
         digests.add(state.digest)  # every shard builds every state: they agree on the count
@@ -166,8 +194,6 @@ def sweep(base: Scenario, out_dir: Path, cache_dir: Path, progress: Progress, sa
         progress(f"[{number}/{len(specs)}] {verdict:<5} {entry.name}"
                  f" ({len(result.recoveries)} recoveries run)")
     result.distinct_images = len(digests)
-    result.seconds = time.monotonic() - started
-    return result
 
 
 def planned_states(record: Record, modes: list[str], seed: int,
@@ -341,7 +367,8 @@ def _judge(base: Scenario, reference: Reference, record: Record, recovery: Recov
         reference_detail=reference.detail, max_lost_steps=base.max_lost_steps,
         max_lost_seconds=base.max_lost_seconds, log_tail=outcome.log_tail(),
         max_detect_steps=base.max_detect_steps, chaos_dir=recovery.run_dir,
-        reference_dir=reference.run_dir, hang=outcome.hang, hang_timeout=hang_timeout)
+        reference_dir=reference.run_dir, hang=outcome.hang, exit_hang=outcome.exit_hang,
+        hang_timeout=hang_timeout)
     report = judge(evidence, [fault], base.checks, run_dir=str(recovery.run_dir),
                    reference_dir=str(reference.run_dir), wall_seconds=outcome.wall_seconds,
                    crash_state=state.detail, recording=str(record.run_dir),

@@ -37,6 +37,7 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from chaos.engine import prepare_out_dir
 from chaos.errors import UsageError
 from chaos.explore.battery import Entry
 from chaos.report.model import Report
@@ -142,10 +143,15 @@ class Merged:
 
 
 def merge(dirs: list[Path], out_dir: Path) -> Merged:
-    """Join the shards in `dirs` into `out_dir` (which the caller created empty). A
-    search's shards are not one plan cut in pieces but searches with their own seeds:
-    their results are listed, and the smallest failing schedule is the answer."""
+    """Join the shards in `dirs` into `out_dir`, a new folder. A search's shards are not
+    one plan cut in pieces but searches with their own seeds: their results are listed,
+    and the smallest failing schedule is the answer. Every shard is checked whole (its
+    manifest, run folders and reports) before `out_dir` is made: a bad shard is refused
+    with nothing written, never half merged."""
     manifests = _whole_plan(dirs)
+    for directory, manifest in manifests:
+        _check_folders(directory, manifest)
+    prepare_out_dir(out_dir)
     first = manifests[0][1]
     if first["command"] == "search":
         return Merged("search", first["title"], [], {}, manifests)
@@ -209,9 +215,94 @@ def _read_manifest(directory: Path) -> dict:
     if not path.is_file():
         raise UsageError(f"{directory} has no {MANIFEST}: not the --out of a run with --shard")
     try:
-        return json.loads(path.read_text())
-    except ValueError as exc:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: not a shard manifest ({exc})") from None
+    why = _manifest_problem(manifest)
+    if why:
+        raise UsageError(f"{path}: not a shard manifest ({why}); run the shard again")
+    return manifest
+
+
+# What every manifest holds, and what a sweep's or a search's holds besides: the keys the
+# merge reads, with their types.
+MANIFEST_KEYS: dict[str, type | tuple[type, ...]] = {
+    "command": str, "title": str, "shard": list, "runs": dict, "extra": dict}
+SWEEP_KEYS = {"plan": list}
+OPTIONAL_KEYS = {"details": dict, "out": str}  # absent from older manifests
+SEARCH_KEYS = {"plan": dict}
+SEARCH_RUNS = {"runs": int, "minimal": (list, type(None)), "flaky": list}
+COMMANDS = ("battery", "crashpoints", CRASH_STATES, "campaign", "search")
+
+
+def _manifest_problem(manifest: object) -> str:
+    """What keeps `manifest` from being merged (a list, `{}`, a key missing or of another
+    type, runs outside its plan), or ""."""
+    if not isinstance(manifest, dict):
+        return f"a JSON {type(manifest).__name__}, not an object"
+    search = manifest.get("command") == "search"
+    for key, kind in {**MANIFEST_KEYS, **(SEARCH_KEYS if search else SWEEP_KEYS)}.items():
+        if not isinstance(manifest.get(key), kind):
+            return f"no {key!r}" if key not in manifest else f"{key!r} is not a {_name(kind)}"
+    for key, kind in OPTIONAL_KEYS.items():
+        if key in manifest and not isinstance(manifest[key], kind):
+            return f"{key!r} is not a {_name(kind)}"
+    if manifest["command"] not in COMMANDS:
+        return f"unknown command {manifest['command']!r}"
+    shard = manifest["shard"]
+    if not (len(shard) == 2 and all(isinstance(n, int) for n in shard)
+            and 1 <= shard[0] <= shard[1]):
+        return f"'shard' is {shard!r}, not [I, N]"
+    return _search_problem(manifest["runs"]) if search else _plan_problem(manifest)
+
+
+def _name(kind: type | tuple[type, ...]) -> str:
+    return " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+
+
+def _search_problem(runs: dict) -> str:
+    for key, kind in SEARCH_RUNS.items():
+        if not isinstance(runs.get(key), kind):
+            return f"runs[{key!r}] is missing or not a {_name(kind)}"
+    return ""
+
+
+def _plan_problem(manifest: dict) -> str:
+    plan, runs = manifest["plan"], manifest["runs"]
+    if not all(isinstance(p, dict) and all(k in p for k in PLAN_FIELDS) for p in plan):
+        return f"a 'plan' entry lacks one of {', '.join(PLAN_FIELDS)}"
+    for number, ran in runs.items():
+        if not (number.isdigit() and 1 <= int(number) <= len(plan)):
+            return f"run {number!r} is not in its plan of {len(plan)} run(s)"
+        if not (isinstance(ran, dict) and isinstance(ran.get("report"), bool)
+                and isinstance(ran.get("error"), (str, type(None)))):
+            return f"run {number}: not {{'error': ..., 'report': true|false}}"
+    return ""
+
+
+def _check_folders(directory: Path, manifest: dict) -> None:
+    """Each run folder the manifest names is there with a report.json that reads (and a
+    crash-state shard's recording, a failing search's minimal.yaml)."""
+    if manifest["command"] == "search":
+        if manifest["runs"]["minimal"] is not None and not (
+                directory / "minimal.yaml").is_file():
+            raise UsageError(f"shard {directory}: minimal.yaml is missing although its"
+                             f" {MANIFEST} names a failing schedule; run the shard again")
+        return
+    names = ["record"] if manifest["command"] == CRASH_STATES else []
+    digits = folder_digits(manifest["command"])
+    reports = [f"{int(n):0{digits}d}" for n, ran in manifest["runs"].items() if ran["report"]]
+    for name in [*names, *reports]:
+        if not (directory / name).is_dir():
+            raise UsageError(f"shard {directory}: run folder {name} is missing although its"
+                             f" {MANIFEST} names it; copy the whole --out of the shard")
+    for name in reports:
+        path = directory / name / "report.json"
+        try:
+            Report.read(path)
+        except (OSError, ValueError, TypeError) as exc:
+            raise UsageError(f"shard {directory}: {name}/report.json cannot be read"
+                             f" ({exc}); run the shard again") from None
 
 
 def _bring_folder(shard_dir: Path, out_dir: Path, name: str) -> None:

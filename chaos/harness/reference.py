@@ -7,6 +7,14 @@ extra environment and the torch / torchchaos versions. An entry is complete
 only once its `meta.json` exists, so an interrupted reference run is never
 reused. With two reference runs the entry also records whether the target is
 deterministic without faults.
+
+The cache is written the way a checkpoint should be: the runs' files synced,
+then `meta.json` last, whole (a synced temporary file renamed over it, the
+folder synced). It records the size and digest of every file the harness
+wrote in each run (`_chaos/`: histories, weights, the snapshot), and an entry
+is used only if they read back the same: a damaged one (a `meta.json` cut
+short, a history truncated by a full disk or a careless copy) is said and run
+again, never judged against.
 """
 
 from __future__ import annotations
@@ -22,11 +30,12 @@ from importlib import metadata
 from pathlib import Path
 
 import chaos
-from chaos.errors import CannotJudge
+from chaos.errors import CannotJudge, UsageError
 from chaos.harness.hangwatch import REFERENCE_TIMEOUT
 from chaos.harness.runner import Job, Progress
 from chaos.judge.components import same_state
 from chaos.judge.hangs import describe_hang
+from chaos.rundir.folders import fsync_dir, unwritable, write_atomic
 from chaos.rundir.history import Event, History
 from chaos.rundir.layout import RunLayout
 from chaos.scenario.model import Scenario
@@ -238,9 +247,19 @@ def restarted_and_trained(history: History) -> Event | None:
                  and e.get("pid") in trained), None)
 
 
+def check_cache_dir(cache_root: Path) -> None:
+    """Refuse a cache folder that cannot be written (a file, read-only, full) before any
+    run: a reference run that cannot be kept would be lost at its end."""
+    why = unwritable(cache_root)
+    if why:
+        raise UsageError(f"reference cache {cache_root}: {why}; choose another"
+                         " (--cache-dir)")
+
+
 def get_reference(scenario: Scenario, cache_root: Path, progress: Progress) -> Reference:
     """The cached reference, made first if need be. One lock file per entry, so two
     harnesses asking for the same reference at once run it once."""
+    check_cache_dir(cache_root)
     cache_root.mkdir(parents=True, exist_ok=True)
     entry = cache_root / f"ref-{cache_key(scenario)}"
     with open(entry.with_suffix(".lock"), "w") as lock:
@@ -298,15 +317,15 @@ def unjudgeable(reference: Reference) -> tuple[str, str] | None:
 
 
 def _cached_or_new(scenario: Scenario, entry: Path, progress: Progress) -> Reference:
-    meta_file = entry / "meta.json"
-    if meta_file.exists():
-        meta = json.loads(meta_file.read_text())
-        if meta["runs"] >= scenario.reference_runs:
-            progress(f"reference: reusing cached run {entry}")
-            return Reference(entry / "run-0", meta["wall_seconds"], meta["deterministic"],
-                             meta["detail"])
-    if entry.exists():
-        shutil.rmtree(entry)  # incomplete or too few runs: a directory this harness created
+    meta = _read_meta(entry, progress)
+    if meta is not None and meta["runs"] >= scenario.reference_runs:
+        progress(f"reference: reusing cached run {entry}")
+        return Reference(entry / "run-0", meta["wall_seconds"], meta["deterministic"],
+                         meta["detail"])
+    if entry.is_dir():
+        shutil.rmtree(entry)  # incomplete, damaged or too few runs: this harness made it
+    elif entry.exists():
+        entry.unlink()
     entry.mkdir()
     walls = []
     for number in range(scenario.reference_runs):
@@ -318,6 +337,89 @@ def _cached_or_new(scenario: Scenario, entry: Path, progress: Progress) -> Refer
         deterministic, detail = _compare(History.of_run(entry / "run-0"),
                                          History.of_run(entry / "run-1"))
     meta = {"runs": scenario.reference_runs, "wall_seconds": walls[0],
-            "deterministic": deterministic, "detail": detail}
-    meta_file.write_text(json.dumps(meta))
+            "deterministic": deterministic, "detail": detail,
+            "files": _written_files(entry, scenario.reference_runs, sync=True)}
+    write_atomic(entry / META, json.dumps(meta))  # last: it says the entry is whole
     return Reference(entry / "run-0", walls[0], deterministic, detail)
+
+
+META = "meta.json"
+# meta.json's keys and the types the reader relies on
+META_KEYS = {"runs": int, "wall_seconds": (int, float), "deterministic": (bool, type(None)),
+             "detail": str, "files": dict}
+
+
+def _read_meta(entry: Path, progress: Progress) -> dict | None:
+    """The entry's meta.json when the entry is whole, else None: never made (or made by
+    a run cut short), or damaged, which is said, naming the file and what is wrong."""
+    meta_file = entry / META
+    if not meta_file.exists():
+        return None
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError) as exc:
+        return _damaged(progress, entry, f"{meta_file} does not parse ({exc})")
+    wrong = [key for key, kind in META_KEYS.items()
+             if not isinstance(meta, dict) or not isinstance(meta.get(key), kind)]
+    if wrong:
+        return _damaged(progress, entry, f"{meta_file} has no valid {', '.join(wrong)}")
+    if meta["runs"] not in (1, 2):
+        return _damaged(progress, entry, f"{meta_file} says runs={meta['runs']}")
+    why = _files_differ(entry, meta["runs"], meta["files"])
+    return _damaged(progress, entry, why) if why else meta
+
+
+def _damaged(progress: Progress, entry: Path, why: str) -> None:
+    progress(f"reference: cached run {entry} is damaged: {why}; running it again")
+
+
+# Files bigger than this (a large model's weights) are compared by size, not read whole
+# on every use of the entry.
+DIGESTED_BYTES = 64 << 20
+
+
+def _written_files(entry: Path, runs: int, sync: bool = False) -> dict[str, list]:
+    """Every file the harness wrote in the entry's runs (`run-N/_chaos/`): its size and
+    digest, by its path in the entry. `sync`: made durable too, before meta.json names
+    them."""
+    found: dict[str, list] = {}
+    for number in range(runs):
+        chaos_dir = RunLayout(entry / f"run-{number}").chaos_dir
+        for folder, dirs, files in os.walk(chaos_dir):
+            dirs.sort()  # the same order every time: the first difference is the one said
+            for name in sorted(files):
+                path = Path(folder, name)
+                found[str(path.relative_to(entry))] = _size_and_digest(path, sync)
+            if sync:
+                fsync_dir(Path(folder))
+    return found
+
+
+def _size_and_digest(path: Path, sync: bool) -> list:
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        digest = None
+        if size <= DIGESTED_BYTES:  # hashlib.file_digest is 3.11+
+            digest = hashlib.sha256(handle.read()).hexdigest()
+        if sync:
+            os.fsync(handle.fileno())
+    return [size, digest]
+
+
+def _files_differ(entry: Path, runs: int, recorded: dict[str, list]) -> str:
+    """What of the entry's files differs from what meta.json recorded, or ""."""
+    try:
+        now = _written_files(entry, runs)
+    except OSError as exc:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    for name, was in recorded.items():
+        if not (isinstance(was, list) and len(was) == 2):
+            return f"{entry / META} records {name} as {was!r}, not [size, digest]"
+        if name not in now:
+            return f"{entry / name} is missing"
+        if now[name][0] != was[0]:
+            return f"{entry / name} holds {now[name][0]} bytes, {was[0]} when it was written"
+        if now[name] != was:
+            return f"{entry / name} changed since it was written (its digest differs)"
+    added = sorted(set(now) - set(recorded))
+    return f"{entry / added[0]} was not there when the entry was written" if added else ""

@@ -22,7 +22,7 @@ from faults.registry import get_kind
 Progress = Callable[[str], None]
 
 
-def _fault_summary(faults: list[ResolvedFault], history: History) -> list[dict]:
+def fault_summary(faults: list[ResolvedFault], history: History) -> list[dict]:
     fired = {e["id"]: e for e in history.faults()}
     errors = {e["id"]: e["error"] for e in history.events
               if e["ev"].endswith("_error") and "id" in e}
@@ -89,7 +89,7 @@ def judge(evidence: Evidence, faults: list[ResolvedFault], checks: list[str] | N
           **fields: Any) -> Report:
     """Run the checks over the evidence and come to a verdict; `fields` go into the report."""
     results = run_checks(evidence, checks)
-    summary = _fault_summary(faults, evidence.chaos)
+    summary = fault_summary(faults, evidence.chaos)
     report = Report.from_checks(results, faults=summary, restarts=len(evidence.recoveries),
                                 **fields)
     reason = (_never_fired(summary) or _touched_nothing(faults, evidence.chaos)

@@ -18,6 +18,12 @@ from faults.registry import get_kind
 
 NETWORKS = ("auto", "netns", "host")
 PROCESSES_PER_CORE = 4  # beyond this many ranks per core a run only measures the scheduler
+# What one rank takes at the least, for the bound --force cannot pass: a rank of the
+# bundled target (targets/ddp_lm.py, CPU torch 2.13 with the agent) was measured at 316 MiB
+# resident, 216 MiB of it its own (USS), and 6-7 threads. Floors below that, so that only
+# a job that cannot fit however small its ranks is refused.
+RANK_BYTES_FLOOR = 150 << 20
+RANK_TASKS_FLOOR = 4  # threads count against pid_max and RLIMIT_NPROC too
 
 
 @dataclass
@@ -141,11 +147,23 @@ class Scenario:
         scenario file recorded on a bigger machine still replays."""
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
+        self._check_capacity()
         if force or self.world_size <= PROCESSES_PER_CORE * cores:
             return
         raise UsageError(f"--nproc {self.nproc} x --nodes {self.nodes} = {self.world_size}"
                          f" ranks on {cores} core(s), more than {PROCESSES_PER_CORE} per core:"
                          " pass --force to run anyway")
+
+    def _check_capacity(self) -> None:
+        """Refuse, --force or not, more ranks than this machine can hold at all: every
+        rank forks here, and a job past its memory or process limit takes the machine
+        down with it instead of running slowly."""
+        most, why = machine_capacity()
+        if self.world_size + self.nodes > most:  # + one torchrun agent per node
+            raise UsageError(f"--nproc {self.nproc} x --nodes {self.nodes} ="
+                             f" {self.world_size} ranks: this machine holds at most"
+                             f" {max(most - self.nodes, 0)} ({why}), even with --force;"
+                             " lower --nproc or --nodes")
 
     @property
     def world_size(self) -> int:
@@ -157,3 +175,47 @@ class Scenario:
         if self.network != "auto":
             return self.network
         return "netns" if self.nodes > 1 and not netns.unavailable_reason() else "host"
+
+
+def machine_capacity() -> tuple[int, str]:
+    """The most processes of the smallest rank this machine can hold, and what bounds it:
+    its memory (or its cgroup's) at RANK_BYTES_FLOOR each, or the tasks it may still start
+    (pid_max, the user's RLIMIT_NPROC) at RANK_TASKS_FLOOR each."""
+    memory = _memory_bytes()
+    by_memory = memory // RANK_BYTES_FLOOR
+    tasks, limit = _tasks_left()
+    by_tasks = tasks // RANK_TASKS_FLOOR
+    if by_memory <= by_tasks:
+        return by_memory, (f"{memory >> 20} MiB of memory at {RANK_BYTES_FLOOR >> 20} MiB"
+                           " a rank at the least")
+    return by_tasks, f"{tasks} more tasks under {limit} at {RANK_TASKS_FLOOR} a rank"
+
+
+def _memory_bytes() -> int:
+    """Physical memory, or the cgroup v2 limit of this process where lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        group = Path("/proc/self/cgroup").read_text().strip().rpartition(":")[2]
+        limit = Path(f"/sys/fs/cgroup{group}/memory.max").read_text().strip()
+    except OSError:
+        return total
+    return min(total, int(limit)) if limit.isdigit() else total
+
+
+def _tasks_left() -> tuple[int, str]:
+    """How many more tasks (processes and threads) may start, and which limit says so."""
+    import resource
+
+    left: dict[str, int] = {}
+    try:  # every task of the machine, against the pids there are
+        running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[1])
+        left["pid_max"] = int(Path("/proc/sys/kernel/pid_max").read_text()) - running
+    except (OSError, ValueError, IndexError):
+        pass
+    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    if soft != resource.RLIM_INFINITY and os.geteuid() != 0:  # root is not held to it
+        left["RLIMIT_NPROC"] = soft  # the user's own tasks not subtracted: an upper bound
+    if not left:
+        return 1 << 30, "no limit known"
+    name = min(left, key=left.__getitem__)
+    return max(left[name], 0), name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -137,20 +138,41 @@ def test_a_fault_that_never_fires_is_not_a_pass(tmp_path):
     assert result.returncode == 2 and "never fired" in result.stderr
 
 
-def test_interrupt_reaps_every_process(tmp_path):
+def test_interrupt_reaps_every_process_and_leaves_a_report(tmp_path):
+    """Ctrl-C (or a CI job's time limit) in the chaos run: every process is reaped and
+    report.json says how far it got, verdict error."""
     proc = subprocess.Popen([*CLI, "run", "--out", str(tmp_path / "out"), "--cache-dir",
-                             str(tmp_path / "cache"), "--", str(TARGET), "--steps", "200",
+                             str(tmp_path / "cache"), "--", str(TARGET), "--steps", "100",
                              "--step-sleep", "0.05"], cwd=tmp_path, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    pattern = "*/run-0/_chaos/history/rank-1.jsonl"
-    while time.monotonic() < deadline and not list((tmp_path / "cache").glob(pattern)):
+    deadline = time.monotonic() + 90
+    history = tmp_path / "out" / "chaos" / "_chaos" / "history" / "rank-1.jsonl"
+    while time.monotonic() < deadline and not history.exists():
         time.sleep(0.2)
     time.sleep(2)  # the workers are training now
     assert chaos_processes(tmp_path), "the job should be running"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err
+    assert chaos_processes(tmp_path) == []
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["verdict"] == "error" and report["reason"].startswith("interrupted"), report
+    assert "nothing was judged" in report["reason"]
+
+
+def test_an_interrupted_battery_prints_and_indexes_what_finished(tmp_path, shared_cache):
+    out = tmp_path / "out"
+    proc = subprocess.Popen([*CLI, "battery", "--quiet", "--out", str(out), "--cache-dir",
+                             str(shared_cache)], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (out / "index.html").exists():
+        time.sleep(0.2)  # written once the first row is judged
+    proc.send_signal(signal.SIGTERM)  # as a CI job's time limit does
+    stdout, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err, err
+    assert "kill rank 0 at step" in stdout and "interrupted after" in stdout, stdout
+    assert "kill rank 0 at step" in (out / "index.html").read_text()
     assert chaos_processes(tmp_path) == []
 
 

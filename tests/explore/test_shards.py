@@ -26,6 +26,7 @@ from chaos.explore.shards import (
     write_manifest,
     write_search_manifest,
 )
+from chaos.report.model import Report
 from faults.faultfs.mount import unavailable_reason
 
 
@@ -280,3 +281,65 @@ def test_a_merged_battery_equals_the_unsharded_one(tmp_path, shared_cache) -> No
     one, other = tmp_path / "whole", tmp_path / "merged"
     assert _same((other / "index.html").read_text(), other) == _same(
         (one / "index.html").read_text(), one)
+
+
+def _shards_with_runs(tmp: Path, count: int, faults: list[str]) -> list[Path]:
+    """Shards of a battery whose runs all passed: each run folder with its report.json."""
+    dirs = []
+    for index in range(1, count + 1):
+        folder = tmp / f"shard-{index}"
+        folder.mkdir()
+        entries = _plan(faults)
+        for number in Shard(index, count).numbers(len(entries)):
+            entries[number - 1].report = Report(verdict="pass", run_dir=str(folder))
+            (folder / f"{number:02d}").mkdir()
+            entries[number - 1].report.write(folder / f"{number:02d}")
+        write_manifest(folder, "battery", "torchchaos battery", Shard(index, count), entries)
+        dirs.append(folder)
+    return dirs
+
+
+def _damage(case: str, dirs: list[Path]) -> None:
+    manifest = dirs[1] / "shard.json"
+    if case == "a list":
+        manifest.write_text("[1, 2]\n")
+    elif case == "{}":
+        manifest.write_text("{}\n")
+    elif case == "runs outside the plan":
+        data = json.loads(manifest.read_text())
+        data["runs"]["9"] = {"error": None, "report": True}
+        manifest.write_text(json.dumps(data))
+    elif case == "report truncated":
+        report = dirs[1] / "02" / "report.json"
+        report.write_text(report.read_text()[:40])
+    elif case == "run folder missing":  # shard 1's 01 comes first: it would be half merged
+        (dirs[1] / "02" / "report.json").unlink()
+        (dirs[1] / "02").rmdir()
+
+
+@pytest.mark.parametrize("case, message", [
+    ("a list", "shard.json: not a shard manifest (a JSON list, not an object)"),
+    ("{}", "shard.json: not a shard manifest (no 'command')"),
+    ("runs outside the plan", "run '9' is not in its plan of 3 run(s)"),
+    ("report truncated", "02/report.json cannot be read"),
+    ("run folder missing", "run folder 02 is missing"),
+])
+def test_a_damaged_shard_is_refused_with_nothing_merged(tmp_path, case, message) -> None:
+    """One line naming the shard and what is wrong, exit 2, and no merged folder at all
+    (not one holding the runs of the shards before the damaged one)."""
+    dirs = _shards_with_runs(tmp_path, 2, FAULTS)
+    _damage(case, dirs)
+    done = _cli("merge", *map(str, dirs), "--out", str(tmp_path / "merged"), cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("torchchaos: error: "), done.stderr
+    assert message in lines[0] and str(dirs[1]) in lines[0], lines[0]
+    assert not (tmp_path / "merged").exists()
+
+
+def test_whole_shards_with_runs_merge(tmp_path) -> None:
+    """The shards the test above damages merge when whole."""
+    dirs = _shards_with_runs(tmp_path, 2, FAULTS)
+    done = _cli("merge", *map(str, dirs), "--out", str(tmp_path / "merged"), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in (tmp_path / "merged").glob("0*")) == ["01", "02", "03"]

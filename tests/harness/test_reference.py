@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -44,6 +45,57 @@ def test_an_interrupted_entry_is_run_again_not_reused(tmp_path):
     said: list[str] = []
     get_reference(scenario, tmp_path, said.append)
     assert any("reference run 1/1" in line for line in said)
+
+
+def test_a_meta_json_cut_short_is_run_again_naming_it(tmp_path):
+    """A meta.json cut short (a full disk, a copy interrupted) once failed every later run
+    on that cache with an internal error that named no file; it is said and rebuilt."""
+    scenario = Scenario(script=str(PLAIN))
+    first = get_reference(scenario, tmp_path, lambda _: None)
+    meta = first.run_dir.parent / "meta.json"
+    meta.write_text(meta.read_text()[:len(meta.read_text()) // 2])
+    said: list[str] = []
+    again = get_reference(scenario, tmp_path, said.append)
+    assert said[0].startswith(f"reference: cached run {meta.parent} is damaged: {meta} does"
+                              " not parse ("), said
+    assert said[0].endswith("; running it again") and "reference run 1/1" in said[1]
+    assert json.loads(meta.read_text())["runs"] == 1 and again.history().steps()
+    assert [p.name for p in meta.parent.iterdir() if p.name.startswith(".")] == []  # no temp
+    said.clear()
+    get_reference(scenario, tmp_path, said.append)  # whole again: used as it is
+    assert said == [f"reference: reusing cached run {meta.parent}"]
+
+
+def test_a_reference_history_cut_in_half_is_rebuilt_not_judged_against(tmp_path):
+    """Cached rank histories truncated to half their lines once read as a reference that
+    stopped half way: a correct trainer FAILed ("job ran N step(s) more than the
+    reference"). meta.json records each file's size and digest; the entry is rebuilt."""
+    def run(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "chaos.cli", "run", "--out", str(tmp_path / name),
+             "--cache-dir", str(tmp_path / "cache"), "--", str(TARGET), "--steps", "8",
+             "--ckpt-every", "3"],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+    first = run("first")
+    assert first.returncode == 0, first.stdout + first.stderr
+    histories = sorted((tmp_path / "cache").glob("ref-*/run-0/_chaos/history/rank-*.jsonl"))
+    assert len(histories) == 2
+    whole = {path: path.read_text() for path in histories}
+    for path, text in whole.items():
+        path.write_text(_half(text))
+    second = run("second")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "verdict: PASS" in second.stdout and "more than the reference" not in second.stdout
+    rank0 = histories[0]  # the first file found damaged
+    assert (f"is damaged: {rank0} holds {len(_half(whole[rank0]))} bytes,"
+            f" {len(whole[rank0])} when it was written; running it again") in second.stderr
+    assert rank0.read_text().count("\n") == whole[rank0].count("\n")  # whole again
+
+
+def _half(text: str) -> str:
+    lines = text.splitlines(keepends=True)
+    return "".join(lines[:len(lines) // 2])
 
 
 def test_two_reference_runs_prove_or_disprove_determinism(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from conftest import TARGET
 
 from chaos.errors import UsageError
-from chaos.scenario import schedule
+from chaos.scenario import model, schedule
 from chaos.scenario.model import Scenario
 from chaos.scenario.spec import Trigger, parse_fault_spec
 from faults.params import run_relative_dir
@@ -145,3 +145,19 @@ def test_far_more_ranks_than_cores_need_force():
     with pytest.raises(UsageError, match="pass --force"):
         crowded.check_machine()
     crowded.check_machine(force=True)
+
+
+def test_force_is_bounded_by_what_the_machine_can_hold(monkeypatch):
+    """--force lets ranks share cores; it does not fork past the machine's memory or its
+    pids (100000 ranks were once started)."""
+    with pytest.raises(UsageError, match=r"^--nproc 100000 x --nodes 1 = 100000 ranks: this"
+                                         r" machine holds at most \d+ \(.*\), even with"
+                                         r" --force; lower --nproc or --nodes$"):
+        Scenario(script=str(TARGET), nproc=100000).check_machine(force=True)
+    monkeypatch.setattr(model, "_memory_bytes", lambda: 1 << 30)  # 1 GiB: 5 ranks + agent
+    Scenario(script=str(TARGET), nproc=5).check_machine(force=True)
+    with pytest.raises(UsageError, match=r"at most 5 \(1024 MiB of memory at 150 MiB a rank"):
+        Scenario(script=str(TARGET), nproc=6).check_machine(force=True)
+    monkeypatch.setattr(model, "_tasks_left", lambda: (20, "pid_max"))  # 5 ranks or agents
+    with pytest.raises(UsageError, match=r"at most 3 \(20 more tasks under pid_max at 4 a"):
+        Scenario(script=str(TARGET), nproc=2, nodes=2).check_machine(force=True)
