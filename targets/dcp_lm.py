@@ -35,6 +35,9 @@ and the save is committed at once).
   before ``async_save`` wrote anything, and resume trusts it unverified.
 - ``no_fsync``: DCP writes with ``sync_files=False`` and neither the folders
   nor the manifest are fsynced: a power loss drops finished checkpoints.
+- ``no_dir_fsync``: DCP fsyncs its files and the manifest is written durably, but
+  neither the step folder's entry nor its ``.metadata`` rename is fsynced: the
+  manifest can outlive the folder it names.
 - ``rank0_metadata``: the RNG states are saved by rank 0 only, under one key
   every rank loads, so after a resume every rank draws rank 0's random numbers.
 """
@@ -72,7 +75,7 @@ from tiny_lm import (
     set_rng_state,
 )
 
-BUGS = ("none", "early_pointer", "no_fsync", "rank0_metadata")
+BUGS = ("none", "early_pointer", "no_fsync", "no_dir_fsync", "rank0_metadata")
 
 # The model's output is a view of the head's matmul; nothing edits it in place.
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
@@ -179,7 +182,7 @@ def commit(t: Trainer) -> None:
     pending.future.result()  # re-raises a failed write (ENOSPC, EIO): the job restarts
     if dist.get_rank() != 0 or t.args.bug == "early_pointer":
         return
-    sync = t.args.bug != "no_fsync"
+    sync = t.args.bug not in ("no_fsync", "no_dir_fsync")
     fsync_dir(pending.path, sync)  # the .metadata rename
     fsync_dir(t.args.ckpt_dir, sync)  # the step-N folder itself
     names = sorted(os.listdir(pending.path))

@@ -610,11 +610,13 @@ def durable_checkpoints(ev: Evidence) -> CheckResult:
         if restored < newest:
             dropped = sorted(set(loss.get("removed", []) + loss.get("reverted_files", [])))
             shown = ", ".join(dropped[:4]) + (" ..." if len(dropped) > 4 else "")
+            # which fsync was missing (the data's, the folder's), where the loss says
+            why = (lost.describe() if lost is not None and lost.step == newest else
+                   f"the power loss dropped {shown or 'nothing?'} (missing fsync of a file"
+                   " or of its directory)")
             return CheckResult(False, f"the checkpoint saved after step {newest} was finished"
                                       " before the power loss (training went on) but did not"
-                                      f" survive it: resumed from step {restored}; the power"
-                                      f" loss dropped {shown or 'nothing?'} (missing fsync of"
-                                      " a file or of its directory)",
+                                      f" survive it: resumed from step {restored}; {why}",
                                {"newest_finished": newest, "restored": restored,
                                 "dropped": dropped})
     return CheckResult(True, f"{len(losses)} power loss(es); every checkpoint finished"

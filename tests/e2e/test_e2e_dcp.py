@@ -61,6 +61,8 @@ BUGS = {
                       "resume failed on rank"),
     "no_fsync": ("storage:mode=lose_unsynced,rank=0,step=13", "durable_checkpoints",
                  "did not survive it: resumed from step 0"),
+    "no_dir_fsync": ("storage:mode=lose_unsynced,rank=0,step=13", "durable_checkpoints",
+                     "did not survive it"),
     "rank0_metadata": ("kill:rank=1,step=13", "deterministic_resume",
                        "on rank 1: RNG not restored (numpy, python, torch"),
 }
