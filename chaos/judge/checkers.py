@@ -82,12 +82,14 @@ def clean_exit(ev: Evidence) -> CheckResult:
     A job that hangs in its teardown holds its nodes until the scheduler's time limit,
     but its work is done: by default that is said by `completes`, not failed."""
     if ev.exit_hang is not None:
-        return CheckResult(False, f"every rank ended its training, then {_exit_hang(ev)}: the"
-                                  " teardown blocks on peers that are tearing down too (torch"
-                                  " 2.13's gloo destroy_process_group() can deadlock so) or on"
-                                  " a thread or child left running; end the script without"
-                                  " waiting on its peers (no destroy_process_group() at exit,"
-                                  " or one bounded by a timeout)", {"hang": ev.exit_hang})
+        return CheckResult(False, f"every rank ended its training, then {_exit_hang(ev)}:"
+                                  " its exit waits on something that never ends: a thread or"
+                                  " child left running, or, on torch 2.13 with gloo, a DDP"
+                                  " model still alive when the process group is destroyed (its"
+                                  " reducer's teardown deadlocks on the GIL): stop what it"
+                                  " started, free the model before destroy_process_group(),"
+                                  " or leave with os._exit(0) once the last checkpoint is"
+                                  " committed", {"hang": ev.exit_hang})
     if not ev.completed:
         return CheckResult(None, "the job did not complete: its exit is not what failed")
     return CheckResult(True, "every rank exited on its own once training ended")

@@ -93,7 +93,7 @@ class Bug:
         if isinstance(fault, OnEvent):
             return fault.mode == "lose_unsynced"
         if isinstance(fault, BatteryRow):
-            return fault.contains == ROWS["power loss"]
+            return fault.contains in (ROWS["power loss"], "which renames nothing")
         return fault.startswith("storage:") and "via=agent" not in fault
 
     @property
@@ -125,15 +125,15 @@ BUGS = {
         "rank 0 dies at the first file event of torch.save over the only snapshot:"
         " resume reads a truncated file", crashes_on_resume=True),
     ("epoch_snapshot", "in_place-power_loss"): Bug(
-        "storage:mode=lose_unsynced,rank=0,step=6,dir=checkpoints", "durable_checkpoints",
-        "nanoGPT's save (torch.save over the one file, no fsync): a power loss at step 6,"
-        " after the epoch-0 snapshot (step 4) finished, leaves its name without its bytes",
-        words=("fsync",), crashes_on_resume=True, variant="in_place"),
+        BatteryRow("which renames nothing"), "durable_checkpoints",
+        "nanoGPT's save (torch.save over the one file, no fsync): the battery's power loss"
+        " after the 2nd save ended (the writer renames nothing) drops the finished"
+        " snapshot", words=("fsync",), crashes_on_resume=True, variant="in_place"),
     ("epoch_snapshot", "no_fsync"): Bug(
-        "storage:mode=lose_unsynced,rank=0,step=6,dir=checkpoints", "durable_checkpoints",
-        "temporary file and os.replace, never an fsync: a power loss at step 6 takes the"
-        " finished snapshot of step 4 (bytes and rename) with it", words=("fsync",),
-        crashes_on_resume=True),
+        BatteryRow(ROWS["power loss"]), "durable_checkpoints",
+        "temporary file and os.replace, never an fsync: the battery's power loss after the"
+        " 2nd save's rename takes the finished snapshot of step 4 (bytes and rename) with"
+        " it", words=("fsync",), crashes_on_resume=True),
     ("epoch_snapshot", "no_rng"): Bug(
         "kill:rank=1,step=7", "deterministic_resume",
         "resume from the epoch-0 snapshot (step 4) leaves torch's RNG where seeding left"
