@@ -104,5 +104,7 @@ def write(entries: list[Entry], out_dir: Path, numbers: list[int] | None = None)
             for e in entries]
     path.write_text(json.dumps({"runs": runs, "by_bit_class": counts(entries, 1),
                                 "by_tensor": counts(entries, 0),
-                                "all": counts(entries, None)["all"]}, indent=2) + "\n")
+                                "all": counts(entries, None).get(  # none finished yet
+                                    "all", dict.fromkeys((*CATEGORIES, NOT_JUDGED), 0))},
+                               indent=2) + "\n")
     return path

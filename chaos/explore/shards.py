@@ -149,8 +149,16 @@ def merge(dirs: list[Path], out_dir: Path) -> Merged:
     manifest, run folders and reports) before `out_dir` is made: a bad shard is refused
     with nothing written, never half merged."""
     manifests = _whole_plan(dirs)
+    claimed: dict[int, Path] = {}
     for directory, manifest in manifests:
         _check_folders(directory, manifest)
+        if manifest["command"] == "search":
+            continue
+        for number in map(int, manifest["runs"]):
+            if number in claimed:  # two shards ran it: copying the second would clash
+                raise UsageError(f"shard {directory}: run {number} was run by shard"
+                                 f" {claimed[number]} too; merge each shard once")
+            claimed[number] = directory
     prepare_out_dir(out_dir)
     first = manifests[0][1]
     if first["command"] == "search":
@@ -272,7 +280,7 @@ def _plan_problem(manifest: dict) -> str:
     if not all(isinstance(p, dict) and all(k in p for k in PLAN_FIELDS) for p in plan):
         return f"a 'plan' entry lacks one of {', '.join(PLAN_FIELDS)}"
     for number, ran in runs.items():
-        if not (number.isdigit() and 1 <= int(number) <= len(plan)):
+        if not (number.isascii() and number.isdecimal() and 1 <= int(number) <= len(plan)):
             return f"run {number!r} is not in its plan of {len(plan)} run(s)"
         if not (isinstance(ran, dict) and isinstance(ran.get("report"), bool)
                 and isinstance(ran.get("error"), (str, type(None)))):

@@ -122,7 +122,9 @@ class HangWatch:
         since = max([b.beat_t for b in gone] + [self.launched_at, self.excused_until])
         if now - since < self.timeout:
             return None
-        return Hang(now - since, [], sorted(b.rank for b in gone), between_attempts=True)
+        # every rank ended its training and exited; what waits is torchrun itself
+        return Hang(now - since, [], sorted(b.rank for b in gone), between_attempts=True,
+                    at_exit=all(b.at_exit for b in gone))
 
 
 def _state(beat: Beat, now: float) -> RankState:

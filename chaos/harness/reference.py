@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -376,6 +377,9 @@ def _damaged(progress: Progress, entry: Path, why: str) -> None:
 # Files bigger than this (a large model's weights) are compared by size, not read whole
 # on every use of the entry.
 DIGESTED_BYTES = 64 << 20
+# Folders of a run's _chaos/ whose files no judgment reads: scratch (TMPDIR: torchrun's
+# sockets), stacks and beats (written by the runner, not the run's record)
+UNCHECKED = ("tmp", "stacks", "beats")
 
 
 def _written_files(entry: Path, runs: int, sync: bool = False) -> dict[str, list]:
@@ -386,10 +390,13 @@ def _written_files(entry: Path, runs: int, sync: bool = False) -> dict[str, list
     for number in range(runs):
         chaos_dir = RunLayout(entry / f"run-{number}").chaos_dir
         for folder, dirs, files in os.walk(chaos_dir):
+            if Path(folder) == chaos_dir:  # torchrun's and torch's scratch (sockets, FIFOs)
+                dirs[:] = [d for d in dirs if d not in UNCHECKED]
             dirs.sort()  # the same order every time: the first difference is the one said
             for name in sorted(files):
                 path = Path(folder, name)
-                found[str(path.relative_to(entry))] = _size_and_digest(path, sync)
+                if stat.S_ISREG(path.lstat().st_mode):  # never open a socket or a FIFO
+                    found[str(path.relative_to(entry))] = _size_and_digest(path, sync)
             if sync:
                 fsync_dir(Path(folder))
     return found

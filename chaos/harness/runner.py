@@ -200,6 +200,7 @@ class Job:
         self.start_from = start_from  # copied into the run dir first (Scenario.start_from)
         self.record = record  # a folder the fault filesystem records (chaos.explore.crashstates)
         self.fill = fill  # writes what the job starts from into the run dir (a crash state)
+        self._final_step: int | None = None  # the reference's, read once it is asked for
 
     def run(self) -> JobOutcome:
         lifeline.own(self.run_id, self.layout.run_dir)  # before anything of the run exists
@@ -262,9 +263,12 @@ class Job:
                 self._reap(log)
         finally:
             killed = self._reap(log)
-            if outcome.completed and not outcome.stopped and outcome.exit_hang is None:
-                # ended, yet these still ran (a hang at exit is said as such instead)
-                outcome.reaped = killed
+            if outcome.completed and not outcome.stopped:  # ended, yet these still ran
+                # (the ranks hung at exit and their torchrun agents are said as such)
+                excused = {r["pid"] for r in (outcome.exit_hang or {}).get("ranks", [])}
+                if outcome.exit_hang is not None:
+                    excused |= {p.pid for p in self.nodes}
+                outcome.reaped = [pid for pid in killed if pid not in excused]
             outcome.leftovers = procs.marked_pids(self.run_id)
             self._tear_down()
             outcome.leftover_mounts = mounts_under(self.layout.run_dir)
@@ -362,7 +366,7 @@ class Job:
         """Take every hung rank's stacks into the run, record the hang, say where."""
         if hang.between_attempts:
             return self._capture_stalled_agents(hang, log)
-        ranks = []
+        ranks, texts = [], []
         # a beat is up to half a second old; the history has each rank's true last step
         last_step = {e["pid"]: e["step"] for e in History.of_run(self.layout.run_dir).steps()}
         for rank in hang.ranks:
@@ -372,6 +376,8 @@ class Job:
             if rank.state == "waiting" and text and not stacks.waits_in_framework(text):
                 rank.state = "stuck"  # not in a collective: the likely cause, not a victim
             ranks.append({**rank.to_dict(), **taken})
+            texts.append(text)
+        hang.at_exit = self._ended_training(hang, texts)
         ranks.sort(key=lambda r: STATE_ORDER.index(r["state"]))  # stable: idle longest first
         event = self._record_hang(hang, log, ranks=ranks, at_exit=hang.at_exit)
         culprit = ranks[0]
@@ -385,13 +391,40 @@ class Job:
                       " tearing the job down")
         return event
 
+    def _ended_training(self, hang: Hang, texts: list[str]) -> bool:
+        """Had every hung rank ended its training? Their marks say so (`hang.at_exit`), but
+        only at the reference's final step: a rank told to stop (SIGTERM) may save and tear
+        down mid-run. Without marks, a rank at the final step whose script has returned
+        (its main thread holds only `<module>` frames, or the interpreter's exit) hangs at
+        exit too: a DDP model freed as `main()` returns deadlocks gloo's teardown before
+        any exit hook runs. Without a reference (the reference run), the marks decide."""
+        final = self._reference_final_step()
+        if final is None:
+            return hang.at_exit
+        if any(rank.step is None or rank.step < final for rank in hang.ranks):
+            return False
+        return hang.at_exit or all(stacks.script_returned(text) for text in texts)
+
+    def _reference_final_step(self) -> int | None:
+        if self.reference is None:
+            return None
+        if self._final_step is None:
+            self._final_step = History.of_run(self.reference).final_step()
+        return self._final_step
+
     def _capture_stalled_agents(self, hang: Hang, log: HistoryWriter) -> dict[str, Any]:
         """No worker is left: the torchrun agents' stacks say what they wait for."""
         agents = [{"node": node, "pid": proc.pid,
                    **self._take_stacks(proc.pid, f"torchrun-node-{node}", None)[1]}
                   for node, proc in enumerate(self.nodes) if proc.poll() is None]
-        event = self._record_hang(hang, log, ranks=[], between_attempts=True, agents=agents)
+        event = self._record_hang(hang, log, ranks=[], between_attempts=True, agents=agents,
+                                  at_exit=hang.at_exit)
         where = "; ".join(f"node {a['node']} in {a['where']}" for a in agents)
+        if hang.at_exit:
+            self.progress(f"hung at exit: every rank had ended its training and exited;"
+                          f" torchrun did not end (torchrun: {where or 'gone'}); tearing it"
+                          " down")
+            return event
         self.progress(f"hang: every rank exited {hang.seconds:.0f} s ago and no new attempt"
                       f" started (torchrun: {where or 'gone'}); tearing the job down")
         return event

@@ -88,7 +88,10 @@ def own(run_id: str | None = None, path: Path | str | None = None) -> None:
 
 def lock_env() -> dict[str, str]:
     """env.LOCK for what this process starts: the path of its lock file, empty if it has
-    none (which also hides one inherited from an outer harness). Call `own` first."""
+    none (which also hides one inherited from an outer harness), as when the lifeline is
+    off: a run `own` did not register is not that lock's to keep. Call `own` first."""
+    if os.environ.get(OFF_ENV) == "1":
+        return {env.LOCK: ""}
     current = _current[1] if _current is not None and _current[0] == os.getpid() else None
     return {env.LOCK: str(current.lock.path) if current is not None else ""}
 

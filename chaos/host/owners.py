@@ -209,7 +209,7 @@ def held_anywhere() -> list[LockFile]:
     reaches a deleted file too. A pass over every descriptor of every process (~10 ms per
     thousand): asked only when something looks unowned otherwise."""
     found: dict[str, LockFile] = {}
-    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+    for fd in _descriptors():
         try:
             path = os.readlink(fd).removesuffix(DELETED)
         except OSError:
@@ -219,6 +219,20 @@ def held_anywhere() -> list[LockFile]:
             lock.path = Path(path)
             found[path] = lock
     return list(found.values())
+
+
+def _descriptors() -> list[Path]:
+    """/proc/PID/fd/N of every process we may look into (a glob would raise on 3.10-3.12
+    for a process that ends while it lists its descriptors)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            found += [Path("/proc", pid, "fd", n) for n in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue  # ended meanwhile, or not ours to look into
+    return found
 
 
 def owners(folder: Path | None = None) -> Owners:

@@ -163,7 +163,7 @@ def summarize(text: str) -> str:
     frames = main_thread(text)
     if not frames:
         return "no stack could be taken"
-    if frames[0].func == "_shutdown" and frames[0].file.endswith("threading.py"):
+    if _in_shutdown(frames):
         # the script returned; the interpreter waits for threads that never end
         waited = [name or "unnamed" for name, _ in threads(text)
                   if name != "MainThread" and not name.startswith("torchchaos-")]
@@ -177,6 +177,20 @@ def summarize(text: str) -> str:
     if fault is not None:  # a hang fault holds the rank there
         line += f", held there by torchchaos ({fault.func})"
     return line
+
+
+def script_returned(text: str) -> bool:
+    """Has the script run to its end? Its main thread holds only module-level frames (a
+    destructor deadlocked as `main()` returned shows as the line that called it), or the
+    interpreter's exit waiting for threads."""
+    frames = main_thread(text)
+    if not frames:
+        return False
+    return all(f.func == "<module>" for f in frames) or _in_shutdown(frames)
+
+
+def _in_shutdown(frames: list[Frame]) -> bool:
+    return frames[0].func == "_shutdown" and frames[0].file.endswith("threading.py")
 
 
 def waits_in_framework(text: str) -> bool:

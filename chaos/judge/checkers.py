@@ -71,6 +71,11 @@ def completes(ev: Evidence) -> CheckResult:
 def _exit_hang(ev: Evidence) -> str:
     """'hung at exit: rank 0 stuck 10 s in destroy_process_group (...)'."""
     hang = ev.exit_hang or {}
+    if hang.get("between_attempts"):  # every rank exited; torchrun itself did not end
+        agents = "; ".join(f"node {a['node']} in {a['where']}" for a in hang.get("agents", []))
+        return (f"hung at exit: every rank exited, torchrun did not end in"
+                f" {_secs(hang.get('seconds', 0))} s ({agents or 'no agent left'}); the"
+                " harness tore it down")
     ranks = hang.get("ranks") or [{}]
     culprit = ranks[0]
     return (f"hung at exit: rank {culprit.get('rank', '?')} stuck {_secs(hang.get('seconds', 0))}"

@@ -204,6 +204,12 @@ class Agent:
         if os.environ.get(env.RECORD_SYNC) == "1":
             syncwatch.install(self.history.record)
         atexit.register(self._at_exit)
+        # atexit runs only after the interpreter joined every non-daemon thread: a thread
+        # the script left running would hang the exit with the rank still "in a step".
+        # threading's own shutdown hooks run before those joins (CPython 3.9+).
+        register_at_shutdown = getattr(threading, "_register_atexit", None)
+        if register_at_shutdown is not None:
+            register_at_shutdown(self._exiting)
         self.stop_marker.unlink(missing_ok=True)  # left by an attempt that failed after it
         api._record = self._detection
         api._committed = self._committed
@@ -232,7 +238,13 @@ class Agent:
         # exception (a peer gone, the disk failing): it is not a finished checkpoint.
         self._end_save(self.save_tracker.finish(), "exception" if self.raised else "exit")
         self.history.record("exit", step=self.global_step())
-        if not self.raised:  # what is left is the interpreter's own teardown
+        self._exiting()
+
+    def _exiting(self) -> None:
+        """The script returned: what is left is the interpreter's own teardown (a hang
+        there is a hang at exit). Called where the interpreter's shutdown begins, before it
+        joins the threads the script left running, and again at atexit."""
+        if not self.raised and not self.forked:
             self.heartbeat.progress(EXITING, self.global_step())
             self.heartbeat.write()
 

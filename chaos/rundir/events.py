@@ -40,6 +40,9 @@ EVENTS: dict[str, EventSpec] = {
     "exception": _e("rank", "the target raised out of its main",
                     "type, message, step, before_first_step, after_load"),
     "exit": _e("rank", "the process exits normally", "step"),
+    "teardown": _e("rank", "the script called destroy_process_group(); clean: no exception"
+                   " was on its way (a hang from here on, after the last step, is at exit)",
+                   "step, clean"),
     "stopped": _e("rank", "the rank stopped at TORCHCHAOS_STOP_AT_STEP", "step"),
     "snapshot": _e("rank", "the folder's entries at a step (working-directory snapshot)",
                    "step, entries"),
@@ -76,7 +79,7 @@ EVENTS: dict[str, EventSpec] = {
     "rank_exit": _e("harness", "a worker process ended", "rank, pid, launch, attempt, step"),
     "job_exit": _e("harness", "a launch of the job ended", "launch, codes, stopped"),
     "hang": _e("harness", "no progress for the hang timeout",
-               "seconds, timeout, stacks_dir, after_exit"),
+               "seconds, timeout, stacks_dir, after_exit, at_exit"),
     "deadline": _e("harness", "the run's deadline killed the job", "seconds"),
     "gave_up": _e("harness", "the runner stopped a job whose resume died twice the same way"
                   " (chaos.harness.repeats)", "reason"),

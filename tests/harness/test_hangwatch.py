@@ -133,6 +133,25 @@ def test_ranks_stuck_after_their_training_ended_are_a_hang_at_exit(tmp_path):
     assert not HangWatch(tmp_path, timeout=5.0).poll()[1].at_exit
 
 
+def test_every_rank_exited_after_its_training_and_torchrun_waits_is_a_hang_at_exit(
+        tmp_path):
+    write_beat(tmp_path, 0, dead_pid(), progress_ago=20.0, beat_ago=8.0, doing="exiting")
+    write_beat(tmp_path, 1, dead_pid(), progress_ago=20.0, beat_ago=6.0, doing="teardown")
+    hang = HangWatch(tmp_path, timeout=5.0).poll()[1]
+    assert hang is not None and hang.between_attempts and hang.at_exit
+    write_beat(tmp_path, 1, dead_pid(), progress_ago=20.0, beat_ago=6.0, doing="step")
+    assert not HangWatch(tmp_path, timeout=5.0).poll()[1].at_exit, "rank 1 died training"
+
+
+def test_a_script_that_returned_is_told_from_one_still_training():
+    returned = 'Thread 7 (idle): "MainThread"\n    <module> (/home/me/train.py:120)\n'
+    training = ('Thread 7 (idle): "MainThread"\n    all_reduce (/v/torch/distributed/'
+                'distributed_c10d.py:3252)\n    <module> (/home/me/train.py:40)\n')
+    shutdown = 'Thread 7 (idle): "MainThread"\n    _shutdown (/usr/lib/threading.py:1590)\n'
+    assert stacks.script_returned(returned) and stacks.script_returned(shutdown)
+    assert not stacks.script_returned(training) and not stacks.script_returned("")
+
+
 def test_a_restart_that_burns_cpu_is_busy_and_one_that_waits_is_not(tmp_path):
     """Between attempts no rank beats; a worker importing torch on a loaded machine
     works, a torchrun waiting for a node that never comes does not."""
@@ -140,7 +159,7 @@ def test_a_restart_that_burns_cpu_is_busy_and_one_that_waits_is_not(tmp_path):
     environ = {**os.environ, "TORCHCHAOS_RUN_ID": run_id}
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"], env=environ)
     try:
-        assert RunCpu(run_id).busy()
+        assert RunCpu(run_id).busy(1.0)  # a share of a core, also on a loaded machine
     finally:
         spin.kill()
         spin.wait()
@@ -148,7 +167,7 @@ def test_a_restart_that_burns_cpu_is_busy_and_one_that_waits_is_not(tmp_path):
                             env=environ)
     try:
         time.sleep(0.3)  # past its start-up
-        assert not RunCpu(run_id).busy()
+        assert not RunCpu(run_id).busy(1.0)
     finally:
         wait.kill()
         wait.wait()

@@ -9,6 +9,7 @@ the forward and backward (LBFGS style, and how Lightning steps).
 ``--zero-loss`` multiplies the loss by 0, a slip that leaves the weights as they are.
 ``--hang-at-exit`` leaves a non-daemon thread running once training is over (an
 uploader or logger nobody stops): the interpreter waits for it at exit, forever.
+``--no-destroy`` ends without destroy_process_group().
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def main() -> None:
             dist.barrier()
     if rank == 0:
         print(f"done step {step} loss {loss.item()!r}", flush=True)
-    dist.destroy_process_group()
+    if "--no-destroy" not in sys.argv:
+        dist.destroy_process_group()
     if "--hang-at-exit" in sys.argv:
         threading.Thread(target=time.sleep, args=(3600,), name="uploader").start()
 
