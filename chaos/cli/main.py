@@ -126,9 +126,24 @@ def _count(text: str) -> int:
     return value
 
 
+def _version() -> str:
+    """'torchchaos 0.1.0 (torch 2.13.0, Python 3.11.7)': what a bug report needs."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    import chaos
+
+    try:
+        torch = version("torch")
+    except PackageNotFoundError:
+        torch = "not installed"
+    return f"torchchaos {chaos.__version__} (torch {torch}, Python {platform.python_version()})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="torchchaos", description="Inject faults into a real torchrun"
                      " training job and judge its recovery against a fault-free reference.")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     run = sub.add_parser("run", help="run a chaos scenario against a training script",
                          epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -106,6 +106,9 @@ def test_help_explains_fault_specs_and_exit_codes(tmp_path):
                   "exit status", "{run_dir}", "--max-lost-steps"):
         assert words in result.stdout
     assert "kill" in cli("faults", cwd=tmp_path).stdout
+    version = cli("--version", cwd=tmp_path)
+    assert version.returncode == 0 and version.stdout.startswith("torchchaos 0."), version
+    assert "torch 2." in version.stdout
 
 
 def test_a_target_that_crashes_without_faults_cannot_be_judged(tmp_path):
