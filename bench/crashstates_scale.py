@@ -12,7 +12,10 @@ file at every save. For each size, each from a cold cache:
 - `torchchaos crashpoints --per-point --cap N` (one whole chaos run per file
   event): seconds per point;
 - ckpt-chaos 0.1.8 (the peer on the package registry; it reruns the job for
-  every crash point), `--max-points N`: seconds per point (`--peer` to include).
+  every crash point), `--max-points N`: seconds per point (`--peer` to include);
+- plain torchrun, no harness: the job trained to step 10 (two saves), then a
+  resume from step 10 that trains 3 steps and ends, as a crash-state recovery
+  does (it stops 3 steps after its resume): the seconds a recovery is held to.
 
     python bench/crashstates_scale.py [--sizes 1,30,300,1024] [--points 3] [--peer]
 """
@@ -33,7 +36,9 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = REPO / "targets" / "ddp_lm.py"
-JOB = ["--steps", "20", "--ckpt-every", "5"]
+# the target's step watchdog (8 s) is sized for its own small saves: a 1 GB save through
+# the recording filesystem takes about that long on 2 cores
+JOB = ["--steps", "20", "--ckpt-every", "5", "--watchdog", "120"]
 PEER = "ckpt-chaos==0.1.8"
 MIB = 1 << 20
 
@@ -108,6 +113,27 @@ def per_point(work: Path, mb: float, points: int) -> dict:
             "harness_rss": peak}
 
 
+def plain_resume(work: Path, mb: float) -> float:
+    """Seconds of a plain torchrun resume of the same job: from the checkpoint of step 10,
+    3 steps, then exit (a crash-state recovery stops 3 steps after its resume)."""
+    run_dir = work / f"plain-{mb:g}"
+    run_dir.mkdir()
+    base = ["torchrun", "--standalone", "--nproc-per-node", "2", str(TARGET), "--ckpt-every",
+            "5", "--watchdog", "120", "--state-mb", f"{mb:g}"]
+    environ = {**os.environ, "TMPDIR": str(run_dir), "OMP_NUM_THREADS": "1"}
+    subprocess.run([*base, "--steps", "10"], cwd=run_dir, env=environ, check=True,
+                   capture_output=True)
+    started = time.monotonic()
+    subprocess.run([*base, "--steps", "13"], cwd=run_dir, env=environ, check=True,
+                   capture_output=True)
+    return time.monotonic() - started
+
+
+def per_recovery(summary: str) -> float | None:
+    found = re.search(r"([\d.]+) s per recovery", summary)
+    return float(found.group(1)) if found else None
+
+
 def peer(work: Path, mb: float, points: int) -> dict:
     env_dir = work / "peer-venv"
     if not env_dir.exists():
@@ -141,6 +167,10 @@ def main() -> None:
               f" MiB, FUSE daemon {found['daemon_rss'] / MIB:.0f} MiB; disk --out"
               f" {found['out'] / MIB:.0f} MiB, cache {found['cache'] / MIB:.0f} MiB, both"
               f" {found['together'] / MIB:.0f} MiB\n  {found['summary']}", flush=True)
+        plain, ours = plain_resume(work, mb), per_recovery(found["summary"])
+        ratio = f" (a recovery: {ours / plain:.2f}x that)" if ours else ""
+        print(f"  plain torchrun resume from step 10, 3 steps: {plain:.1f} s{ratio}",
+              flush=True)
         if not ns.no_per_point:
             points = per_point(work, mb, ns.points)
             print(f"  --per-point: {points['seconds']:.1f} s ({points['summary']});"
