@@ -398,11 +398,13 @@ def _add_search_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_job_options(run: argparse.ArgumentParser) -> None:
-    run.add_argument("--nproc", type=_positive_int, default=2, help="ranks per node (default 2)")
+    # torchrun's own names are accepted too: a user's launch line carries over as it is
+    run.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc",
+                     type=_positive_int, default=2, help="ranks per node (default 2)")
     run.add_argument("--force", action="store_true",
                      help="run even with more than 4 ranks (--nproc x --nodes) per core of"
                           " this machine")
-    run.add_argument("--nodes", type=_positive_int, default=1,
+    run.add_argument("--nodes", "--nnodes", dest="nodes", type=_positive_int, default=1,
                      help="simulated nodes, one torchrun agent each (default 1)")
     run.add_argument("--network", choices=("auto", "netns", "host"), default="auto",
                      help="netns: each node in its own network namespace on a private bridge"

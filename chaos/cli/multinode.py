@@ -37,8 +37,10 @@ def add_commands(sub: Any, count: Callable[[str], int], seconds: Callable[[str],
                       help="a directory every machine sees at the same path (NFS, Lustre)")
     node.add_argument("--node-rank", type=count, required=True, metavar="K",
                       help="this machine's number, 0 to M-1 (node 0 hosts the store)")
-    node.add_argument("--nnodes", type=count, required=True, metavar="M")
-    node.add_argument("--nproc", type=count, default=1, metavar="N", help="ranks per node")
+    node.add_argument("--nnodes", "--nodes", dest="nnodes", type=count, required=True,
+                      metavar="M")
+    node.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc",
+                      type=count, default=1, metavar="N", help="ranks per node")
     node.add_argument("--rdzv-endpoint", required=True, metavar="HOST:PORT",
                       help="where every node reaches the rendezvous store on node 0")
     node.add_argument("--local-addr", default=None, metavar="ADDR",

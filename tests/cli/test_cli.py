@@ -207,3 +207,13 @@ def test_a_harness_bug_is_exit_2_with_or_without_the_traceback(monkeypatch, caps
     assert ("Traceback (most recent call last)" in err) == bool(debug)
     assert err.strip().splitlines()[-1].startswith(
         "torchchaos: internal error: RuntimeError: a harness bug (")
+
+
+def test_torchruns_own_option_names_are_accepted(tmp_path):
+    """A user's torchrun line carries over: --nproc-per-node and --nnodes are --nproc and
+    --nodes (here 1000 ranks: refused by the count, before anything starts)."""
+    result = cli("run", "--nproc-per-node", "5", "--nnodes", "200", "--out",
+                 str(tmp_path / "out"), str(TARGET), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "--nproc 5 x --nodes 200 = 1000 ranks" in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()
