@@ -71,15 +71,17 @@ from chaos.harness.reference import Reference, get_reference
 from chaos.harness.runner import Job, JobOutcome, Progress
 from chaos.judge.evidence import Evidence
 from chaos.report.verdict import judge, write_html
+from chaos.rundir.folders import write_atomic
 from chaos.rundir.history import Event, History
 from chaos.rundir.layout import RunLayout
+from chaos.rundir.written import files_differ, written_files
 from chaos.scenario import files as scenario_file
 from chaos.scenario import schedule
 from chaos.scenario.model import Scenario
 from chaos.scenario.spec import parse_fault_spec
 
 RESTART_GAP = 0.5  # seconds between a crash and its recovery in a judged history
-DONE = "done"  # in a cached recording: it finished
+DONE = "done"  # in a cached recording, written last: its files, with sizes and digests
 IMAGE_FILE = "image.json"  # in a recovery's folder: what rebuilds the image it started from
 SHOWN_OPERATIONS = 40  # a report lists at most the last this many operations before a crash
 
@@ -255,14 +257,34 @@ def _cached_recording(base: Scenario, reference: Reference, cache_dir: Path, fol
     entry = cache_dir / f"{reference.run_dir.parent.name}-save{save}"
     with open(entry.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two shards on one cache record it once
-        if (entry / DONE).exists():
+        if _whole(entry, progress):
             progress(f"recording: reusing the cached recording of save {save} ({entry})")
         else:
-            if entry.exists():
-                shutil.rmtree(entry)  # an interrupted recording: a folder this harness made
+            if entry.exists():  # interrupted or damaged: a folder this harness made
+                shutil.rmtree(entry)
             _record(base, reference, entry / "run", folder, save, progress)
-            (entry / DONE).touch()
+            # last and atomically, naming every file with its size and digest
+            write_atomic(entry / DONE, json.dumps(
+                {"files": written_files(entry, [entry / "run"], sync=True)}))
     return entry / "run"
+
+
+def _whole(entry: Path, progress: Progress) -> bool:
+    """Is the cached recording there and unchanged since it was made? A damaged one is
+    said, naming the file, and made again: crash states are never built from it."""
+    marker = entry / DONE
+    if not marker.exists():
+        return False  # never made, or a recording cut short
+    try:
+        files = json.loads(marker.read_text())["files"]
+        why = files_differ(entry, [entry / "run"], files, marker) if isinstance(
+            files, dict) else f"{marker} names no files"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        why = f"{marker} does not read as a recording's marker ({exc!r})"
+    if why:
+        progress(f"recording: the cached recording {entry} is damaged: {why}; recording"
+                 " again")
+    return not why
 
 
 def _record(base: Scenario, reference: Reference, run_dir: Path, folder: str, save: int,

@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import stat
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -36,9 +35,10 @@ from chaos.harness.hangwatch import REFERENCE_TIMEOUT
 from chaos.harness.runner import Job, Progress
 from chaos.judge.components import same_state
 from chaos.judge.hangs import describe_hang
-from chaos.rundir.folders import fsync_dir, unwritable, write_atomic
+from chaos.rundir.folders import unwritable, write_atomic
 from chaos.rundir.history import Event, History
 from chaos.rundir.layout import RunLayout
+from chaos.rundir.written import files_differ, written_files
 from chaos.scenario.model import Scenario
 
 
@@ -339,7 +339,8 @@ def _cached_or_new(scenario: Scenario, entry: Path, progress: Progress) -> Refer
                                          History.of_run(entry / "run-1"))
     meta = {"runs": scenario.reference_runs, "wall_seconds": walls[0],
             "deterministic": deterministic, "detail": detail,
-            "files": _written_files(entry, scenario.reference_runs, sync=True)}
+            "files": written_files(entry, _runs(entry, scenario.reference_runs),
+                                   sync=True)}
     write_atomic(entry / META, json.dumps(meta))  # last: it says the entry is whole
     return Reference(entry / "run-0", walls[0], deterministic, detail)
 
@@ -366,7 +367,7 @@ def _read_meta(entry: Path, progress: Progress) -> dict | None:
         return _damaged(progress, entry, f"{meta_file} has no valid {', '.join(wrong)}")
     if meta["runs"] not in (1, 2):
         return _damaged(progress, entry, f"{meta_file} says runs={meta['runs']}")
-    why = _files_differ(entry, meta["runs"], meta["files"])
+    why = files_differ(entry, _runs(entry, meta["runs"]), meta["files"], meta_file)
     return _damaged(progress, entry, why) if why else meta
 
 
@@ -374,59 +375,5 @@ def _damaged(progress: Progress, entry: Path, why: str) -> None:
     progress(f"reference: cached run {entry} is damaged: {why}; running it again")
 
 
-# Files bigger than this (a large model's weights) are compared by size, not read whole
-# on every use of the entry.
-DIGESTED_BYTES = 64 << 20
-# Folders of a run's _chaos/ whose files no judgment reads: scratch (TMPDIR: torchrun's
-# sockets), stacks and beats (written by the runner, not the run's record)
-UNCHECKED = ("tmp", "stacks", "beats")
-
-
-def _written_files(entry: Path, runs: int, sync: bool = False) -> dict[str, list]:
-    """Every file the harness wrote in the entry's runs (`run-N/_chaos/`): its size and
-    digest, by its path in the entry. `sync`: made durable too, before meta.json names
-    them."""
-    found: dict[str, list] = {}
-    for number in range(runs):
-        chaos_dir = RunLayout(entry / f"run-{number}").chaos_dir
-        for folder, dirs, files in os.walk(chaos_dir):
-            if Path(folder) == chaos_dir:  # torchrun's and torch's scratch (sockets, FIFOs)
-                dirs[:] = [d for d in dirs if d not in UNCHECKED]
-            dirs.sort()  # the same order every time: the first difference is the one said
-            for name in sorted(files):
-                path = Path(folder, name)
-                if stat.S_ISREG(path.lstat().st_mode):  # never open a socket or a FIFO
-                    found[str(path.relative_to(entry))] = _size_and_digest(path, sync)
-            if sync:
-                fsync_dir(Path(folder))
-    return found
-
-
-def _size_and_digest(path: Path, sync: bool) -> list:
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        digest = None
-        if size <= DIGESTED_BYTES:  # hashlib.file_digest is 3.11+
-            digest = hashlib.sha256(handle.read()).hexdigest()
-        if sync:
-            os.fsync(handle.fileno())
-    return [size, digest]
-
-
-def _files_differ(entry: Path, runs: int, recorded: dict[str, list]) -> str:
-    """What of the entry's files differs from what meta.json recorded, or ""."""
-    try:
-        now = _written_files(entry, runs)
-    except OSError as exc:
-        return f"{exc.filename}: {exc.strerror or exc}"
-    for name, was in recorded.items():
-        if not (isinstance(was, list) and len(was) == 2):
-            return f"{entry / META} records {name} as {was!r}, not [size, digest]"
-        if name not in now:
-            return f"{entry / name} is missing"
-        if now[name][0] != was[0]:
-            return f"{entry / name} holds {now[name][0]} bytes, {was[0]} when it was written"
-        if now[name] != was:
-            return f"{entry / name} changed since it was written (its digest differs)"
-    added = sorted(set(now) - set(recorded))
-    return f"{entry / added[0]} was not there when the entry was written" if added else ""
+def _runs(entry: Path, runs: int) -> list[Path]:
+    return [entry / f"run-{number}" for number in range(runs)]

@@ -173,3 +173,28 @@ def test_crash_states_catch_the_missing_fsync_and_the_in_place_write(tmp_path):
         shown = ops[1:] if ops[0].endswith("earlier operation(s) of the save") else ops
         assert shown[0].startswith("open latest.pt") or len(shown) == 40, ops[:2]
         assert all("latest.pt" in op for op in shown), ops
+
+
+@pytest.mark.skipif(bool(unavailable_reason()), reason=unavailable_reason())
+def test_a_damaged_cached_recording_is_named_and_made_again(tmp_path):
+    """The recording crash states are built from is kept in the cache with the size and
+    digest of every file; a history cut short there is said and recorded again, never
+    built from (the states would be of a save that never happened)."""
+    def record() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "chaos.cli", "crashpoints", "--record-only",
+             "--cache-dir", str(tmp_path / "c"), "--", str(TARGET), "--steps", "12",
+             "--ckpt-every", "5"], capture_output=True, text=True, timeout=600,
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    first = record()
+    assert first.returncode == 0, first.stdout + first.stderr
+    [history] = (tmp_path / "c").glob("*-save2/run/_chaos/history/rank-0.jsonl")
+    lines = history.read_text().splitlines(keepends=True)
+    history.write_text("".join(lines[: len(lines) // 2]))
+    again = record()
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "is damaged: " in again.stderr and "rank-0.jsonl holds" in again.stderr, again.stderr
+    assert "recording save 2" in again.stderr  # made again, not reused
+    third = record()
+    assert "reusing the cached recording" in third.stderr, third.stderr
