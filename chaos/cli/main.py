@@ -914,10 +914,16 @@ def cmd_clean(ns: argparse.Namespace) -> int:
     found = leftovers.inventory()
     who = owners.owners()  # read after listing: a live run is registered before it exists
     stale = leftovers.stale(found, who)
-    for harness in who.live:
+    # every live harness, wherever it keeps its lock: those of this state folder, those
+    # the processes name, those a process holds open
+    named = {x.lock for x in found if x.lock}
+    live = who.plus(owners.read_live(named)).plus(owners.held_anywhere()).live
+    here = owners.state_dir().resolve()
+    for harness in live:
         mine = leftovers.of_lock(found, harness)
+        elsewhere = "" if harness.path.parent == here else f"; its lock is in {harness.path.parent}"
         print(f"left alone: {len(mine)} thing(s) of live harness pid {harness.pid}"
-              f" ({harness.command[:80]})")
+              f" ({harness.command[:80]}{elsewhere})")
     if not stale:
         print("nothing left behind by dead harnesses")
         return 0

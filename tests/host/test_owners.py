@@ -167,6 +167,8 @@ def test_a_live_run_under_another_state_folder_survives_clean_and_a_harness_star
         listed = clean(tmp_path / "B")
         assert live.run_id[:8] not in listed.stdout and str(live.folder) not in listed.stdout, (
             listed.stdout)
+        # and it is said to be left alone, with where its harness keeps its lock
+        assert f"its lock is in {(tmp_path / 'A').resolve()}" in listed.stdout, listed.stdout
         clean(tmp_path / "B", "--yes")
         assert live.mine() == made
         other = Harness(tmp_path / "other", tmp_path / "B")  # its start sweeps
