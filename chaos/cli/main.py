@@ -481,7 +481,21 @@ def _dirs(ns: argparse.Namespace) -> tuple[Path, Path]:
     cache = (ns.cache_dir or default_cache_dir()).resolve()
     check_cache_dir(cache)
     check_out_dir(out)
+    _check_junitxml(getattr(ns, "junitxml", None))
     return out, cache
+
+
+def _check_junitxml(path: Path | None) -> None:
+    """The JUnit file is written at the end of a sweep: refuse it now if it cannot be."""
+    from chaos.rundir.folders import unwritable
+
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageError(f"--junitxml {path} is a folder; name a file")
+    why = unwritable(path.resolve().parent)
+    if why:
+        raise UsageError(f"--junitxml {path}: {why}; choose another")
 
 
 def cmd_run(ns: argparse.Namespace) -> int:

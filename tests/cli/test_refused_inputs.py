@@ -148,3 +148,20 @@ def test_force_is_bounded_by_what_the_machine_can_hold(tmp_path, args):
     assert "ranks: this machine holds at most" in lines[0]
     assert "even with --force; lower --nproc or --nodes" in lines[0]
     assert list(tmp_path.iterdir()) == [] and chaos_processes(tmp_path) == []
+
+
+@pytest.mark.parametrize("where, message", [
+    ("a folder", "is a folder; name a file"),
+    ("under a file", "is a file, not a folder"),
+], ids=["a folder", "under a file"])
+def test_a_junit_file_that_cannot_be_written_is_refused_before_the_sweep(tmp_path, where,
+                                                                         message):
+    """--junitxml is written when the sweep ends: found then, the sweep's table is lost."""
+    (tmp_path / "file").write_text("")
+    target = tmp_path if where == "a folder" else tmp_path / "file" / "report.xml"
+    before = tree(tmp_path)
+    done = cli("battery", "--junitxml", str(target), "--out", str(tmp_path / "out"),
+               cwd=tmp_path)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert tree(tmp_path) == before
