@@ -34,10 +34,11 @@ import hashlib
 import json
 import os
 import shutil
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from chaos.engine import prepare_out_dir
+from chaos.engine import check_out_dir
 from chaos.errors import UsageError
 from chaos.explore.battery import Entry
 from chaos.report.model import Report
@@ -159,26 +160,47 @@ def merge(dirs: list[Path], out_dir: Path) -> Merged:
                 raise UsageError(f"shard {directory}: run {number} was run by shard"
                                  f" {claimed[number]} too; merge each shard once")
             claimed[number] = directory
-    prepare_out_dir(out_dir)
+    check_out_dir(out_dir)
     first = manifests[0][1]
     if first["command"] == "search":
+        out_dir.mkdir(parents=True, exist_ok=True)
         return Merged("search", first["title"], [], {}, manifests)
+    # built beside it and renamed into place: a copy that fails half way (a full disk)
+    # leaves no half-merged folder
+    staging = out_dir.parent / f".{out_dir.name}.merging-{uuid.uuid4().hex[:8]}"
+    staging.mkdir(parents=True)
+    try:
+        entries = _merge_runs(manifests, staging, out_dir)
+        os.replace(staging, out_dir)
+    except OSError as exc:
+        raise UsageError(f"merge into {out_dir}: {exc.strerror or exc}"
+                         f"{f' ({exc.filename})' if exc.filename else ''}; nothing was"
+                         " merged") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Merged(first["command"], first["title"], entries, first["extra"],
+                  details=[manifest.get("details", {}) for _, manifest in manifests])
+
+
+def _merge_runs(manifests: list[tuple[Path, dict]], staging: Path,
+                out_dir: Path) -> list[Entry]:
+    """Every shard's run folders into `staging`, their reports naming `out_dir`."""
+    first = manifests[0][1]
     entries = [Entry(**{k: p[k] for k in PLAN_FIELDS}) for p in first["plan"]]
     digits = folder_digits(first["command"])
     for directory, manifest in manifests:
         if first["command"] == CRASH_STATES:  # what crash states' reports name besides
             # their own folder: the recording (the same in every shard), their recoveries
             for name in ["record", *_recoveries(directory)]:
-                if not (out_dir / name).exists():
-                    _bring_folder(directory, out_dir, name)
+                if not (staging / name).exists():
+                    _bring_folder(directory, staging, name)
         for number, ran in manifest["runs"].items():
             entry = entries[int(number) - 1]
             entry.error = ran["error"]
-            entry.report = (_bring(directory, manifest.get("out"), out_dir,
+            entry.report = (_bring(directory, manifest.get("out"), staging, out_dir,
                                    f"{int(number):0{digits}d}")
                             if ran["report"] else None)
-    return Merged(first["command"], first["title"], entries, first["extra"],
-                  details=[manifest.get("details", {}) for _, manifest in manifests])
+    return entries
 
 
 def _recoveries(shard_dir: Path) -> list[str]:
@@ -319,12 +341,14 @@ def _bring_folder(shard_dir: Path, out_dir: Path, name: str) -> None:
                     copy_function=link_or_copy)
 
 
-def _bring(shard_dir: Path, written_in: str | None, out_dir: Path, name: str) -> Report:
-    """Run folder `name` of a shard into the merged folder; its report.json rewritten to
-    name the merged folder instead of where the shard wrote it (`written_in`: on another
-    machine, maybe), the other files shared with the shard, not rewritten."""
-    source, target = shard_dir / name, out_dir / name
-    _bring_folder(shard_dir, out_dir, name)
+def _bring(shard_dir: Path, written_in: str | None, staging: Path, out_dir: Path,
+           name: str) -> Report:
+    """Run folder `name` of a shard into the merge's staging folder; its report.json
+    rewritten to name the merged folder `out_dir` instead of where the shard wrote it
+    (`written_in`: on another machine, maybe), the other files shared with the shard,
+    not rewritten."""
+    source, target = shard_dir / name, staging / name
+    _bring_folder(shard_dir, staging, name)
     text = (source / "report.json").read_text()
     for where in dict.fromkeys([written_in or "", str(shard_dir.resolve())]):
         if where:

@@ -367,3 +367,23 @@ def test_a_campaign_interrupted_before_any_run_writes_its_empty_tally(tmp_path) 
     assert "runs:" in campaign.table(entries, [])
     written = json.loads(campaign.write(entries, tmp_path, []).read_text())
     assert written["runs"] == [] and set(written["all"].values()) == {0}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_a_merge_that_runs_out_of_space_leaves_nothing_half_merged(tmp_path) -> None:
+    """The shards pass every check, then the disk fills while their runs are copied
+    (another filesystem: copies, not links): one line, exit 2, no merged folder and no
+    staging folder left."""
+    dirs = _shards_with_runs(tmp_path, 2, FAULTS)
+    (dirs[1] / "02" / "weights.bin").write_bytes(b"\0" * (3 << 20))
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], check=True)
+    try:
+        done = _cli("merge", *map(str, dirs), "--out", str(disk / "merged"), cwd=tmp_path)
+        assert done.returncode == 2, done.stdout + done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "nothing was merged" in lines[0], done.stderr
+        assert list(disk.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
