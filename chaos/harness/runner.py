@@ -414,6 +414,13 @@ class Job:
 
     def _capture_stalled_agents(self, hang: Hang, log: HistoryWriter) -> dict[str, Any]:
         """No worker is left: the torchrun agents' stacks say what they wait for."""
+        final = self._reference_final_step()
+        if hang.at_exit and final is not None:  # ranks that exited cleanly mid-run (told
+            # to stop) left torchrun to restart them: a hang there is no hang at exit
+            reached: dict[int, int] = {}
+            for e in History.of_run(self.layout.run_dir).steps():
+                reached[e["rank"]] = max(reached.get(e["rank"], 0), e["step"])
+            hang.at_exit = bool(reached) and min(reached.values()) >= final
         agents = [{"node": node, "pid": proc.pid,
                    **self._take_stacks(proc.pid, f"torchrun-node-{node}", None)[1]}
                   for node, proc in enumerate(self.nodes) if proc.poll() is None]
