@@ -48,6 +48,19 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.getbasetemp() / "torchchaos-cache"
 
 
+def lifeline_watcher(harness_pid: int) -> int | None:
+    """The pid of the lifeline watcher of harness `harness_pid` (its lock file's name,
+    `<pid>-<random>.lock`, is on the watcher's command line), if one runs."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        words = proc.info["cmdline"] or []
+        if "chaos.host.lifeline" in words and any(
+                Path(w).name.startswith(f"{harness_pid}-") for w in words):
+            return proc.pid
+    return None
+
+
 def chaos_processes(under: Path) -> list[int]:
     """Live processes of torchchaos runs whose run directory is under `under`."""
     return [pid for pid, run_dir in procs.env_values((env.RUN_DIR,)).items()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO
+from conftest import REPO, lifeline_watcher
 
 from chaos.host import leftovers, lifeline, netns, owners
 from chaos.host.mounts import mounts_under
@@ -75,12 +75,7 @@ class Harness:
                 or x.kind == "mount" and x.name.startswith(str(self.folder))]
 
     def watcher(self) -> int | None:
-        for proc in psutil.process_iter(["cmdline"]):
-            words = proc.info["cmdline"] or []
-            if "chaos.host.lifeline" in words and any(
-                    Path(w).name.startswith(f"{self.proc.pid}-") for w in words):
-                return proc.pid
-        return None
+        return lifeline_watcher(self.proc.pid)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         self.proc.send_signal(sig)

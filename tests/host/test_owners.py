@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO
+from conftest import REPO, lifeline_watcher
 
 from chaos import env
 from chaos.host import leftovers, lifeline, netns, owners, procs
@@ -117,12 +117,7 @@ class Harness:
         return found[0] if found else None
 
     def watcher(self) -> int | None:
-        for proc in psutil.process_iter(["cmdline"]):
-            words = proc.info["cmdline"] or []
-            if "chaos.host.lifeline" in words and any(
-                    Path(w).name.startswith(f"{self.proc.pid}-") for w in words):
-                return proc.pid
-        return None
+        return lifeline_watcher(self.proc.pid)
 
     def kill(self, watcher_too: bool = False) -> None:
         """SIGKILL the harness (first its watcher, when `watcher_too`: nothing removes the
