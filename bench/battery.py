@@ -25,7 +25,7 @@ from pathlib import Path
 
 def timed(command: list[str], cache: Path, out: Path) -> tuple[float, str]:
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "chaos.cli", *command, "--cache-dir",
+    done = subprocess.run([sys.executable, "-m", "torchchaos.cli", *command, "--cache-dir",
                            str(cache), "--out", str(out), "--quiet"],
                           capture_output=True, text=True)
     seconds = time.monotonic() - start

@@ -44,7 +44,7 @@ def timed(cmd: list[str], cwd: Path) -> tuple[float, str]:
 
 def torchchaos(work: Path, extra: list[str]) -> tuple[int, float, str]:
     out = work / f"tc{len(list(work.glob('tc*')))}"
-    seconds, text = timed([sys.executable, "-m", "chaos.cli", "crashpoints", "--out", str(out),
+    seconds, text = timed([sys.executable, "-m", "torchchaos.cli", "crashpoints", "--out", str(out),
                            "--cache-dir", str(out) + "-cache", *extra, "--", str(TARGET),
                            *JOB], work)
     found = re.search(r"^.*?(\d+) of \d+ (?:crash states judged|points run).*$", text, re.M)

@@ -59,7 +59,7 @@ def fuse_daemons() -> list[int]:
                 cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"faults.faultfs" in cmd:
+            if b"torchchaos.faults.faultfs" in cmd:
                 found.append(int(entry))
     return found
 
@@ -92,7 +92,7 @@ def disk(*paths: Path) -> int:
 def states(work: Path, mb: float) -> dict:
     out, cache = work / f"states-{mb:g}", work / f"states-{mb:g}-cache"
     seconds, text, peak, daemon = watched(
-        [sys.executable, "-m", "chaos.cli", "crashpoints", "--save", "2", "--out", str(out),
+        [sys.executable, "-m", "torchchaos.cli", "crashpoints", "--save", "2", "--out", str(out),
          "--cache-dir", str(cache), "--", str(TARGET), *JOB, "--state-mb", f"{mb:g}"], work)
     line = re.search(r"^save 2: .*$", text, re.M)
     if not line:
@@ -105,7 +105,7 @@ def states(work: Path, mb: float) -> dict:
 def per_point(work: Path, mb: float, points: int) -> dict:
     out = work / f"points-{mb:g}"
     seconds, text, peak, _ = watched(
-        [sys.executable, "-m", "chaos.cli", "crashpoints", "--per-point", "--cap", str(points),
+        [sys.executable, "-m", "torchchaos.cli", "crashpoints", "--per-point", "--cap", str(points),
          "--save", "2", "--out", str(out), "--cache-dir", str(out) + "-cache", "--",
          str(TARGET), *JOB, "--state-mb", f"{mb:g}"], work)
     line = re.search(r"^\d+ of \d+ points run.*$", text, re.M)

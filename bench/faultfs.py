@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from faults.faultfs.mount import Mount
+from torchchaos.faults.faultfs.mount import Mount
 
 
 def publish(state: dict, folder: Path, sync: bool) -> float:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from reference_step import ReferenceTraining, timed
 
-from chaos.rank.fingerprint import digest_object, digest_rng, digest_tensors
+from torchchaos.rank.fingerprint import digest_object, digest_rng, digest_tensors
 
 
 def per_step() -> None:

@@ -19,9 +19,9 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from chaos.engine import run_scenario
-from chaos.rundir.history import History
-from chaos.scenario.model import Scenario
+from torchchaos.engine import run_scenario
+from torchchaos.rundir.history import History
+from torchchaos.scenario.model import Scenario
 
 TARGET = Path(__file__).resolve().parent.parent / "targets" / "ddp_lm.py"
 STEPS = ["--steps", "20", "--ckpt-every", "5"]

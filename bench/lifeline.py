@@ -27,18 +27,17 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from chaos.host import procs  # noqa: E402
-from chaos.host.lifeline import OFF_ENV  # noqa: E402
+from torchchaos.host import procs  # noqa: E402
+from torchchaos.host.lifeline import OFF_ENV  # noqa: E402
 
 SCRIPT = str(REPO / "bench" / "train_ddp.py")
 ARGS = ["--size", "small", "--steps", "300"]
 HARNESS = """
 import json, sys, time
 from pathlib import Path
-from chaos.harness.runner import Job
-from chaos.scenario.model import Scenario
+from torchchaos.harness.runner import Job
+from torchchaos.scenario.model import Scenario
 outcome = Job(Scenario(script=sys.argv[1], args=sys.argv[3:], nproc=2), Path(sys.argv[2]),
               faults=[]).run()
 assert outcome.completed, outcome.log_tail()
@@ -47,14 +46,14 @@ print(json.dumps({"wall": outcome.wall_seconds}))
 START = """
 import time
 t = time.perf_counter()
-from chaos.host import lifeline
+from torchchaos.host import lifeline
 lifeline.own("0123456789ab")
 print(time.perf_counter() - t)
 """
 
 
 def _env(lifeline: bool) -> dict[str, str]:
-    environ = {**os.environ, "PYTHONPATH": str(REPO)}
+    environ = dict(os.environ)  # torchchaos is installed (pip install -e .)
     if not lifeline:
         environ[OFF_ENV] = "1"
     return environ

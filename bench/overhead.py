@@ -23,10 +23,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from chaos.harness.runner import Job  # noqa: E402
-from chaos.scenario.model import Scenario  # noqa: E402
+from torchchaos.harness.runner import Job  # noqa: E402
+from torchchaos.scenario.model import Scenario  # noqa: E402
 
 SCRIPT = str(REPO / "bench" / "train_ddp.py")
 STEPS = {"small": 300, "large": 40}

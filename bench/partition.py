@@ -24,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from chaos.engine import run_scenario
-from chaos.harness.runner import Job
-from chaos.rundir.history import History
-from chaos.scenario.model import Scenario
+from torchchaos.engine import run_scenario
+from torchchaos.harness.runner import Job
+from torchchaos.rundir.history import History
+from torchchaos.scenario.model import Scenario
 
 TARGET = Path(__file__).resolve().parent.parent / "targets" / "ddp_lm.py"
 ARGS = ["--steps", "30", "--ckpt-every", "5", "--timeout", "3"]

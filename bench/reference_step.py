@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "targets"))  # the targets import their siblings by name
 
 from tiny_lm import TinyLM  # noqa: E402

@@ -2,7 +2,7 @@
 
 Side by side, in one process, for TinyLM + AdamW (one CPU thread):
 1. one training step (forward, backward, AdamW step);
-2. the agent's weights snapshot after each step (`chaos.rank.weights.save`, kept so
+2. the agent's weights snapshot after each step (`torchchaos.rank.weights.save`, kept so
    the blast radius can report the max weight deviation);
 3. the defended target's cross-replica check without the all-gather
    (`targets/sdc_guard.weights_hash`: hashing the weights' bytes).
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from reference_step import ReferenceTraining, timed
 
-from chaos.rank import weights
+from torchchaos.rank import weights
 
 from sdc_guard import weights_hash
 

@@ -28,9 +28,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def cli(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "chaos.cli", *args], text=True,
+    return subprocess.Popen([sys.executable, "-m", "torchchaos.cli", *args], text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env=dict(os.environ))
 
 
 def finish(procs: list[subprocess.Popen[str]]) -> None:

@@ -4,7 +4,7 @@ What a user imports lives here; everything else is the engine (ARCHITECTURE.md
 draws the packages). The names are loaded on first use: the agent imports this
 package inside every training rank, and a rank must not pay for the harness.
 
-    from chaos import Scenario, run_scenario
+    from torchchaos import Scenario, run_scenario
     report = run_scenario(Scenario.build("train.py", faults=["kill:rank=1,step=12"]),
                           out_dir, cache_dir)
     assert report.verdict == "pass", report.table()
@@ -19,18 +19,18 @@ __version__ = "0.1.0"
 
 # name -> the module that defines it
 _PUBLIC = {
-    "Scenario": "chaos.scenario.model",
-    "run_scenario": "chaos.engine",
-    "Report": "chaos.report.model",
-    "report_detection": "chaos.api",
-    "report_checkpoint_committed": "chaos.api",
-    "load_scenario_file": "chaos.scenario.files",
-    "chaos_machine": "chaos.explore.stateful",
-    "FaultKind": "faults.contract",
-    "HarnessKind": "faults.contract",
-    "ChaosError": "chaos.errors",
-    "UsageError": "chaos.errors",
-    "CannotJudge": "chaos.errors",
+    "Scenario": "torchchaos.scenario.model",
+    "run_scenario": "torchchaos.engine",
+    "Report": "torchchaos.report.model",
+    "report_detection": "torchchaos.api",
+    "report_checkpoint_committed": "torchchaos.api",
+    "load_scenario_file": "torchchaos.scenario.files",
+    "chaos_machine": "torchchaos.explore.stateful",
+    "FaultKind": "torchchaos.faults.contract",
+    "HarnessKind": "torchchaos.faults.contract",
+    "ChaosError": "torchchaos.errors",
+    "UsageError": "torchchaos.errors",
+    "CannotJudge": "torchchaos.errors",
 }
 _RENAMED = {"load_scenario_file": "load"}
 
@@ -50,19 +50,19 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from chaos.api import report_checkpoint_committed, report_detection
-    from chaos.engine import run_scenario
-    from chaos.errors import CannotJudge, ChaosError, UsageError
-    from chaos.explore.stateful import chaos_machine
-    from chaos.report.model import Report
-    from chaos.scenario.files import load as load_scenario_file
-    from chaos.scenario.model import Scenario
-    from faults.contract import FaultKind, HarnessKind
+    from torchchaos.api import report_checkpoint_committed, report_detection
+    from torchchaos.engine import run_scenario
+    from torchchaos.errors import CannotJudge, ChaosError, UsageError
+    from torchchaos.explore.stateful import chaos_machine
+    from torchchaos.faults.contract import FaultKind, HarnessKind
+    from torchchaos.report.model import Report
+    from torchchaos.scenario.files import load as load_scenario_file
+    from torchchaos.scenario.model import Scenario
 
 
 def __getattr__(name: str) -> Any:
     if name not in _PUBLIC:
-        raise AttributeError(f"module 'chaos' has no attribute {name!r}")
+        raise AttributeError(f"module 'torchchaos' has no attribute {name!r}")
     value = getattr(importlib.import_module(_PUBLIC[name]), _RENAMED.get(name, name))
     globals()[name] = value
     return value

@@ -6,7 +6,7 @@ observes. A target that reports its own detections gets sharper verdicts
 no-op outside a torchchaos run, so a script can keep the calls in production:
 
     try:
-        from chaos.api import report_detection
+        from torchchaos.api import report_detection
     except ImportError:  # torchchaos not installed
         def report_detection(what, **details): pass
 """

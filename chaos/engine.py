@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chaos.errors import UsageError
-from chaos.harness.hangwatch import default_timeout
-from chaos.harness.reference import check_cache_dir, get_reference
-from chaos.harness.runner import Job, Progress, torchrun_command
-from chaos.judge import interval
-from chaos.judge.evidence import Evidence
-from chaos.report.model import Report
-from chaos.report.verdict import fault_summary, judge, write_html
-from chaos.rundir.folders import unwritable
-from chaos.rundir.history import History
-from chaos.scenario import files as scenario_file
-from chaos.scenario import schedule
-from chaos.scenario.model import Scenario
+from torchchaos.errors import UsageError
+from torchchaos.harness.hangwatch import default_timeout
+from torchchaos.harness.reference import check_cache_dir, get_reference
+from torchchaos.harness.runner import Job, Progress, torchrun_command
+from torchchaos.judge import interval
+from torchchaos.judge.evidence import Evidence
+from torchchaos.report.model import Report
+from torchchaos.report.verdict import fault_summary, judge, write_html
+from torchchaos.rundir.folders import unwritable
+from torchchaos.rundir.history import History
+from torchchaos.scenario import files as scenario_file
+from torchchaos.scenario import schedule
+from torchchaos.scenario.model import Scenario
 
 
 def check_out_dir(out_dir: Path) -> None:

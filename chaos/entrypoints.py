@@ -13,7 +13,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
-from chaos.errors import UsageError
+from torchchaos.errors import UsageError
 
 
 def installed(group: str) -> dict[str, str]:

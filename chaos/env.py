@@ -1,11 +1,14 @@
 """Environment variables through which the runner talks to the agent in each rank."""
 
+import importlib.util
+from pathlib import Path
+
 RUN_DIR = "TORCHCHAOS_RUN_DIR"  # the run directory; its presence arms the agent in workers
 RUN_ID = "TORCHCHAOS_RUN_ID"  # marks every process of a run, so none escapes reaping
 # marks a harness helper (a fault filesystem daemon) with the run it serves: reaped with
 # the run's leftovers, but not by the run's own reaping (the harness stops it in order)
 HELPER = "TORCHCHAOS_HELPER_OF"
-# the lock file of the harness that started this process (chaos.host.owners): the
+# the lock file of the harness that started this process (torchchaos.host.owners): the
 # process is a leftover once that lock is dead, wherever the harness kept it
 LOCK = "TORCHCHAOS_LOCK"
 REFERENCE = "TORCHCHAOS_REFERENCE"  # run dir of the reference run (absent in the reference)
@@ -22,3 +25,22 @@ AGENT_PID = "TORCHCHAOS_AGENT_PID"  # set by an armed agent; children that inher
 # rank 0 copies what its saves wrote into _chaos/snapshot/ once this save ended (crash
 # points then start from the checkpoints before the save under test)
 SNAPSHOT_AFTER_SAVE = "TORCHCHAOS_SNAPSHOT_AFTER_SAVE"
+
+
+def package_dir(name: str = "torchchaos") -> Path:
+    """The folder a package of ours lives in, found without importing it: the
+    repository's chaos/, faults/, ... in an editable install, site-packages/torchchaos/...
+    in a wheel's."""
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.submodule_search_locations, name
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
+
+
+def import_path() -> list[str]:
+    """What a child interpreter needs on PYTHONPATH to `import torchchaos`: the folder
+    holding `torchchaos/` for a wheel put there by hand, nothing for a package an
+    interpreter of this environment already finds (an editable install maps the
+    namespace through its own finder; putting the repository on the path would let its
+    `targets/` shadow a user's)."""
+    here = package_dir()
+    return [str(here.parent)] if here.name == "torchchaos" else []

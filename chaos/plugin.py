@@ -14,7 +14,7 @@ directory. Runs live under `--chaos-dir` (default: pytest's temporary
 directory); fault-free reference runs are cached for the session, or in
 `--chaos-cache-dir` across sessions.
 
-Also: the ready-made suites (`pytest --pyargs suites`, the `chaos_suite`
+Also: the ready-made suites (`pytest --pyargs torchchaos.suites`, the `chaos_suite`
 fixture, configured by `[tool.torchchaos]` in pyproject.toml or by
 `--chaos-script` / `--chaos-args` / ...); `*.chaos.yaml` scenario files
 collected as tests, or exactly the files given with `--chaos-replay`; every
@@ -34,17 +34,18 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from chaos.errors import ChaosError
-from chaos.report.model import MARK, Report
+from torchchaos import env
+from torchchaos.errors import ChaosError
+from torchchaos.report.model import MARK, Report
 
 if TYPE_CHECKING:
-    from chaos.explore.suite import Plan
-    from chaos.scenario.model import Scenario
+    from torchchaos.explore.suite import Plan
+    from torchchaos.scenario.model import Scenario
 
 _FAILURE_KEY = pytest.StashKey[str]()  # why a marked test fails before its body runs
 _SUITE_KEY = pytest.StashKey["Scenario"]()  # the job the suites test
 
-SUITES_DIR = Path(__file__).resolve().parents[1] / "suites"
+SUITES_DIR = env.package_dir("torchchaos.suites")
 SUITE_MARKERS = {
     "chaos_kills": "kills of ranks and nodes, also inside a checkpoint save",
     "chaos_storage": "power loss, torn writes, ENOSPC, bit rot (the fault filesystem)",
@@ -104,7 +105,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Before any test: remove what dead harnesses left on this machine (an earlier
     session killed by a CI timeout, say), never what a live harness owns."""
-    from chaos.host import lifeline
+    from torchchaos.host import lifeline
 
     if os.environ.get(lifeline.OFF_ENV) == "1":
         return
@@ -128,7 +129,7 @@ def _pyproject(config: pytest.Config) -> Path:
 
 def _script_options(config: pytest.Config) -> tuple[str | None, list[str] | None]:
     """--chaos-script (from where pytest started) and --chaos-args, where given."""
-    from chaos.explore.suiteconfig import split_args
+    from torchchaos.explore.suiteconfig import split_args
 
     script, args = config.getoption("--chaos-script"), config.getoption("--chaos-args")
     if script is not None:
@@ -145,7 +146,7 @@ def _link_options(config: pytest.Config) -> list[str] | None:
 
 
 def _suite_scenario(config: pytest.Config) -> Scenario:
-    from chaos.explore import suiteconfig
+    from torchchaos.explore import suiteconfig
 
     pyproject = _pyproject(config)
     script, args = _script_options(config)
@@ -184,7 +185,7 @@ def _new_out_dir(runs_dir: Path, nodeid: str) -> Path:
 def _run(item: pytest.Item, scenario: Scenario) -> Report:
     """Run a scenario for this test and record it; raises ChaosError when it cannot
     be judged."""
-    from chaos.engine import run_scenario
+    from torchchaos.engine import run_scenario
 
     runs_dir, cache_dir = _base_dirs(item.config)
     out_dir = _new_out_dir(runs_dir, item.nodeid)
@@ -210,7 +211,7 @@ RunFn = Callable[..., Report]
 
 def _runner(request: pytest.FixtureRequest) -> RunFn:
     """Run a scenario for this test; raises ChaosError when it cannot be judged."""
-    from chaos.scenario.model import Scenario
+    from torchchaos.scenario.model import Scenario
 
     config = request.config
 
@@ -295,17 +296,17 @@ def pytest_runtest_call(item: pytest.Item) -> None:
 
 @pytest.fixture(scope="session")
 def chaos_suite_plan(pytestconfig: pytest.Config) -> Plan:
-    """The suites' job and the faults planned from its one fault-free run (chaos.explore.suite)."""
-    from chaos.explore.suite import Plan
+    """The suites' job and the faults planned from its one fault-free run (explore.suite)."""
+    from torchchaos.explore.suite import Plan
 
     return Plan(pytestconfig.stash[_SUITE_KEY], _base_dirs(pytestconfig)[1])
 
 
 @pytest.fixture
 def chaos_suite(request: pytest.FixtureRequest, chaos_suite_plan: Plan) -> Callable[[str], Report]:
-    """chaos_suite(case): run a named case of chaos.explore.suite against the configured job and
+    """chaos_suite(case): run a named case of explore.suite against the configured job and
     fail with the verdict table unless it passes; skip where the case does not apply."""
-    from chaos.explore.suite import NotApplicable
+    from torchchaos.explore.suite import NotApplicable
 
     def check(case: str) -> Report:
         try:
@@ -347,7 +348,7 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
 
 def _suite_module_unmatched(file_path: Path, parent: pytest.Collector) -> bool:
     """A suites module that the project's `python_files` would leave out: the suites are
-    `test_*.py`, and `pytest --pyargs suites` must run them in any project."""
+    `test_*.py`, and `pytest --pyargs torchchaos.suites` must run them in any project."""
     if not fnmatch.fnmatch(file_path.name, "test_*.py"):
         return False
     if file_path.parent.resolve() != SUITES_DIR:
@@ -378,7 +379,7 @@ class ScenarioFileItem(pytest.Item):
         self.add_marker("chaos_replay")
 
     def runtest(self) -> None:
-        from chaos.scenario import files as scenario_file
+        from torchchaos.scenario import files as scenario_file
 
         try:
             script, args = _script_options(self.config)

@@ -13,7 +13,7 @@
   `ckpt`; `file=` a glob to choose), then the node crashes so resume reads it.
 
 `bit=` an exact bit index or a class: `sign`, `exp_high`, `exp_low`,
-`mant_high`, `mant_low` (default `exp_high`; see `faults.bits`); `value=nan`,
+`mant_high`, `mant_low` (default `exp_high`; see `torchchaos.faults.bits`); `value=nan`,
 `inf` or `-inf` writes that value instead (numeric faults). `name=` narrows the
 candidates with a glob over their names (`*linear1.weight`, `*exp_avg_sq`);
 `element=` picks the flat element index. Everything not given is a seeded pick
@@ -29,9 +29,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chaos.errors import UsageError
-from chaos.rundir.layout import CHAOS_DIR
-from faults.contract import (
+from torchchaos.errors import UsageError
+from torchchaos.faults.contract import (
     ClusterJob,
     ClusterMapping,
     FaultKind,
@@ -40,19 +39,20 @@ from faults.contract import (
     ResolvedFault,
     TrainingView,
 )
-from faults.params import BIT_CLASSES, choice, non_negative_int, run_relative_dir
+from torchchaos.faults.params import BIT_CLASSES, choice, non_negative_int, run_relative_dir
+from torchchaos.rundir.layout import CHAOS_DIR
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
-    from chaos.explore.strategies import JobShape
+    from torchchaos.faults.shape import JobShape
 
 TENSORS = ("param", "grad", "optim", "activation", "loss", "checkpoint")
 DURING_STEP = ("grad", "activation", "loss")  # these act inside step N, the others after it
 
 
 def _bit(value: str) -> int | str:
-    from faults.bits import MAX_WIDTH
+    from torchchaos.faults.bits import MAX_WIDTH
 
     if value.isdigit():
         # the dtype is known only when the flip happens; no dtype has a bit past these
@@ -128,7 +128,7 @@ Corrupter = Callable[[Any, str | None], dict[str, Any]]
 def _corrupter(fault: ResolvedFault, rng: random.Random) -> Corrupter:
     """The change to make to one tensor: flip the chosen bit or write the chosen value
     in a seeded (or the given) element; returns what was done, for the history."""
-    from faults import bits
+    from torchchaos.faults import bits
 
     def corrupt(t: Any, name: str | None) -> dict[str, Any]:
         data = bits.local_data(t)
@@ -163,7 +163,7 @@ def _pick(fault: ResolvedFault, candidates: list[tuple[str, Any]], what: str,
 
 
 def _floating(t: Any) -> bool:
-    from faults.bits import LAYOUT
+    from torchchaos.faults.bits import LAYOUT
 
     return getattr(t, "dtype", None) in LAYOUT and t.numel() > 0
 
@@ -274,8 +274,8 @@ def _arm_loss(fault: ResolvedFault, ctx: FireContext, view: TrainingView,
 
 def _flip_checkpoint_file(fault: ResolvedFault, ctx: FireContext, rng: random.Random) -> None:
     """Flip one bit of the newest checkpoint file, make it durable, and crash the node."""
-    from faults.filebits import flip_file_bits, newest_big_file, seeded_bit_offsets
-    from faults.kill import Kill
+    from torchchaos.faults.filebits import flip_file_bits, newest_big_file, seeded_bit_offsets
+    from torchchaos.faults.kill import Kill
 
     folder = Path(ctx.run_dir) / str(fault.params.get("dir", "ckpt"))
     pattern = str(fault.params.get("file", "*"))

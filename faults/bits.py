@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from faults.params import BIT_CLASSES
+from torchchaos.faults.params import BIT_CLASSES
 
 # dtype -> (exponent bits, mantissa bits); the sign is the top bit
 LAYOUT: dict[torch.dtype, tuple[int, int]] = {

@@ -10,7 +10,7 @@ used. Two sides:
   training process when the trigger is reached, and records what it did;
 - a *harness* kind (`HarnessKind`: partition, toxic) is applied from outside
   the job: the rank that sees the trigger asks the harness
-  (`chaos.rundir.requests`), and the runner calls `cut`, which returns the heal.
+  (`torchchaos.rundir.requests`), and the runner calls `cut`, which returns the heal.
 
 Every kind declares `name`, `summary`, its `params` (text parsers) and may
 check them (`validate`, `check_job`, `check_together`) and prepare the job
@@ -35,13 +35,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from chaos.rundir import requests
+from torchchaos.rundir import requests
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
-    from chaos.explore.strategies import JobShape
-    from chaos.host.netns import Network
+    from torchchaos.faults.shape import JobShape
+    from torchchaos.host.netns import Network
 
 
 class FaultKind:
@@ -66,7 +66,7 @@ class FaultKind:
     def strategies(self, shape: JobShape) -> dict[str, SearchStrategy[str] | None]:
         """How a search draws this kind: search names (`torchchaos search --kind NAME`) to
         Hypothesis strategies of spec strings for a job of `shape` (its ranks, nodes,
-        steps and saves, with strategies for each: `chaos.explore.strategies.JobShape`);
+        steps and saves, with strategies for each: `torchchaos.faults.shape.JobShape`);
         None for a name this job cannot have (a node kill with one node). Import
         Hypothesis inside: ranks import the kinds too."""
         return {}
@@ -111,7 +111,7 @@ class FaultKind:
 
 
 class HarnessKind(FaultKind):
-    """A kind the runner applies from outside the job (`chaos.harness.nemesis`): the rank that
+    """A kind the runner applies from outside the job (`torchchaos.harness.nemesis`): the rank that
     sees the trigger asks for it; `cut` makes it and returns how to heal it."""
 
     side = "harness"
@@ -252,7 +252,7 @@ class NoResource:
 
 class ClusterJob(Protocol):
     """How the job's nodes and ranks are pods, for `FaultKind.chaos_mesh`
-    (`chaos.scenario.chaosmesh` implements it from the export's options)."""
+    (`torchchaos.scenario.chaosmesh` implements it from the export's options)."""
 
     nproc: int
     nodes: int

@@ -36,10 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chaos.errors import UsageError
-from chaos.rundir.heartbeat import peers_gone
-from chaos.rundir.layout import RunLayout
-from faults.contract import (
+from torchchaos.errors import UsageError
+from torchchaos.faults.contract import (
     ClusterJob,
     ClusterMapping,
     FaultKind,
@@ -47,12 +45,14 @@ from faults.contract import (
     NotExported,
     ResolvedFault,
 )
-from faults.params import choice, seconds
+from torchchaos.faults.params import choice, seconds
+from torchchaos.rundir.heartbeat import peers_gone
+from torchchaos.rundir.layout import RunLayout
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
-    from chaos.explore.strategies import JobShape
+    from torchchaos.faults.shape import JobShape
 
 MODES = ("stop", "collective", "spin", "mismatch")
 COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_object",

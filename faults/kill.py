@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from faults.contract import (
+from torchchaos.faults.contract import (
     ClusterChaos,
     ClusterJob,
     ClusterMapping,
@@ -32,12 +32,12 @@ from faults.contract import (
     NotExported,
     ResolvedFault,
 )
-from faults.params import seconds
+from torchchaos.faults.params import seconds
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
-    from chaos.explore.strategies import JobShape
+    from torchchaos.faults.shape import JobShape
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGSEGV": signal.SIGSEGV,
            "SIGINT": signal.SIGINT, "exit": None}

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from chaos.rundir.layout import CHAOS_DIR
+from torchchaos.rundir.layout import CHAOS_DIR
 
-# Parts of a float's IEEE layout a bit flip may hit (`faults.bits` maps them to bit
+# Parts of a float's IEEE layout a bit flip may hit (`torchchaos.faults.bits` maps them to bit
 # indices per dtype); here, without torch, for help texts and planners.
 BIT_CLASSES = ("sign", "exp_high", "exp_low", "mant_high", "mant_low")
 

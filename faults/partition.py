@@ -1,6 +1,6 @@
 """partition: cut the network between simulated nodes with nftables rules.
 
-Every simulated node is a network namespace (`chaos.host.netns`); a partition is
+Every simulated node is a network namespace (`torchchaos.host.netns`); a partition is
 a table `inet torchchaos` of drop rules in the namespaces of the nodes it
 cuts off, and healing deletes that table. Packets are dropped, not refused:
 a cut peer looks like a dead link (connections stall until a timeout), which
@@ -29,9 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from chaos.errors import UsageError
-from chaos.host.netns import INTERFACE, Network, Node
-from faults.contract import (
+from torchchaos.errors import UsageError
+from torchchaos.faults.contract import (
     ClusterChaos,
     ClusterJob,
     ClusterMapping,
@@ -40,7 +39,8 @@ from faults.contract import (
     NotExported,
     ResolvedFault,
 )
-from faults.params import choice, non_negative_int, positive_int, seconds
+from torchchaos.faults.params import choice, non_negative_int, positive_int, seconds
+from torchchaos.host.netns import INTERFACE, Network, Node
 
 SHAPES = ("isolate", "halves", "majority", "oneway", "store")
 TABLE = "torchchaos"
@@ -139,7 +139,7 @@ class Partition(HarnessKind):
         shape = str(fault.params.get("sides") or fault.params.get("shape", "isolate"))
         return (lambda: heal(touched)), {"shape": shape, "nodes": describe(fault, ctx.network)}
 
-    # What a cut separates, for tools that express it elsewhere (chaos.scenario.chaosmesh): the
+    # What a cut separates, for tools that express it elsewhere (torchchaos.scenario.chaosmesh): the
     # one definition of the shapes stays here.
     def sides(self, fault: ResolvedFault, count: int) -> list[list[int]]:
         """The node numbers on each side of a symmetric cut (not oneway or store)."""

@@ -10,25 +10,25 @@ the same shape (see the README's "Writing a fault kind"):
     slowdisk = "mypackage.slowdisk:SlowDisk"
 
 A name is the spec's `KIND` (`slowdisk:rank=0,step=5`); the class is a
-`faults.contract.FaultKind` whose `name` must equal it.
+`torchchaos.faults.contract.FaultKind` whose `name` must equal it.
 """
 
 from __future__ import annotations
 
-from chaos.entrypoints import Registry
-from chaos.errors import UsageError
-from faults.contract import FaultKind
+from torchchaos.entrypoints import Registry
+from torchchaos.errors import UsageError
+from torchchaos.faults.contract import FaultKind
 
 ENTRY_POINT_GROUP = "torchchaos.faults"
 
 BUILTIN: dict[str, str] = {
-    "bitflip": "faults.bitflip:BitFlip",
-    "hang": "faults.hang:Hang",
-    "kill": "faults.kill:Kill",
-    "partition": "faults.partition:Partition",
-    "storage": "faults.storage:Storage",
-    "straggler": "faults.straggler:Straggler",
-    "toxic": "faults.toxic:Toxic",
+    "bitflip": "torchchaos.faults.bitflip:BitFlip",
+    "hang": "torchchaos.faults.hang:Hang",
+    "kill": "torchchaos.faults.kill:Kill",
+    "partition": "torchchaos.faults.partition:Partition",
+    "storage": "torchchaos.faults.storage:Storage",
+    "straggler": "torchchaos.faults.straggler:Straggler",
+    "toxic": "torchchaos.faults.toxic:Toxic",
 }
 
 def _instance(name: str, path: str, found: object) -> FaultKind:

@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from chaos.host.procs import pid_alive
-from chaos.rundir.heartbeat import peers_gone
+from torchchaos.host.procs import pid_alive
+from torchchaos.rundir.heartbeat import peers_gone
 
 POLL_SECONDS = 0.1
 

@@ -42,9 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from chaos.errors import UsageError
-from chaos.rundir.layout import CHAOS_DIR, RunLayout
-from faults.contract import (
+from torchchaos.errors import UsageError
+from torchchaos.faults.contract import (
     ClusterChaos,
     ClusterJob,
     ClusterMapping,
@@ -55,13 +54,14 @@ from faults.contract import (
     NotExported,
     ResolvedFault,
 )
-from faults.faultfs.armed import OPS
-from faults.params import choice, fraction, positive_int, run_relative_dir, seconds
+from torchchaos.faults.faultfs.armed import OPS
+from torchchaos.faults.params import choice, fraction, positive_int, run_relative_dir, seconds
+from torchchaos.rundir.layout import CHAOS_DIR, RunLayout
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
-    from chaos.explore.strategies import JobShape
+    from torchchaos.faults.shape import JobShape
 
 MODES = ("lose_unsynced", "torn", "enospc", "eio", "slow", "bitrot")
 SOCKETS_ENV = "TORCHCHAOS_FAULTFS"  # JSON: checkpoint dir -> daemon socket path
@@ -71,7 +71,7 @@ SOCKETS_ENV = "TORCHCHAOS_FAULTFS"  # JSON: checkpoint dir -> daemon socket path
 class FaultFSMounts:
     """The fault filesystems of one job, one per checkpoint directory."""
 
-    mounts: list = field(default_factory=list)  # faults.faultfs.mount.Mount
+    mounts: list = field(default_factory=list)  # torchchaos.faults.faultfs.mount.Mount
     environ: dict[str, str] = field(default_factory=dict)
     rendezvous_endpoint: str | None = None
 
@@ -110,7 +110,7 @@ class Storage(FaultKind):
     @classmethod
     def unavailable_reason(cls) -> str | None:
         """The fault filesystem's (mode=torn,via=agent needs none, but every other does)."""
-        from faults.faultfs.mount import unavailable_reason
+        from torchchaos.faults.faultfs.mount import unavailable_reason
 
         return unavailable_reason() or None
 
@@ -184,7 +184,7 @@ class Storage(FaultKind):
         if params.get("via") == "agent":
             _tear_in_process(ctx, float(params.get("keep", 0.5)))  # type: ignore[arg-type]
             return
-        from faults.faultfs.client import request
+        from torchchaos.faults.faultfs.client import request
 
         socket_path = json.loads(os.environ[SOCKETS_ENV])[str(params.get("dir", "ckpt"))]
         if mode == "lose_unsynced":
@@ -201,7 +201,7 @@ class Storage(FaultKind):
 
 
 def _mount_all(dirs: list[str], ctx: JobContext, record: bool) -> FaultFSMounts:
-    from faults.faultfs.mount import Mount  # the harness side only
+    from torchchaos.faults.faultfs.mount import Mount  # the harness side only
 
     resource = FaultFSMounts()
     layout = RunLayout(ctx.run_dir)
@@ -250,7 +250,7 @@ def _mountpoint(run_dir: Path, folder: str) -> Path:
 
 def _tear_in_process(ctx: FireContext, keep: float) -> None:
     """Cut the file just written to `keep` of its size, then the node dies with it."""
-    from faults.kill import Kill
+    from torchchaos.faults.kill import Kill
 
     if ctx.path and os.path.isfile(ctx.path):
         size = os.path.getsize(ctx.path)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from faults.contract import (
+from torchchaos.faults.contract import (
     ClusterJob,
     ClusterMapping,
     FaultKind,
@@ -19,7 +19,7 @@ from faults.contract import (
     NotExported,
     ResolvedFault,
 )
-from faults.params import positive_int, seconds
+from torchchaos.faults.params import positive_int, seconds
 
 
 class Straggler(FaultKind):

@@ -37,9 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from chaos.errors import ChaosError, UsageError
-from chaos.host import netns
-from faults.contract import (
+from torchchaos.errors import ChaosError, UsageError
+from torchchaos.faults.contract import (
     ClusterJob,
     ClusterMapping,
     HarnessKind,
@@ -48,7 +47,8 @@ from faults.contract import (
     NotExported,
     ResolvedFault,
 )
-from faults.params import choice, fraction, non_negative_int, positive_int, seconds
+from torchchaos.faults.params import choice, fraction, non_negative_int, positive_int, seconds
+from torchchaos.host import netns
 
 URL_ENV = "TORCHCHAOS_TOXIPROXY"
 UPSTREAM_ENV = "TORCHCHAOS_TOXIPROXY_UPSTREAM"

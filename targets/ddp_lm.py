@@ -99,7 +99,7 @@ BUGS = (
 
 
 try:
-    from chaos.api import report_detection
+    from torchchaos.api import report_detection
 except ImportError:  # runs without torchchaos installed too
 
     def report_detection(what: str, **details: Any) -> None:

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from chaos import env
-from chaos.host import leftovers, netns, procs
-from chaos.host.mounts import mounts_under
+from torchchaos import env
+from torchchaos.host import leftovers, netns, procs
+from torchchaos.host.mounts import mounts_under
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -55,7 +55,7 @@ def lifeline_watcher(harness_pid: int) -> int | None:
 
     for proc in psutil.process_iter(["cmdline"]):
         words = proc.info["cmdline"] or []
-        if "chaos.host.lifeline" in words and any(
+        if "torchchaos.host.lifeline" in words and any(
                 Path(w).name.startswith(f"{harness_pid}-") for w in words):
             return proc.pid
     return None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaos.judge.evidence import Evidence
-from chaos.rundir.history import History
+from torchchaos.judge.evidence import Evidence
+from torchchaos.rundir.history import History
 
 COMPONENT_KEYS = ("params_start", "optim_start", "lr", "rng.torch", "rng.python", "batch",
                   "grads", "optim", "params", "loss")

@@ -20,8 +20,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from chaos.cli import main as cli
-from chaos.errors import UsageError
+from torchchaos.cli import main as cli
+from torchchaos.errors import UsageError
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"

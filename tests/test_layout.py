@@ -15,39 +15,49 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 FLOORS: list[tuple[str, ...]] = [
-    ("chaos.errors", "chaos.env", "chaos.api"),
-    ("chaos.entrypoints",),
-    ("chaos.host",),
-    ("chaos.rundir",),
-    ("faults", "faults.contract"),
-    ("faults.registry",),
-    ("chaos.judge",),
-    ("chaos.report",),
-    ("chaos.scenario",),
-    ("faults.*", "chaos.rank"),
-    ("chaos.harness",),
-    ("chaos.engine",),
-    ("chaos.explore",),
-    ("chaos.cli", "chaos.plugin", "chaos"),
+    ("torchchaos.errors", "torchchaos.env", "torchchaos.api"),
+    ("torchchaos.entrypoints",),
+    ("torchchaos.host",),
+    ("torchchaos.rundir",),
+    ("torchchaos.faults", "torchchaos.faults.contract", "torchchaos.faults.shape"),
+    ("torchchaos.faults.registry",),
+    ("torchchaos.judge",),
+    ("torchchaos.report",),
+    ("torchchaos.scenario",),
+    ("torchchaos.faults.*", "torchchaos.rank"),
+    ("torchchaos.harness",),
+    ("torchchaos.engine",),
+    ("torchchaos.explore",),
+    ("torchchaos.cli", "torchchaos.plugin", "torchchaos"),
 ]
+# The repository's folders and the import names they are installed under (pyproject.toml).
+PACKAGE_DIRS = {"chaos": "torchchaos", "faults": "torchchaos.faults"}
+
+
+def repo_path(module: str) -> str:
+    """`torchchaos.faults.kill` -> `faults/kill`, `torchchaos.host` -> `chaos/host`."""
+    for folder, name in sorted(PACKAGE_DIRS.items(), key=lambda item: -len(item[1])):
+        if module == name or module.startswith(name + "."):
+            return folder + module.removeprefix(name).replace(".", "/")
+    raise AssertionError(module)
 
 
 def modules() -> dict[str, Path]:
     found = {}
-    for package in ("chaos", "faults"):
-        for path in (REPO / package).rglob("*.py"):
-            parts = path.relative_to(REPO).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            found[name] = path
+    for folder, package in PACKAGE_DIRS.items():
+        for path in (REPO / folder).rglob("*.py"):
+            parts = (package, *path.relative_to(REPO / folder).with_suffix("").parts)
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
 
 
-def _runtime_imports(tree: ast.Module) -> list[str]:
-    """Absolute imports outside `if TYPE_CHECKING:` blocks."""
+def _runtime_imports(tree: ast.Module, typing_too: bool = False) -> list[str]:
+    """Absolute imports outside `if TYPE_CHECKING:` blocks (with them: `typing_too`)."""
     names: list[str] = []
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING" \
+                and not typing_too:
             for child in node.orelse:
                 visit(child)
             return
@@ -62,7 +72,7 @@ def _runtime_imports(tree: ast.Module) -> list[str]:
     return names
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(typing_too: bool = False) -> dict[str, set[str]]:
     mods = modules()
 
     def resolve(name: str) -> str | None:
@@ -72,7 +82,8 @@ def import_graph() -> dict[str, set[str]]:
 
     graph: dict[str, set[str]] = {}
     for name, path in mods.items():
-        targets = {resolve(t) for t in _runtime_imports(ast.parse(path.read_text()))}
+        names = _runtime_imports(ast.parse(path.read_text()), typing_too)
+        targets = {resolve(t) for t in names}
         # a module importing its own package's __init__ (for a submodule) is not an edge
         graph[name] = {t for t in targets if t and t != name and not name.startswith(t + ".")}
     return graph
@@ -86,6 +97,8 @@ def floor_of(module: str) -> tuple[int, str]:
     best: tuple[int, str, int] | None = None
     for number, entries in enumerate(FLOORS):
         for entry in entries:
+            if entry == "torchchaos":
+                continue  # the public face is the package's __init__ only
             prefix = entry.removesuffix(".*")
             matches = module.startswith(prefix + ".")
             if matches and (best is None or len(prefix) >= best[2]):
@@ -130,10 +143,18 @@ def test_no_import_circles() -> None:
     assert circles(import_graph()) == []
 
 
+def test_no_import_circles_even_through_type_hints() -> None:
+    """A type-only circle still says two layers need each other (the fault kinds once
+    took `JobShape` from the explorers that load the kinds)."""
+    graph = {m: {t for t in targets if t != "torchchaos"}
+             for m, targets in import_graph(typing_too=True).items() if m != "torchchaos"}
+    assert circles(graph) == []
+
+
 def test_every_import_goes_down_the_floors() -> None:
     wrong = []
     for module, targets in sorted(import_graph().items()):
-        if module == "chaos":
+        if module == "torchchaos":
             continue  # the public face: lazy re-exports (PEP 562), imported on first use
         floor, entry = floor_of(module)
         for target in sorted(targets):
@@ -144,16 +165,18 @@ def test_every_import_goes_down_the_floors() -> None:
 
 
 def test_fault_kinds_import_only_the_contract_and_the_layers_below_it() -> None:
-    allowed = ("faults.", "chaos.errors", "chaos.env", "chaos.host", "chaos.rundir")
+    allowed = ("torchchaos.faults.", "torchchaos.errors", "torchchaos.env", "torchchaos.host",
+               "torchchaos.rundir")
     wrong = [f"{m} imports {t}" for m, targets in import_graph().items()
-             if m.startswith("faults.") and m != "faults.registry" for t in targets
-             if not t.startswith(allowed) or t == "faults.registry"]
+             if m.startswith("torchchaos.faults.") and m != "torchchaos.faults.registry"
+             for t in targets
+             if not t.startswith(allowed) or t == "torchchaos.faults.registry"]
     assert wrong == []
 
 
 def test_nothing_imports_the_command_line() -> None:
-    users = [m for m, targets in import_graph().items() if not m.startswith("chaos.cli")
-             and any(t.startswith("chaos.cli") for t in targets)]
+    users = [m for m, targets in import_graph().items() if not m.startswith("torchchaos.cli")
+             and any(t.startswith("torchchaos.cli") for t in targets)]
     assert users == []
 
 
@@ -165,7 +188,7 @@ def test_at_most_twelve_modules_directly_in_chaos() -> None:
 def test_judging_imports_no_torch() -> None:
     """The checks are pure functions over histories: what they need from tensors (the
     SDC check's weight drift) the agent measured while the run was alive."""
-    judge = sorted(m for m in modules() if m.startswith(("chaos.judge", "chaos.report")))
+    judge = sorted(m for m in modules() if m.startswith(("torchchaos.judge", "torchchaos.report")))
     code = "import sys\n" + "".join(f"import {m}\n" for m in judge) + (
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -180,19 +203,21 @@ def test_architecture_md_lists_the_floors_in_this_order() -> None:
     assert [int(row[1]) for row in rows] == list(range(len(FLOORS)))
     for row, entries in zip(rows, FLOORS):
         for entry in entries:
-            shown = entry.replace(".*", "/<kind>.py") if entry.endswith(".*") else entry
-            as_path = shown.replace(".", "/")
-            assert shown in row[2] or as_path in row[2] or f"{as_path}/" in row[2] \
+            as_path = repo_path(entry.removesuffix(".*"))
+            if entry.endswith(".*"):
+                as_path += "/<kind>.py"
+            assert entry in row[2] or as_path in row[2] or f"{as_path}/" in row[2] \
                 or f"{as_path}.py" in row[2], (entry, row[2])
 
 
 def test_the_public_face_exports_each_name_and_loads_nothing_until_asked() -> None:
-    """`import chaos` happens in every rank (the agent's package): it must stay free;
-    each name in `chaos.__all__` must still resolve on first use."""
-    code = ("import sys, chaos\n"
-            "heavy = [m for m in sys.modules if m.startswith(('torch', 'chaos.', 'faults'))]\n"
+    """`import torchchaos` happens in every rank (the agent's package): it must stay free;
+    each name in `torchchaos.__all__` must still resolve on first use."""
+    code = ("import sys, torchchaos\n"
+            "heavy = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', "
+            "'torchchaos.'))]\n"
             "assert heavy == [], heavy\n"
-            "missing = [n for n in chaos.__all__ if getattr(chaos, n, None) is None]\n"
+            "missing = [n for n in torchchaos.__all__ if getattr(torchchaos, n, None) is None]\n"
             "assert missing == [], missing\n"
-            "assert sorted(chaos.__all__) == sorted(chaos._PUBLIC)\n")
+            "assert sorted(torchchaos.__all__) == sorted(torchchaos._PUBLIC)\n")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)

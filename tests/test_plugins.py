@@ -21,11 +21,11 @@ import pytest
 from conftest import REPO, TARGET
 from histories import Timeline, evidence, reference
 
-from chaos import entrypoints
-from chaos.cli.main import main as cli
-from chaos.errors import UsageError
-from chaos.judge import registry as check_registry
-from faults import registry as kind_registry
+from torchchaos import entrypoints
+from torchchaos.cli.main import main as cli
+from torchchaos.errors import UsageError
+from torchchaos.faults import registry as kind_registry
+from torchchaos.judge import registry as check_registry
 
 EXAMPLE = REPO / "examples" / "plugin"
 STEPS = ["--steps", "20", "--ckpt-every", "5"]  # test_e2e_kill's: its reference run is reused
@@ -65,7 +65,7 @@ def _env() -> dict[str, str]:
 
 def venv_cli(python: Path, *args: str, cwd: Path,
              timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(python), "-m", "chaos.cli", *args], capture_output=True,
+    return subprocess.run([str(python), "-m", "torchchaos.cli", *args], capture_output=True,
                           text=True, cwd=cwd, timeout=timeout, env=_env())
 
 
@@ -168,9 +168,10 @@ def test_pause_absorbed_passes_and_is_undecided_without_a_pause(pause_absorbed):
     ("torchchaos_no_such_module:Broken",
      "fault kind 'broken': cannot load 'torchchaos_no_such_module:Broken'"
      " (No module named 'torchchaos_no_such_module')"),
-    ("faults.kill:NoSuchClass", "fault kind 'broken': cannot load 'faults.kill:NoSuchClass'"),
-    ("faults.kill:Kill", "fault kind 'broken': 'faults.kill:Kill' is not a FaultKind named"
-                         " 'broken'"),
+    ("torchchaos.faults.kill:NoSuchClass",
+     "fault kind 'broken': cannot load 'torchchaos.faults.kill:NoSuchClass'"),
+    ("torchchaos.faults.kill:Kill",
+     "fault kind 'broken': 'torchchaos.faults.kill:Kill' is not a FaultKind named 'broken'"),
 ], ids=["no module", "no attribute", "not a kind of that name"])
 def test_a_broken_fault_entry_point_is_a_one_line_usage_error(monkeypatch, capsys, tmp_path,
                                                               path, reason):
@@ -192,7 +193,8 @@ def test_a_broken_fault_entry_point_is_a_one_line_usage_error(monkeypatch, capsy
 def test_a_broken_check_entry_point_is_a_one_line_usage_error(monkeypatch):
     monkeypatch.setattr(entrypoints, "installed",
                         lambda group: {"broken": "torchchaos_no_such_module:check",
-                                       "not_callable": "faults.registry:ENTRY_POINT_GROUP"}
+                                       "not_callable":
+                                           "torchchaos.faults.registry:ENTRY_POINT_GROUP"}
                         if group == check_registry.ENTRY_POINT_GROUP else {})
     with pytest.raises(UsageError) as raised:
         check_registry.get_check("broken")
@@ -230,7 +232,7 @@ def test_a_plugin_that_takes_a_built_in_name_is_ignored_with_a_warning(monkeypat
 def test_a_broken_plugin_does_not_stop_what_only_looks_kinds_over(monkeypatch):
     """The timeline's marks and the search's names skip a plug-in that does not load;
     `torchchaos faults` (above) and a run that names it still say it is broken."""
-    from chaos.explore import strategies
+    from torchchaos.explore import strategies
 
     monkeypatch.setattr(entrypoints, "installed",
                         lambda group: {"broken": "torchchaos_no_such_module:Broken"}

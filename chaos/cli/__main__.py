@@ -1,7 +1,7 @@
-"""`python -m chaos.cli`: the same as the `torchchaos` command."""
+"""`python -m torchchaos.cli`: the same as the `torchchaos` command."""
 
 import sys
 
-from chaos.cli.main import main
+from torchchaos.cli.main import main
 
 sys.exit(main())

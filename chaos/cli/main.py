@@ -17,16 +17,16 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from chaos.cli import multinode
-from chaos.cli.output import print_report, progress_printer
-from chaos.errors import CannotJudge, ChaosError, UsageError
-from chaos.harness.reference import check_cache_dir, default_cache_dir
-from chaos.host import leftovers, owners
-from faults.registry import get_kind
+from torchchaos.cli import multinode
+from torchchaos.cli.output import print_report, progress_printer
+from torchchaos.errors import CannotJudge, ChaosError, UsageError
+from torchchaos.faults.registry import get_kind
+from torchchaos.harness.reference import check_cache_dir, default_cache_dir
+from torchchaos.host import leftovers, owners
 
 if TYPE_CHECKING:
-    from chaos.explore.battery import Entry
-    from chaos.scenario.model import Scenario
+    from torchchaos.explore.battery import Entry
+    from torchchaos.scenario.model import Scenario
 
 EPILOG = """\
 fault specs (KIND:key=value,...):
@@ -88,7 +88,7 @@ def _add_junit(parser: argparse.ArgumentParser) -> None:
 
 def _shard(text: str) -> Any:
     """A Shard, or "auto" (read from the environment when the sweep starts)."""
-    from chaos.explore.shards import Shard
+    from torchchaos.explore.shards import Shard
 
     if text == "auto":
         return text
@@ -131,13 +131,14 @@ def _version() -> str:
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
-    import chaos
+    import torchchaos
 
     try:
         torch = version("torch")
     except PackageNotFoundError:
         torch = "not installed"
-    return f"torchchaos {chaos.__version__} (torch {torch}, Python {platform.python_version()})"
+    python = platform.python_version()
+    return f"torchchaos {torchchaos.__version__} (torch {torch}, Python {python})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -269,8 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
         " listed but not removed, or some could not be removed.")
     clean.add_argument("--yes", action="store_true", help="remove what is listed")
     sub.add_parser("suite", add_help=False,
-                   help="run the ready-made pytest suites: pytest --pyargs suites [PYTEST ARGS]"
-                        " (--chaos-script PATH --chaos-args '...', -m chaos_kills, ...)")
+                   help="run the ready-made pytest suites: pytest --pyargs torchchaos.suites"
+                        " [PYTEST ARGS] (--chaos-script PATH --chaos-args '...',"
+                        " -m chaos_kills, ...)")
     return parser
 
 
@@ -330,7 +332,7 @@ def _add_exploration_commands(sub: Any) -> None:
 
 def _add_export_command(sub: Any) -> None:
     """export: a scenario file's node-level faults as Chaos Mesh manifests."""
-    from chaos.scenario import chaosmesh
+    from torchchaos.scenario import chaosmesh
 
     export = sub.add_parser(
         "export", help="write a scenario file's node-level faults as Chaos Mesh manifests",
@@ -455,7 +457,7 @@ def _add_job_options(run: argparse.ArgumentParser) -> None:
 
 
 def _scenario(ns: argparse.Namespace, script: str, args: list[str], faults: list[str]) -> Any:
-    from chaos.scenario.model import Scenario
+    from torchchaos.scenario.model import Scenario
 
     args = args[1:] if args[:1] == ["--"] else args
     scenario = Scenario.build(
@@ -474,7 +476,7 @@ def _scenario(ns: argparse.Namespace, script: str, args: list[str], faults: list
 def _dirs(ns: argparse.Namespace) -> tuple[Path, Path]:
     """--out and --cache-dir, refused here (one line, exit 2) when they hold data or cannot
     be written: before any process starts and before anything (replay.yaml) is written."""
-    from chaos.engine import check_out_dir
+    from torchchaos.engine import check_out_dir
 
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     out = (ns.out or Path("torchchaos-runs") / stamp).resolve()
@@ -487,7 +489,7 @@ def _dirs(ns: argparse.Namespace) -> tuple[Path, Path]:
 
 def _check_junitxml(path: Path | None) -> None:
     """The JUnit file is written at the end of a sweep: refuse it now if it cannot be."""
-    from chaos.rundir.folders import unwritable
+    from torchchaos.rundir.folders import unwritable
 
     if path is None:
         return
@@ -499,7 +501,7 @@ def _check_junitxml(path: Path | None) -> None:
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
-    from chaos.engine import run_scenario
+    from torchchaos.engine import run_scenario
 
     scenario = _scenario(ns, ns.script, ns.args, ns.fault)
     out, cache = _dirs(ns)
@@ -510,8 +512,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
 def _battery_base(ns: argparse.Namespace) -> tuple[Scenario, Path, Path]:
     """The scenario every run of a battery shares (no fault yet), and its folders;
     with no SCRIPT, the bundled reference target."""
-    from chaos.explore import battery
-    from chaos.explore.shards import from_environment
+    from torchchaos.explore import battery
+    from torchchaos.explore.shards import from_environment
 
     if getattr(ns, "shard", None) == "auto":  # before any run: a missing variable is bad input
         ns.shard = from_environment()
@@ -524,7 +526,7 @@ def _battery_base(ns: argparse.Namespace) -> tuple[Scenario, Path, Path]:
 
 
 def _print_battery(entries: list[Entry], out: Path, summary: str = "") -> int:
-    from chaos.explore import battery
+    from torchchaos.explore import battery
 
     print(battery.table(entries))
     if summary:
@@ -540,7 +542,7 @@ TITLES = {"battery": "torchchaos battery", "crashpoints": "torchchaos crash poin
 def _run_sweep(ns: argparse.Namespace, command: str, entries: list[Entry], base: Scenario,
                out: Path, cache: Path, extra: dict[str, object] | None = None) -> list[int]:
     """Run the planned entries (this shard's, with --shard); returns their numbers."""
-    from chaos.explore import battery
+    from torchchaos.explore import battery
 
     numbers = ns.shard.numbers(len(entries)) if ns.shard else list(range(1, len(entries) + 1))
     if ns.shard:
@@ -553,7 +555,7 @@ def _run_sweep(ns: argparse.Namespace, command: str, entries: list[Entry], base:
         _finish_sweep(command, entries, stop.finished, out, ns.junitxml, f"{stop}")
         raise
     if ns.shard:
-        from chaos.explore.shards import write_manifest
+        from torchchaos.explore.shards import write_manifest
 
         write_manifest(out, command, TITLES[command], ns.shard, entries, extra)
     return numbers
@@ -565,9 +567,9 @@ def _finish_sweep(command: str, entries: list[Entry], numbers: list[int], out: P
     """What every way of running a sweep ends with: the table (of `rows` where given:
     crash states in groups), the pages, campaign.json, JUnit XML, the exit status; over
     the runs `numbers` (a shard's, or all)."""
-    from chaos.explore import battery, campaign
-    from chaos.explore.shards import folder_digits
-    from chaos.report import junit
+    from torchchaos.explore import battery, campaign
+    from torchchaos.explore.shards import folder_digits
+    from torchchaos.report import junit
 
     chosen = [entries[n - 1] for n in numbers]
     digits = folder_digits(command)
@@ -589,7 +591,7 @@ def _merge_searches(searches: list[tuple[Path, dict]], out: Path) -> int:
     file copied to OUT/minimal.yaml); exit 1 when one failed, else 0."""
     import shutil
 
-    from chaos.explore.search import describe
+    from torchchaos.explore.search import describe
 
     failing = []
     for directory, manifest in searches:
@@ -616,8 +618,8 @@ def _merge_searches(searches: list[tuple[Path, dict]], out: Path) -> int:
 
 
 def cmd_battery(ns: argparse.Namespace) -> int:
-    from chaos.engine import prepare_out_dir
-    from chaos.explore import battery
+    from torchchaos.engine import prepare_out_dir
+    from torchchaos.explore import battery
 
     base, out, cache = _battery_base(ns)
     prepare_out_dir(out)
@@ -627,8 +629,8 @@ def cmd_battery(ns: argparse.Namespace) -> int:
 
 
 def cmd_merge(ns: argparse.Namespace) -> int:
-    from chaos.engine import check_out_dir
-    from chaos.explore import shards
+    from torchchaos.engine import check_out_dir
+    from torchchaos.explore import shards
 
     check_out_dir(ns.out)
     merged = shards.merge(ns.dirs, ns.out)  # checks every shard whole, then writes
@@ -637,7 +639,7 @@ def cmd_merge(ns: argparse.Namespace) -> int:
     numbers = list(range(1, len(merged.entries) + 1))
     summary = ""
     if merged.command == "crashstates":
-        from chaos.explore import crashsweep
+        from torchchaos.explore import crashsweep
 
         groups = crashsweep.merged_groups(ns.out / "record", merged.extra, merged.details)
         ran = sum(len(d["recoveries"]) for d in merged.details)
@@ -654,8 +656,8 @@ def cmd_merge(ns: argparse.Namespace) -> int:
 
 
 def cmd_doctor(ns: argparse.Namespace) -> int:
-    from chaos.engine import prepare_out_dir
-    from chaos.explore import doctor
+    from torchchaos.engine import prepare_out_dir
+    from torchchaos.explore import doctor
 
     base, out, cache = _battery_base(ns)
     prepare_out_dir(out)
@@ -668,8 +670,8 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 
 
 def cmd_crashpoints(ns: argparse.Namespace) -> int:
-    from chaos.engine import prepare_out_dir
-    from chaos.explore import crashpoints, crashsweep
+    from torchchaos.engine import prepare_out_dir
+    from torchchaos.explore import crashpoints, crashsweep
 
     base, out, cache = _battery_base(ns)
     progress = progress_printer(ns.quiet)
@@ -697,7 +699,7 @@ def cmd_crashpoints(ns: argparse.Namespace) -> int:
                                                  stop.result.groups()))
             raise
         if ns.shard:
-            from chaos.explore.shards import CRASH_STATES, write_manifest
+            from torchchaos.explore.shards import CRASH_STATES, write_manifest
 
             write_manifest(out, CRASH_STATES, TITLES[CRASH_STATES], ns.shard, result.entries,
                            crashsweep.shard_extra(base, result, ns.save, modes, ns.cap),
@@ -724,8 +726,8 @@ def cmd_crashpoints(ns: argparse.Namespace) -> int:
 
 
 def cmd_campaign(ns: argparse.Namespace) -> int:
-    from chaos.engine import prepare_out_dir
-    from chaos.explore import battery, campaign
+    from torchchaos.engine import prepare_out_dir
+    from torchchaos.explore import battery, campaign
     if ns.script is None:
         ns.script, ns.args = str(battery.BUNDLED_TARGET), [*battery.BUNDLED_ARGS,
                                                            "--no-sdc-defences"]
@@ -740,8 +742,8 @@ def cmd_campaign(ns: argparse.Namespace) -> int:
 
 
 def cmd_replay(ns: argparse.Namespace) -> int:
-    from chaos.engine import run_scenario
-    from chaos.scenario import files as scenario_file
+    from torchchaos.engine import run_scenario
+    from torchchaos.scenario import files as scenario_file
 
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
     loaded = scenario_file.load(ns.file, ns.script, args if ns.script else None)
@@ -759,8 +761,8 @@ def _save_minimal(base: Scenario, schedule: list[str], out: Path, runs: Any) -> 
     the way its last run failed."""
     import dataclasses
 
-    from chaos.scenario import files as scenario_file
-    from chaos.scenario.spec import parse_fault_spec
+    from torchchaos.scenario import files as scenario_file
+    from torchchaos.scenario.spec import parse_fault_spec
 
     scenario = dataclasses.replace(base, faults=[parse_fault_spec(s) for s in schedule])
     minimal = scenario_file.for_run(scenario, scenario_file.resolve(scenario),
@@ -770,9 +772,9 @@ def _save_minimal(base: Scenario, schedule: list[str], out: Path, runs: Any) -> 
 
 
 def _print_search_end(result: Any, runs: Any, out: Path, base: Scenario) -> int:
-    """What a search or shrink found (a `chaos.explore.search.SearchResult`); exit 1 with a
+    """What a search or shrink found (a `torchchaos.explore.search.SearchResult`); exit 1 with a
     failing schedule, else 0."""
-    from chaos.explore.search import describe
+    from torchchaos.explore.search import describe
 
     found, minimal = result.found, result.minimal
     for schedule in result.flaky:
@@ -798,10 +800,10 @@ def _print_search_end(result: Any, runs: Any, out: Path, base: Scenario) -> int:
 def cmd_search(ns: argparse.Namespace) -> int:
     from hypothesis.configuration import set_hypothesis_home_dir
 
-    from chaos.engine import prepare_out_dir
-    from chaos.explore import search, shards, strategies
-    from chaos.explore.schedule_runs import ScheduleRuns
-    from chaos.harness.reference import get_reference
+    from torchchaos.engine import prepare_out_dir
+    from torchchaos.explore import search, shards, strategies
+    from torchchaos.explore.schedule_runs import ScheduleRuns
+    from torchchaos.harness.reference import get_reference
 
     base, out, cache = _battery_base(ns)
     progress = progress_printer(ns.quiet)
@@ -835,10 +837,10 @@ def cmd_search(ns: argparse.Namespace) -> int:
 
 
 def cmd_shrink(ns: argparse.Namespace) -> int:
-    from chaos.engine import prepare_out_dir
-    from chaos.explore import search
-    from chaos.explore.schedule_runs import ScheduleRuns
-    from chaos.scenario import files as scenario_file
+    from torchchaos.engine import prepare_out_dir
+    from torchchaos.explore import search
+    from torchchaos.explore.schedule_runs import ScheduleRuns
+    from torchchaos.scenario import files as scenario_file
 
     loaded = scenario_file.load(ns.file)
     base = loaded.scenario
@@ -860,12 +862,12 @@ def cmd_shrink(ns: argparse.Namespace) -> int:
 
 
 def cmd_export(ns: argparse.Namespace) -> int:
-    from chaos.scenario import chaosmesh, jobset
-    from chaos.scenario import files as scenario_file
+    from torchchaos.scenario import chaosmesh, jobset
+    from torchchaos.scenario import files as scenario_file
 
     loaded = scenario_file.load(ns.file)
     if ns.jobset is not None:
-        from chaos.engine import prepare_out_dir
+        from torchchaos.engine import prepare_out_dir
 
         prepare_out_dir(ns.jobset)  # a new folder: no file of the user's is overwritten
     node_label = ns.node_label
@@ -895,7 +897,7 @@ def cmd_export(ns: argparse.Namespace) -> int:
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
-    from chaos.report.model import Report
+    from torchchaos.report.model import Report
 
     path = ns.out / "report.json"
     if not path.is_file():
@@ -905,7 +907,7 @@ def cmd_report(ns: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         raise UsageError(f"{path} is not a torchchaos report: {exc}") from None
     print(report.table())
-    from chaos.report import html_report
+    from torchchaos.report import html_report
 
     if html_report.run_dir_of(report, ns.out) is not None:
         print(f"report: {html_report.write_run(report, ns.out)}")
@@ -917,11 +919,11 @@ def cmd_report(ns: argparse.Namespace) -> int:
 
 
 def cmd_suite(pytest_args: list[str]) -> int:
-    """The suites are pytest modules: `pytest --pyargs suites ARGS`, with pytest's exit
+    """The suites are pytest modules: `pytest --pyargs torchchaos.suites ARGS`, with pytest's exit
     status (0 all passed, 1 a test failed, 4 bad options, 5 nothing selected)."""
     import pytest
 
-    return int(pytest.main(["--pyargs", "suites", *pytest_args]))
+    return int(pytest.main(["--pyargs", "torchchaos.suites", *pytest_args]))
 
 
 def cmd_clean(ns: argparse.Namespace) -> int:
@@ -955,7 +957,7 @@ def cmd_clean(ns: argparse.Namespace) -> int:
 
 
 def cmd_faults(_ns: argparse.Namespace) -> int:
-    from faults.registry import all_kinds
+    from torchchaos.faults.registry import all_kinds
 
     for name, kind in sorted(all_kinds().items()):
         print(f"{name:<10} {kind.summary}  (parameters: {', '.join(kind.params) or 'none'})")

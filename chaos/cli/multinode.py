@@ -7,8 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chaos.cli.output import print_report, progress_printer
-from chaos.harness.multinode import (
+from torchchaos.cli.output import print_report, progress_printer
+from torchchaos.harness.multinode import (
     REFERENCE_ID,
     NodeSpec,
     default_run_id,
@@ -16,8 +16,8 @@ from chaos.harness.multinode import (
     parse_endpoint,
     run_node,
 )
-from chaos.scenario.model import Scenario
-from chaos.scenario.spec import parse_fault_spec
+from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.spec import parse_fault_spec
 
 
 def add_commands(sub: Any, count: Callable[[str], int], seconds: Callable[[str], float]) -> None:

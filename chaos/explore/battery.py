@@ -22,19 +22,20 @@ from concurrent.futures import ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos.engine import run_scenario
-from chaos.errors import CannotJudge, UsageError
-from chaos.harness import runner
-from chaos.harness.reference import get_reference
-from chaos.harness.runner import Progress
-from chaos.report import html_report
-from chaos.report.model import MARK, Report
-from chaos.rundir.history import Event, History
-from chaos.scenario.model import Scenario
-from chaos.scenario.spec import parse_fault_spec
-from faults.registry import get_kind
+from torchchaos import env
+from torchchaos.engine import run_scenario
+from torchchaos.errors import CannotJudge, UsageError
+from torchchaos.faults.registry import get_kind
+from torchchaos.harness import runner
+from torchchaos.harness.reference import get_reference
+from torchchaos.harness.runner import Progress
+from torchchaos.report import html_report
+from torchchaos.report.model import MARK, Report
+from torchchaos.rundir.history import Event, History
+from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.spec import parse_fault_spec
 
-BUNDLED_TARGET = Path(__file__).resolve().parents[2] / "targets" / "ddp_lm.py"
+BUNDLED_TARGET = env.package_dir("torchchaos.targets") / "ddp_lm.py"
 BUNDLED_ARGS = ["--steps", "20", "--ckpt-every", "5"]
 
 

@@ -2,7 +2,7 @@
 
 Each run flips one bit of one seeded element of a seeded tensor kind, with a
 seeded bit class, rank and step (within the reference run's steps). The
-outcomes use the fault-injection literature's categories (`chaos.judge.sdc`):
+outcomes use the fault-injection literature's categories (`torchchaos.judge.sdc`):
 masked, detected, silent divergence, crash, hang, counted overall and by bit
 class and by tensor kind, which is the table a reliability team reads before
 deciding how much checking to pay for.
@@ -14,13 +14,13 @@ import json
 import random
 from pathlib import Path
 
-from chaos.errors import UsageError
-from chaos.explore.battery import Entry
-from chaos.harness.reference import get_reference
-from chaos.harness.runner import Progress
-from chaos.judge.sdc import CATEGORIES
-from chaos.scenario.model import Scenario
-from faults.registry import get_kind
+from torchchaos.errors import UsageError
+from torchchaos.explore.battery import Entry
+from torchchaos.faults.registry import get_kind
+from torchchaos.harness.reference import get_reference
+from torchchaos.harness.runner import Progress
+from torchchaos.judge.sdc import CATEGORIES
+from torchchaos.scenario.model import Scenario
 
 # The in-memory tensors a campaign flips (the bit flip kind's others: the loss, a file).
 TENSORS = ("param", "grad", "optim", "activation")

@@ -36,14 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from chaos import env
-from chaos.errors import CannotJudge, UsageError
-from chaos.explore.battery import Entry, dir_param
-from chaos.harness.reference import get_reference
-from chaos.harness.runner import Progress
-from chaos.rundir.history import Event, History
-from chaos.rundir.layout import RunLayout
-from chaos.scenario.model import Scenario
+from torchchaos import env
+from torchchaos.errors import CannotJudge, UsageError
+from torchchaos.explore.battery import Entry, dir_param
+from torchchaos.harness.reference import get_reference
+from torchchaos.harness.runner import Progress
+from torchchaos.rundir.history import Event, History
+from torchchaos.rundir.layout import RunLayout
+from torchchaos.scenario.model import Scenario
 
 MODES = ("kill", "lose_unsynced", "torn")
 T = TypeVar("T")

@@ -3,11 +3,11 @@
 1. **Record once.** One run of the job, from step 0 to the step after save
    `--save`, with the fault filesystem in recording mode over the checkpoint
    folder: every operation of every rank, in order, with its bytes, and the
-   collectives each rank entered (chaos.rank.syncwatch). The recording is kept
+   collectives each rank entered (torchchaos.rank.syncwatch). The recording is kept
    in the cache beside the reference (two recordings of one save differ, and
    shards, `--shard I/N`, must judge one) and linked into OUT/record.
 2. **Plan** the crash states of that save from the record
-   (`chaos.explore.crashstates`): kills after each operation, torn writes, power
+   (`torchchaos.explore.crashstates`): kills after each operation, torn writes, power
    losses with every combination of pending changes lost; with `--cap`, a sample
    across the modes. Then **build** them one at a time as the record is replayed:
    a state's files are extents of the recording's blob file, never its bytes.
@@ -22,7 +22,7 @@
    pass gets a replay file with the nearest chaos-run fault (its rank's last file
    event before the crash), and its report lists the save's operations up to it;
    the recovery's folder keeps what rebuilds the image it started from
-   (`image.json`: `python -m chaos.explore.crashstates image.json DIR`), not the
+   (`image.json`: `python -m torchchaos.explore.crashstates image.json DIR`), not the
    checkpoint folder itself (GBs per recovery), which goes once it ended.
 
 A recovery that dies is restarted once (`--max-restarts 1`, no relaunch): the
@@ -42,12 +42,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos import env
-from chaos.engine import prepare_out_dir
-from chaos.errors import CannotJudge, UsageError
-from chaos.explore.battery import Entry, dir_param
-from chaos.explore.crashpoints import holds_bytes
-from chaos.explore.crashstates import (
+from torchchaos import env
+from torchchaos.engine import prepare_out_dir
+from torchchaos.errors import CannotJudge, UsageError
+from torchchaos.explore.battery import Entry, dir_param
+from torchchaos.explore.crashpoints import holds_bytes
+from torchchaos.explore.crashstates import (
     MUTATIONS,
     CrashState,
     Enumeration,
@@ -64,21 +64,21 @@ from chaos.explore.crashstates import (
     sample_specs,
     view_key,
 )
-from chaos.explore.extents import Blobs
-from chaos.explore.shards import Shard, link_or_copy
-from chaos.harness.hangwatch import default_timeout
-from chaos.harness.reference import Reference, get_reference
-from chaos.harness.runner import Job, JobOutcome, Progress
-from chaos.judge.evidence import Evidence
-from chaos.report.verdict import judge, write_html
-from chaos.rundir.folders import write_atomic
-from chaos.rundir.history import Event, History
-from chaos.rundir.layout import RunLayout
-from chaos.rundir.written import files_differ, written_files
-from chaos.scenario import files as scenario_file
-from chaos.scenario import schedule
-from chaos.scenario.model import Scenario
-from chaos.scenario.spec import parse_fault_spec
+from torchchaos.explore.extents import Blobs
+from torchchaos.explore.shards import Shard, link_or_copy
+from torchchaos.harness.hangwatch import default_timeout
+from torchchaos.harness.reference import Reference, get_reference
+from torchchaos.harness.runner import Job, JobOutcome, Progress
+from torchchaos.judge.evidence import Evidence
+from torchchaos.report.verdict import judge, write_html
+from torchchaos.rundir.folders import write_atomic
+from torchchaos.rundir.history import Event, History
+from torchchaos.rundir.layout import RunLayout
+from torchchaos.rundir.written import files_differ, written_files
+from torchchaos.scenario import files as scenario_file
+from torchchaos.scenario import schedule
+from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.spec import parse_fault_spec
 
 RESTART_GAP = 0.5  # seconds between a crash and its recovery in a judged history
 DONE = "done"  # in a cached recording, written last: its files, with sizes and digests

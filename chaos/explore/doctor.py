@@ -16,13 +16,13 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos.engine import run_scenario
-from chaos.errors import CannotJudge
-from chaos.harness.reference import Unjudgeable, get_reference
-from chaos.harness.runner import Progress
-from chaos.rundir.history import History
-from chaos.scenario.model import Scenario
-from chaos.scenario.spec import parse_fault_spec
+from torchchaos.engine import run_scenario
+from torchchaos.errors import CannotJudge
+from torchchaos.harness.reference import Unjudgeable, get_reference
+from torchchaos.harness.runner import Progress
+from torchchaos.rundir.history import History
+from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.spec import parse_fault_spec
 
 MARKS = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "----"}
 

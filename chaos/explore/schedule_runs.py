@@ -1,6 +1,6 @@
 """Run fault schedules as real chaos runs, one numbered run directory each.
 
-The bridge between the search engine (`chaos.explore.search`, which only sees
+The bridge between the search engine (`torchchaos.explore.search`, which only sees
 schedules and outcomes) and the harness: each schedule becomes the base
 scenario with those faults, run in `out_dir/NN/` like a battery entry.
 """
@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from chaos.engine import run_scenario
-from chaos.errors import CannotJudge
-from chaos.explore.search import ERROR
-from chaos.harness.runner import Progress
-from chaos.report.model import Report
-from chaos.scenario.model import Scenario
-from chaos.scenario.spec import parse_fault_spec
+from torchchaos.engine import run_scenario
+from torchchaos.errors import CannotJudge
+from torchchaos.explore.search import ERROR
+from torchchaos.harness.runner import Progress
+from torchchaos.report.model import Report
+from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.spec import parse_fault_spec
 
 
 class ScheduleRuns:

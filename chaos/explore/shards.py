@@ -38,10 +38,10 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from chaos.engine import check_out_dir
-from chaos.errors import UsageError
-from chaos.explore.battery import Entry
-from chaos.report.model import Report
+from torchchaos.engine import check_out_dir
+from torchchaos.errors import UsageError
+from torchchaos.explore.battery import Entry
+from torchchaos.report.model import Report
 
 MANIFEST = "shard.json"
 CRASH_STATES = "crashstates"  # `crashpoints` without --per-point

@@ -7,7 +7,7 @@ shrinks the sequence: fewer rules, simpler faults. Runs go through `Trials`,
 so a schedule met twice runs once and a failure is trusted only when it
 repeats.
 
-    from chaos.explore.stateful import chaos_machine
+    from torchchaos.explore.stateful import chaos_machine
 
     TestTwoFailures = chaos_machine("train.py", args=["--steps", "200"],
                                     kinds=["kill", "save_kill"]).TestCase
@@ -29,8 +29,8 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
-from chaos.explore import strategies
-from chaos.explore.search import FAIL, Trials, describe
+from torchchaos.explore import strategies
+from torchchaos.explore.search import FAIL, Trials, describe
 
 
 def schedule_machine(trials: Trials, shape: strategies.JobShape,
@@ -78,10 +78,10 @@ def chaos_machine(script: str, args: Sequence[str] = (), kinds: Sequence[str] = 
                   **scenario: Any) -> type[RuleBasedStateMachine]:
     """A state machine over real chaos runs of `script` (torchrun, `nproc` ranks, ...);
     runs go to out_dir/NN (default ./torchchaos-runs/stateful-<time>-<id>)."""
-    from chaos.engine import prepare_out_dir
-    from chaos.explore.schedule_runs import ScheduleRuns
-    from chaos.harness.reference import default_cache_dir, get_reference
-    from chaos.scenario.model import Scenario
+    from torchchaos.engine import prepare_out_dir
+    from torchchaos.explore.schedule_runs import ScheduleRuns
+    from torchchaos.harness.reference import default_cache_dir, get_reference
+    from torchchaos.scenario.model import Scenario
 
     base = Scenario.build(script, args=list(args), **scenario)
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"

@@ -1,13 +1,13 @@
 """Hypothesis strategies for fault schedules.
 
 Strategies only describe which schedules exist; they run nothing. The search
-engine (`chaos.explore.search`) draws from them, runs real jobs and shrinks. Every
+engine (`torchchaos.explore.search`) draws from them, runs real jobs and shrinks. Every
 strategy produces fault spec *strings*, the language of `--fault`, so a drawn
 schedule can be printed, pasted on a command line and saved as a replay file,
 and user strategies compose with these through the usual combinators:
 
     from hypothesis import strategies as st
-    from chaos.explore import strategies as cs
+    from torchchaos.explore import strategies as cs
 
     shape = cs.JobShape(world_size=2, final_step=20, checkpoint_every=5)
     my_fault = st.sampled_from(["hang:rank=1,step=7,mode=stop"])
@@ -21,62 +21,11 @@ job with few distinct schedules and shrinking has few candidates to run.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 
-from chaos.rundir.history import History
-from faults.registry import loadable_kinds
-
-
-@dataclass(frozen=True)
-class JobShape:
-    """What a schedule may aim at: the job's ranks, nodes, steps and checkpoint saves."""
-
-    world_size: int
-    final_step: int
-    nodes: int = 1
-    checkpoint_every: int = 0  # 0: unknown (no two saves seen)
-    writer: int = 0  # the rank that writes checkpoints
-    # file events of each save of the writer: save number -> how many
-    save_events: dict[int, int] = field(default_factory=dict)
-    every_step: bool = False  # steps: every step, instead of one per checkpoint interval
-
-    @classmethod
-    def of(cls, history: History, nodes: int = 1, every_step: bool = False) -> JobShape:
-        """The shape of the job a fault-free reference history shows."""
-        writer = history.checkpoint_writer()
-        events: dict[int, int] = {}
-        for event in history.of("file"):
-            if event["rank"] == writer and event.get("save"):
-                events[event["save"]] = max(events.get(event["save"], 0), event["index"])
-        return cls(len(history.ranks()), history.final_step(), nodes, history.save_interval(),
-                   writer, events, every_step)
-
-    def a_rank(self) -> st.SearchStrategy[int]:
-        return st.integers(0, self.world_size - 1)
-
-    def a_node(self) -> st.SearchStrategy[int]:
-        return st.integers(0, self.nodes - 1)
-
-    def a_step(self) -> st.SearchStrategy[int]:
-        return st.sampled_from(self.steps)
-
-    def a_save_point(self) -> st.SearchStrategy[tuple[int, int]]:
-        """(save, file event) of the writer's saves."""
-        points = [(save, event) for save, count in sorted(self.save_events.items())
-                  for event in range(1, count + 1)]
-        return st.sampled_from(points) if points else st.nothing()
-
-    @property
-    def steps(self) -> list[int]:
-        """Steps a fault may fire after (never the last: the job would be done)."""
-        last = max(self.final_step - 1, 1)
-        if self.every_step or self.checkpoint_every < 2:
-            return list(range(1, last + 1))
-        middle = [start + self.checkpoint_every // 2
-                  for start in range(0, self.final_step, self.checkpoint_every)]
-        return [s for s in middle if 1 <= s <= last] or [1]
+from torchchaos.faults.registry import loadable_kinds
+from torchchaos.faults.shape import JobShape  # noqa: F401  (cs.JobShape, as documented)
 
 
 def by_name(shape: JobShape) -> dict[str, st.SearchStrategy[str] | None]:

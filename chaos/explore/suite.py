@@ -3,8 +3,8 @@
 The `suites/` pytest modules name their cases ("kill rank 0 mid-interval");
 this module turns a name into a concrete fault for the user's job. Steps and
 file events come from the job's fault-free reference run, through the
-planners the CLI uses (`chaos.explore.battery.plan`, `chaos.explore.crashpoints.plan`,
-`chaos.explore.campaign.plan`), so a name means the same thing for a 20-step toy and
+planners the CLI uses (`torchchaos.explore.battery.plan`, `torchchaos.explore.crashpoints.plan`,
+`torchchaos.explore.campaign.plan`), so a name means the same thing for a 20-step toy and
 for a 10,000-step job: "mid-interval" lands between two of its checkpoints
 wherever they are. pytest parametrizes before anything runs, hence names
 first and faults later; a case that cannot apply to the job raises
@@ -18,16 +18,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from chaos.errors import ChaosError, UsageError
-from chaos.explore import battery, campaign, crashpoints
-from chaos.explore.battery import Entry
-from chaos.harness.reference import get_reference
-from chaos.harness.runner import Progress
-from chaos.host import netns
-from chaos.rundir.history import Event, History
-from chaos.scenario.model import Scenario
-from chaos.scenario.spec import FaultSpec, parse_fault_spec
-from faults.registry import get_kind
+from torchchaos.errors import ChaosError, UsageError
+from torchchaos.explore import battery, campaign, crashpoints
+from torchchaos.explore.battery import Entry
+from torchchaos.faults.registry import get_kind
+from torchchaos.harness.reference import get_reference
+from torchchaos.harness.runner import Progress
+from torchchaos.host import netns
+from torchchaos.rundir.history import Event, History
+from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.spec import FaultSpec, parse_fault_spec
 
 PARTITION_SECONDS = 8  # long enough for a job tuned to react (collective timeout) to react
 STRAGGLER_STEPS = 5

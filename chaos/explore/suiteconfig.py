@@ -21,8 +21,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from chaos.errors import UsageError
-from chaos.scenario.model import Scenario
+from torchchaos.errors import UsageError
+from torchchaos.scenario.model import Scenario
 
 TABLE = "[tool.torchchaos]"
 
@@ -109,7 +109,7 @@ def base_scenario(table: dict[str, Any], table_dir: Path, options: dict[str, Any
     A script from the table is relative to the table's folder, one from an option
     to where pytest was started (both made absolute: every run has its own cwd).
     """
-    from chaos.explore.battery import BUNDLED_ARGS, BUNDLED_TARGET
+    from torchchaos.explore.battery import BUNDLED_ARGS, BUNDLED_TARGET
 
     values = check_table(table, origin)
     if "script" in values:

@@ -2,7 +2,7 @@
 
 A synchronous job stalls as a whole: one stuck rank leaves every other rank
 waiting inside a collective. So the job is hung when no live rank of the
-current attempt has made progress (`chaos.rundir.heartbeat`) for `timeout` seconds.
+current attempt has made progress (`torchchaos.rundir.heartbeat`) for `timeout` seconds.
 Ranks that stopped on purpose (`Scenario.stop_after`) do not count.
 
 Once a rank of the attempt has exited, the job has reacted (its watchdog or
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.host.procs import pid_stopped
-from chaos.rundir.heartbeat import BEAT_SECONDS, Beat, current_attempt, read_beats
-from chaos.rundir.history import History
+from torchchaos.host.procs import pid_stopped
+from torchchaos.rundir.heartbeat import BEAT_SECONDS, Beat, current_attempt, read_beats
+from torchchaos.rundir.history import History
 
 TORCHRUN_SHUTDOWN_SECONDS = 30.0  # torchrun's grace between SIGTERM and SIGKILL of a worker
 FROZEN_AFTER = 4 * BEAT_SECONDS  # no beat for this long: the rank runs no Python at all
@@ -63,7 +63,7 @@ class Hang:
     # every rank had exited and none of a next attempt started (`ranks` is empty)
     between_attempts: bool = False
     # every rank of the attempt had ended its training cleanly and was tearing down or
-    # exiting (`chaos.rundir.heartbeat.AT_EXIT`): the work is done, the exit hung
+    # exiting (`torchchaos.rundir.heartbeat.AT_EXIT`): the work is done, the exit hung
     at_exit: bool = False
 
     @property

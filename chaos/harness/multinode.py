@@ -47,9 +47,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chaos.errors import CannotJudge, UsageError
-from chaos.harness.hangwatch import default_timeout
-from chaos.harness.runner import (
+from torchchaos.errors import CannotJudge, UsageError
+from torchchaos.faults.contract import FaultKind
+from torchchaos.faults.registry import get_kind
+from torchchaos.harness.hangwatch import default_timeout
+from torchchaos.harness.runner import (
     POLL_SECONDS,
     Job,
     JobOutcome,
@@ -57,19 +59,17 @@ from chaos.harness.runner import (
     job_environment,
     torchrun_command,
 )
-from chaos.host import procs
-from chaos.judge import interval
-from chaos.judge import registry as check_registry
-from chaos.judge.evidence import Evidence
-from chaos.report.model import Report
-from chaos.report.verdict import judge, write_html
-from chaos.rundir.history import Event, History, HistoryWriter, read_stream
-from chaos.rundir.layout import RunLayout
-from chaos.scenario import schedule
-from chaos.scenario.model import Scenario
-from chaos.scenario.schedule import ResolvedFault
-from faults.contract import FaultKind
-from faults.registry import get_kind
+from torchchaos.host import procs
+from torchchaos.judge import interval
+from torchchaos.judge import registry as check_registry
+from torchchaos.judge.evidence import Evidence
+from torchchaos.report.model import Report
+from torchchaos.report.verdict import judge, write_html
+from torchchaos.rundir.history import Event, History, HistoryWriter, read_stream
+from torchchaos.rundir.layout import RunLayout
+from torchchaos.scenario import schedule
+from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.schedule import ResolvedFault
 
 REFERENCE_ID = "reference"
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")

@@ -21,12 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from chaos.rundir.layout import RunLayout
+from torchchaos.rundir.layout import RunLayout
 
 if TYPE_CHECKING:
-    from chaos.rundir.history import HistoryWriter
-    from chaos.scenario.schedule import ResolvedFault
-    from faults.contract import JobContext
+    from torchchaos.faults.contract import JobContext
+    from torchchaos.rundir.history import HistoryWriter
+    from torchchaos.scenario.schedule import ResolvedFault
 
 
 

@@ -29,17 +29,17 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-import chaos
-from chaos.errors import CannotJudge, UsageError
-from chaos.harness.hangwatch import REFERENCE_TIMEOUT
-from chaos.harness.runner import Job, Progress
-from chaos.judge.components import same_state
-from chaos.judge.hangs import describe_hang
-from chaos.rundir.folders import unwritable, write_atomic
-from chaos.rundir.history import Event, History
-from chaos.rundir.layout import RunLayout
-from chaos.rundir.written import files_differ, written_files
-from chaos.scenario.model import Scenario
+import torchchaos
+from torchchaos.errors import CannotJudge, UsageError
+from torchchaos.harness.hangwatch import REFERENCE_TIMEOUT
+from torchchaos.harness.runner import Job, Progress
+from torchchaos.judge.components import same_state
+from torchchaos.judge.hangs import describe_hang
+from torchchaos.rundir.folders import unwritable, write_atomic
+from torchchaos.rundir.history import Event, History
+from torchchaos.rundir.layout import RunLayout
+from torchchaos.rundir.written import files_differ, written_files
+from torchchaos.scenario.model import Scenario
 
 
 @dataclass
@@ -151,7 +151,7 @@ def cache_key(scenario: Scenario) -> str:
         "args": scenario.args, "files": argument_files(scenario.args),
         "links": linked_files(scenario.links),
         "nproc": scenario.nproc, "nodes": scenario.nodes,
-        "env": scenario.env, "torch": _torch_version(), "torchchaos": chaos.__version__,
+        "env": scenario.env, "torch": _torch_version(), "torchchaos": torchchaos.__version__,
         "fingerprints": FINGERPRINT_FORMAT,
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:20]

@@ -21,9 +21,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from chaos.rundir.heartbeat import Beat
-from chaos.rundir.history import History
-from chaos.rundir.layout import RunLayout
+from torchchaos.rundir.heartbeat import Beat
+from torchchaos.rundir.history import History
+from torchchaos.rundir.layout import RunLayout
 
 ERROR_LINE = re.compile(r"\b\w+(Error|Exception)\b: ")
 COLLATERAL = re.compile(r"Connection (reset|closed|refused)|Broken pipe|DistNetworkError")

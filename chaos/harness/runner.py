@@ -25,25 +25,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import chaos
-from chaos import env
-from chaos.harness.hangwatch import STATE_ORDER, Hang, HangWatch
-from chaos.harness.nemesis import Nemesis
-from chaos.harness.repeats import COLLATERAL, ERROR_LINE, RepeatWatch
-from chaos.host import lifeline, netns, procs, stacks
-from chaos.host.busy import RunCpu
-from chaos.host.mounts import mounts_under
-from chaos.host.netns import Network
-from chaos.rundir.history import History, HistoryWriter
-from chaos.rundir.layout import RunLayout
-from chaos.scenario import schedule
-from chaos.scenario.model import Scenario
-from chaos.scenario.schedule import ResolvedFault
-from faults.contract import JobContext, JobResource
-from faults.registry import get_kind
+from torchchaos import env
+from torchchaos.faults.contract import JobContext, JobResource
+from torchchaos.faults.registry import get_kind
+from torchchaos.harness.hangwatch import STATE_ORDER, Hang, HangWatch
+from torchchaos.harness.nemesis import Nemesis
+from torchchaos.harness.repeats import COLLATERAL, ERROR_LINE, RepeatWatch
+from torchchaos.host import lifeline, netns, procs, stacks
+from torchchaos.host.busy import RunCpu
+from torchchaos.host.mounts import mounts_under
+from torchchaos.host.netns import Network
+from torchchaos.rundir.history import History, HistoryWriter
+from torchchaos.rundir.layout import RunLayout
+from torchchaos.scenario import schedule
+from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.schedule import ResolvedFault
 
 INJECT_DIR = Path(__file__).resolve().parents[1] / "rank" / "_inject"  # sitecustomize
-PACKAGE_ROOT = Path(chaos.__file__).resolve().parent.parent
 POLL_SECONDS = 0.1
 STORE_PORT = 29400  # the rendezvous store's port on node 0 (torchrun's usual one)
 # Set to stop every Job of this process that is waiting (runs on threads of a parallel
@@ -79,7 +77,7 @@ class JobOutcome:
     # every rank ended its training, then the exit hung (torn down; the job completed)
     exit_hang: dict[str, Any] | None = None
     exit_codes: list[list[int | None]] = field(default_factory=list)  # per launch, per node
-    gave_up: str = ""  # why the runner stopped the job early (chaos.harness.repeats)
+    gave_up: str = ""  # why the runner stopped the job early (torchchaos.harness.repeats)
     wall_seconds: float = 0.0
     reaped: list[int] = field(default_factory=list)  # killed by the harness after the job ended
     leftovers: list[int] = field(default_factory=list)  # alive even after reaping: a harness bug
@@ -154,7 +152,7 @@ def job_environment(scenario: Scenario, run_dir: Path, run_id: str, launch: int,
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCHCHAOS_")}
     environ.update(scenario.env)
     environ.update(extra or {})
-    path = [str(INJECT_DIR), str(PACKAGE_ROOT), environ.get("PYTHONPATH", "")]
+    path = [str(INJECT_DIR), *env.import_path(), environ.get("PYTHONPATH", "")]
     environ["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
     environ.setdefault("OMP_NUM_THREADS", "1")
     # torchrun's c10d rendezvous shares its TCPStore with the workers by default, and
@@ -198,7 +196,7 @@ class Job:
         self.store_port = STORE_PORT if scenario.network_kind == "netns" else netns.free_port()
         self.nemesis: Nemesis | None = None
         self.start_from = start_from  # copied into the run dir first (Scenario.start_from)
-        self.record = record  # a folder the fault filesystem records (chaos.explore.crashstates)
+        self.record = record  # a folder the fault filesystem records (explore.crashstates)
         self.fill = fill  # writes what the job starts from into the run dir (a crash state)
         self._final_step: int | None = None  # the reference's, read once it is asked for
 

@@ -16,7 +16,7 @@ import time
 
 import psutil
 
-from chaos.host import procs
+from torchchaos.host import procs
 
 # A waiting torchrun polls its workers ten times a second (a few % of a core);
 # importing torch takes a whole core. A quarter of a core tells them apart.

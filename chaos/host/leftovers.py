@@ -5,7 +5,7 @@ daemons: all carry the run's id in their environment), network namespaces,
 veth links and a bridge (named after the run id; a partition's nftables
 tables live inside the namespaces and go with them), fault filesystem mounts
 (fsname `torchchaos-faultfs`, under the run directory), and the lock file of
-its harness (`chaos.host.owners`). `inventory()` lists all of it; `stale`
+its harness (`torchchaos.host.owners`). `inventory()` lists all of it; `stale`
 says what is a leftover; `remove` takes things away in the order that works:
 processes first (they keep mounts busy), then mounts, then the network, then
 the lock files.
@@ -32,9 +32,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos import env
-from chaos.host import netns, procs
-from chaos.host.owners import (
+from torchchaos import env
+from torchchaos.host import netns, procs
+from torchchaos.host.owners import (
     LockFile,
     Owners,
     held_anywhere,

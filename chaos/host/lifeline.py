@@ -2,7 +2,7 @@
 
 The first run a harness process starts (`own`) gives the process a lifeline:
 
-- its lock file (`chaos.host.owners`), listing every run it starts;
+- its lock file (`torchchaos.host.owners`), listing every run it starts;
 - a watcher process holding the read end of a pipe whose only write end is
   the harness's, and a descriptor of the lock file. It is started through
   `setsid --fork`, so it belongs to no process group and no process tree of
@@ -39,12 +39,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from chaos import env
-from chaos.host import leftovers
-from chaos.host.owners import HarnessLock, LockFile, note
+from torchchaos import env
+from torchchaos.host import leftovers
+from torchchaos.host.owners import HarnessLock, LockFile, note
 
 OFF_ENV = "TORCHCHAOS_NO_LIFELINE"  # "1": no lock, no watcher, no sweep (benchmarks only)
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 ROUND_SECONDS = 10.0  # one round of the watcher's SIGKILLs; rounds go on while a process is left
 PAUSES = (1.0, 2.0, 5.0, 10.0, 30.0)  # between rounds, then the last one again and again
 
@@ -126,8 +125,8 @@ def _start_watcher(lock: HarnessLock) -> int:
     read_end, write_end = os.pipe()  # both close-on-exec: no other child inherits them
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCHCHAOS_")}
     environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(PACKAGE_ROOT), environ.get("PYTHONPATH", "")) if p)
-    command = [sys.executable, "-m", "chaos.host.lifeline", str(lock.path), str(lock.fd)]
+        p for p in (*env.import_path(), environ.get("PYTHONPATH", "")) if p)
+    command = [sys.executable, "-m", "torchchaos.host.lifeline", str(lock.path), str(lock.fd)]
     setsid = shutil.which("setsid")  # util-linux, as nsenter
     try:
         started = subprocess.Popen([setsid, "--fork", *command] if setsid else command,

@@ -24,7 +24,7 @@ import socket
 import subprocess
 from dataclasses import dataclass
 
-from chaos.errors import ChaosError
+from torchchaos.errors import ChaosError
 
 PREFIX = "tc"  # namespaces tc<run>n<k>, bridge tcb<run>, host-side links tcv<run>n<k>
 INTERFACE = "tc0"  # the node's interface, inside its namespace
@@ -79,7 +79,7 @@ class Node:
 
 class Network:
     """The namespaces, links and bridge of one job; `close()` removes them all. Register
-    the run with the harness's lifeline first (`chaos.host.lifeline.own`, as `Job` does):
+    the run with the harness's lifeline first (`torchchaos.host.lifeline.own`, as `Job` does):
     if the harness dies, its watcher removes them."""
 
     def __init__(self, run_id: str, nodes: int) -> None:

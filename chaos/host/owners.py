@@ -6,12 +6,12 @@ own file in the state folder (`state_dir()`), a file it holds an exclusive
 descriptor of the file closes, however the process ended (SIGKILL and the OOM
 killer included), so "is this harness alive?" is one non-blocking lock
 attempt, immune to pid reuse. Whatever of a run exists while no live file
-lists it is a leftover (`chaos.host.leftovers`).
+lists it is a leftover (`torchchaos.host.leftovers`).
 
 Harnesses need not share a state folder (another `TORCHCHAOS_STATE_DIR`, each
 user's `$XDG_RUNTIME_DIR`), so a harness also finds the others' files without
 their folder: every process a harness starts names its file in its
-environment (`chaos.env.LOCK`, `read_live`), and a live file is always held
+environment (`torchchaos.env.LOCK`, `read_live`), and a live file is always held
 open by its harness, so `/proc/*/fd` shows it (`held_anywhere`), even deleted.
 
 Races this layout rules out:

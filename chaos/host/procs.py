@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from chaos import env
+from torchchaos import env
 
 
 def marked_pids(run_id: str) -> list[int]:

@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos.host.procs import pid_stopped
+from torchchaos import env
+from torchchaos.host.procs import pid_stopped
 
 STACK_SIGNAL = signal.SIGRTMIN + 6  # real-time: no target or library uses it for anything
 PY_SPY_SECONDS = 10.0
@@ -41,9 +42,8 @@ FH_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>
 
 # Framework calls worth naming (innermost first wins): collectives, backward, waits.
 FRAMEWORK = ("torch/distributed/", "torch/autograd/", "torch/_tensor.py", "torch/cuda/")
-_ROOT = Path(__file__).resolve().parents[2]
-FAULTS = str(_ROOT / "faults") + os.sep
-HARNESS = (str(_ROOT / "chaos") + os.sep, FAULTS)
+FAULTS = str(env.package_dir("torchchaos.faults")) + os.sep
+HARNESS = (str(env.package_dir()) + os.sep, FAULTS)
 STDLIB = os.path.dirname(os.__file__) + os.sep
 WRAPPERS = {"wrapper", "inner", "_fn", "decorate_context"}
 

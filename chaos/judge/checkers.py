@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos.judge import hangs, sdc
-from chaos.judge.components import cause_rank, diverging_component, is_light, same_state
-from chaos.judge.evidence import Evidence, Recovery
-from chaos.rundir.history import Event
+from torchchaos.judge import hangs, sdc
+from torchchaos.judge.components import cause_rank, diverging_component, is_light, same_state
+from torchchaos.judge.evidence import Evidence, Recovery
+from torchchaos.rundir.history import Event
 
 
 @dataclass
@@ -188,7 +188,7 @@ def _before_faults(ev: Evidence) -> list[tuple[dict[str, Any], dict[str, str]]]:
 
 
 # A fresh start that differs from a cached reference may be a stale reference: a file the
-# script reads by a fixed name is not in the cache key (chaos.harness.reference).
+# script reads by a fixed name is not in the cache key (torchchaos.harness.reference).
 STALE_REFERENCE = ("or a stale cached reference: it is keyed on the script, the .py files"
                    " beside it, its arguments and the files they name; run with a new"
                    " --cache-dir to rule it out")
@@ -494,7 +494,7 @@ def _bound_text(limit: int, bound: int) -> str:
     return str(limit)
 
 
-# How a save ended when the rank was done with it (chaos.rank.agent._end_save): it went on
+# How a save ended when the rank was done with it (torchchaos.rank.agent._end_save): it went on
 # to train, or its writer thread moved on to the next save. A save cut short by an
 # exception or a death is no finished checkpoint, nor is one open at exit.
 FINISHED = ("step", "next_save")
@@ -506,7 +506,7 @@ def _finished_checkpoints(ev: Evidence, before: float) -> list[int]:
     A checkpoint is the saves of one step's state on every rank that writes it
     (the ranks whose saves hold that step in the reference run). It is finished
     once each of those ranks ended its part and went on (`FINISHED`) before
-    `before`, or once the target said so (`chaos.api.report_checkpoint_committed`);
+    `before`, or once the target said so (`torchchaos.api.report_checkpoint_committed`);
     one rank's part alone is not the job's checkpoint.
     """
     writers: dict[int, set[int]] = {}
@@ -636,7 +636,7 @@ def _in_memory_flip(ev: Evidence) -> bool:
 
 def sdc_detected(ev: Evidence) -> CheckResult:
     """After a bit flip: the target noticed within the bound and ended bitwise equal to
-    the reference; otherwise the blast radius (see `chaos.judge.sdc`)."""
+    the reference; otherwise the blast radius (see `torchchaos.judge.sdc`)."""
     found = sdc.analyse(ev)
     if found is None:
         return CheckResult(None, "no bit flip fired, nothing to detect")

@@ -12,7 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from chaos.rundir.history import Event, History
+from torchchaos.rundir.history import Event, History
 
 
 @dataclass

@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.rundir.history import Event, History
+from torchchaos.rundir.history import Event, History
 
 
 def describe_hang(hang: dict[str, Any]) -> str:

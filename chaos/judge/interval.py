@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 from statistics import mean
 from typing import Any
 
-from chaos.judge.evidence import Evidence
-from chaos.rundir.history import History
+from torchchaos.judge.evidence import Evidence
+from torchchaos.rundir.history import History
 
 DEFAULT_MTBF_HOURS = 3.0
 

@@ -1,6 +1,6 @@
 """Checks by name, loaded on first use; the built-in ones run when none are named.
 
-A check is a function `(Evidence) -> CheckResult` (`chaos.judge.checkers` holds
+A check is a function `(Evidence) -> CheckResult` (`torchchaos.judge.checkers` holds
 the built-in ones and says what each decides). Other packages add checks
 through the `torchchaos.checks` entry-point group; those run when named
 (`--check NAME`, a scenario's `checks:`), never by default, so installing a
@@ -15,27 +15,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from chaos.entrypoints import Registry
-from chaos.errors import UsageError
+from torchchaos.entrypoints import Registry
+from torchchaos.errors import UsageError
 
 if TYPE_CHECKING:
-    from chaos.judge.checkers import CheckResult
-    from chaos.judge.evidence import Evidence
+    from torchchaos.judge.checkers import CheckResult
+    from torchchaos.judge.evidence import Evidence
 
 ENTRY_POINT_GROUP = "torchchaos.checks"
 
 # In the order of the verdict table's columns (those of OPT_IN only when named).
 BUILTIN: dict[str, str] = {
-    "completes": "chaos.judge.checkers:completes",
-    "atomic_recovery": "chaos.judge.checkers:atomic_recovery",
-    "deterministic_resume": "chaos.judge.checkers:deterministic_resume",
-    "bounded_lost_work": "chaos.judge.checkers:bounded_lost_work",
-    "durable_checkpoints": "chaos.judge.checkers:durable_checkpoints",
-    "sdc_detected": "chaos.judge.checkers:sdc_detected",
-    "hang_detected": "chaos.judge.checkers:hang_detected",
-    "no_split_brain": "chaos.judge.checkers:no_split_brain",
-    "no_orphans": "chaos.judge.checkers:no_orphans",
-    "clean_exit": "chaos.judge.checkers:clean_exit",
+    "completes": "torchchaos.judge.checkers:completes",
+    "atomic_recovery": "torchchaos.judge.checkers:atomic_recovery",
+    "deterministic_resume": "torchchaos.judge.checkers:deterministic_resume",
+    "bounded_lost_work": "torchchaos.judge.checkers:bounded_lost_work",
+    "durable_checkpoints": "torchchaos.judge.checkers:durable_checkpoints",
+    "sdc_detected": "torchchaos.judge.checkers:sdc_detected",
+    "hang_detected": "torchchaos.judge.checkers:hang_detected",
+    "no_split_brain": "torchchaos.judge.checkers:no_split_brain",
+    "no_orphans": "torchchaos.judge.checkers:no_orphans",
+    "clean_exit": "torchchaos.judge.checkers:clean_exit",
 }
 # Built in, run only when named: a hang at exit, after training ended, is said by
 # `completes` without failing the recovery unless the user asks for this too.

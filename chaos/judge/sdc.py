@@ -4,7 +4,7 @@ Built from the evidence alone (no re-run): the `bitflip` event says what was
 corrupted; the step fingerprints say where the state left the reference and
 where data-parallel replicas stopped agreeing (replicas are the ranks whose
 weights the fault-free reference keeps bitwise equal); detections are the
-target's own reports (`chaos.api`), rollbacks the agent saw, and restarts of
+target's own reports (`torchchaos.api`), rollbacks the agent saw, and restarts of
 the job. The outcome uses the fault-injection literature's categories.
 """
 
@@ -14,9 +14,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos.judge.components import cause_rank, diverging_component, same_state
-from chaos.judge.evidence import Evidence
-from chaos.rundir.history import Event, History
+from torchchaos.judge.components import cause_rank, diverging_component, same_state
+from torchchaos.judge.evidence import Evidence
+from torchchaos.rundir.history import Event, History
 
 CATEGORIES = ("masked", "detected", "silent divergence", "crash", "hang")
 

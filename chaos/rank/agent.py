@@ -15,17 +15,17 @@ harness's environment says so. Armed, it
   the parameters on every `PARAMS_EVERY`-th step and the reference's last.
   A divergence of the weights changes the next step's loss, so light steps
   still catch it within a step or two, for a few percent of the cost;
-- watches checkpoint I/O under the run directory (`chaos.rank.iowatch`) and groups
-  the file events into checkpoint saves (`chaos.rank.saves`: between two steps, or
+- watches checkpoint I/O under the run directory (`torchchaos.rank.iowatch`) and groups
+  the file events into checkpoint saves (`torchchaos.rank.saves`: between two steps, or
   one background writer's events plus their commit);
 - fires the faults scheduled for its rank or node at their triggers, and
   shows the faults that corrupt training state a view of it (`TrainingView`);
 - notices a rollback inside a running process (a load, then a step that
   starts from an earlier reference step) and renumbers its steps to match;
-- keeps the weights after each step (small models, `chaos.rank.weights`) and
-  passes the target's own detections (`chaos.api`) into the history;
-- keeps a heartbeat with the rank's last progress (`chaos.rundir.heartbeat`) and
-  dumps every thread's stack on request (`chaos.host.stacks.STACK_SIGNAL`);
+- keeps the weights after each step (small models, `torchchaos.rank.weights`) and
+  passes the target's own detections (`torchchaos.api`) into the history;
+- keeps a heartbeat with the rank's last progress (`torchchaos.rundir.heartbeat`) and
+  dumps every thread's stack on request (`torchchaos.host.stacks.STACK_SIGNAL`);
 - writes all of it to its rank's history stream.
 """
 
@@ -47,19 +47,19 @@ from typing import Any
 
 import torch
 
-from chaos import api, env
-from chaos.host import stacks
-from chaos.rank import syncwatch, weights
-from chaos.rank.fingerprint import digest_object, digest_rng, digest_tensors, tensors_in
-from chaos.rank.iowatch import IOWatch
-from chaos.rank.saves import Save, SaveTracker
-from chaos.rundir.heartbeat import EXITING, TEARDOWN, Heartbeat
-from chaos.rundir.history import HistoryWriter, read_stream
-from chaos.rundir.layout import RunLayout
-from chaos.scenario import schedule
-from chaos.scenario.schedule import ResolvedFault
-from faults.contract import FireContext
-from faults.registry import get_kind
+from torchchaos import api, env
+from torchchaos.faults.contract import FireContext
+from torchchaos.faults.registry import get_kind
+from torchchaos.host import stacks
+from torchchaos.rank import syncwatch, weights
+from torchchaos.rank.fingerprint import digest_object, digest_rng, digest_tensors, tensors_in
+from torchchaos.rank.iowatch import IOWatch
+from torchchaos.rank.saves import Save, SaveTracker
+from torchchaos.rundir.heartbeat import EXITING, TEARDOWN, Heartbeat
+from torchchaos.rundir.history import HistoryWriter, read_stream
+from torchchaos.rundir.layout import RunLayout
+from torchchaos.scenario import schedule
+from torchchaos.scenario.schedule import ResolvedFault
 
 STARTED_AT = "_torchchaos_started_at_step"  # set on every thread the target starts
 RESTORED = ("params_start", "optim_start", "lr")  # what a restore sets up (and rng.*)
@@ -219,7 +219,7 @@ class Agent:
         self._arm_timers()
 
     def _dump_stacks_on_request(self) -> None:
-        """The fallback for `chaos.host.stacks` where py-spy cannot attach: on STACK_SIGNAL,
+        """The fallback for `torchchaos.host.stacks` where py-spy cannot attach: on STACK_SIGNAL,
         faulthandler writes every thread's stack (from C, even while the main thread
         is blocked in a collective)."""
         path = self.layout.faulthandler_file(self.rank, self.pid)
@@ -292,7 +292,7 @@ class Agent:
     def _wrap_teardown(self) -> None:
         """Mark the rank as tearing down when the script calls destroy_process_group: a
         hang or a crash from there on, after training ended cleanly, is a hang at exit,
-        not one in training (`chaos.harness.hangwatch`). The beat is written before the
+        not one in training (`torchchaos.harness.hangwatch`). The beat is written before the
         call, which may never give the interpreter back to the heartbeat thread."""
         import torch.distributed as dist
 
@@ -497,7 +497,7 @@ class Agent:
 
     # -- checkpoint I/O ------------------------------------------------------
     def _close_io_groups(self) -> None:
-        """A step begins: it ends the save that is over (see `chaos.rank.saves`) and any load."""
+        """A step begins: it ends the save that is over (`torchchaos.rank.saves`) and any load."""
         self._end_save(self.save_tracker.step_begins(), "step")
         self.in_load = False
 
@@ -598,7 +598,7 @@ def _digest(path: str, limit: int = 1 << 30) -> str | None:
 
 
 class TrainingState:
-    """The agent's view of a rank's training state (`faults.contract.TrainingView`)."""
+    """The agent's view of a rank's training state (`torchchaos.faults.contract.TrainingView`)."""
 
     def __init__(self, agent: Agent) -> None:
         self._agent = agent

@@ -18,11 +18,11 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from chaos.judge import interval
-from chaos.judge.evidence import Evidence, Recovery
-from chaos.report import timeline
-from chaos.report.model import MARK, Report
-from chaos.rundir.history import History
+from torchchaos.judge import interval
+from torchchaos.judge.evidence import Evidence, Recovery
+from torchchaos.report import timeline
+from torchchaos.report.model import MARK, Report
+from torchchaos.rundir.history import History
 
 HTML_FILE = "report.html"
 SVG_FILE = "timeline.svg"

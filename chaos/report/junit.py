@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 
-from chaos.report.model import MARK, Report
+from torchchaos.report.model import MARK, Report
 
 Row = tuple[str, str, str, "Report | None", str]  # folder, name, fault, report, error
 

@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.judge import interval
-from chaos.judge.checkers import CheckResult
+from torchchaos.judge import interval
+from torchchaos.judge.checkers import CheckResult
 
 MARK = {True: "PASS", False: "FAIL", None: "----"}
 # Failing checks are told cause first: these name what went wrong (the fsync that was
@@ -36,10 +36,10 @@ class Report:
     wall_seconds: float = 0.0
     command: list[str] = field(default_factory=list)
     replay: str = ""  # the replay file: `torchchaos replay` runs this scenario again
-    # Measured checkpoint cost and the Young/Daly interval (chaos.judge.interval.recommend);
+    # Measured checkpoint cost and the Young/Daly interval (torchchaos.judge.interval.recommend);
     # None when no save finished
     checkpoint: dict[str, Any] | None = None
-    # a crash state judged from a recording (chaos.explore.crashsweep): which one, the save's
+    # a crash state judged from a recording (torchchaos.explore.crashsweep): which one, the save's
     # operations that led to it, and the recording run
     crash_state: str = ""
     operations: list[str] = field(default_factory=list)

@@ -27,9 +27,9 @@ from functools import cache
 from html import escape
 from statistics import median
 
-from chaos.judge.evidence import Recovery
-from chaos.rundir.history import Event, History
-from faults.registry import loadable_kinds
+from torchchaos.faults.registry import loadable_kinds
+from torchchaos.judge.evidence import Recovery
+from torchchaos.rundir.history import Event, History
 
 WIDTH = 1120
 LEFT = 78  # lane labels

@@ -10,14 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chaos.judge.checkers import CheckResult
-from chaos.judge.evidence import Evidence
-from chaos.judge.registry import run_checks
-from chaos.report import html_report
-from chaos.report.model import Report
-from chaos.rundir.history import History
-from faults.contract import ResolvedFault
-from faults.registry import get_kind
+from torchchaos.faults.contract import ResolvedFault
+from torchchaos.faults.registry import get_kind
+from torchchaos.judge.checkers import CheckResult
+from torchchaos.judge.evidence import Evidence
+from torchchaos.judge.registry import run_checks
+from torchchaos.report import html_report
+from torchchaos.report.model import Report
+from torchchaos.rundir.history import History
 
 Progress = Callable[[str], None]
 

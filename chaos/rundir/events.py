@@ -29,7 +29,7 @@ def _e(writer: str, summary: str, fields: str = "") -> EventSpec:
 
 
 EVENTS: dict[str, EventSpec] = {
-    # -- a rank's life (chaos.rank.agent)
+    # -- a rank's life (torchchaos.rank.agent)
     "boot": _e("rank", "the agent armed in a fresh worker", "node, local_rank"),
     "restore": _e("rank", "the first step started from this reference step",
                   "restored (step or None), match (exact|params|None), fp, loads"),
@@ -46,14 +46,14 @@ EVENTS: dict[str, EventSpec] = {
     "stopped": _e("rank", "the rank stopped at TORCHCHAOS_STOP_AT_STEP", "step"),
     "snapshot": _e("rank", "the folder's entries at a step (working-directory snapshot)",
                    "step, entries"),
-    "detection": _e("rank", "the target reported a detection (chaos.api.report_detection)",
+    "detection": _e("rank", "the target reported a detection (torchchaos.api.report_detection)",
                     "what, details, step"),
     "committed": _e("rank", "the target reported a committed checkpoint", "step"),
     "weights_deviation": _e("rank", "final weights' largest drift from the reference's",
                             "step, value (None: shapes differ or no reference weights)"),
     "sync": _e("rank", "a collective the rank entered (recording runs only)",
                "op, group (world|sub)"),
-    # -- checkpoint I/O seen in a rank (chaos.rank.iowatch, chaos.rank.saves)
+    # -- checkpoint I/O seen in a rank (torchchaos.rank.iowatch, chaos.rank.saves)
     "file": _e("rank", "a file operation of the target under the run directory",
                "op, path, save, index, and the operation's own (size, mode, ...)"),
     "save_begin": _e("rank", "a checkpoint save began", "save, after_step, background"),
@@ -73,7 +73,7 @@ EVENTS: dict[str, EventSpec] = {
     "hang_end": _e("rank", "a hang fault let go", "id, mode, seconds, how"),
     "hang_error": _e("rank", "a hang fault could not act", "id, error"),
     "straggler": _e("rank", "a straggler fault slowed steps", "id, delay, steps"),
-    # -- the harness (chaos.harness)
+    # -- the harness (torchchaos.harness)
     "launch": _e("harness", "a node's torchrun was launched", "launch, pids"),
     "workers": _e("harness", "a node's worker processes (multi-node)", "launch, pids"),
     "rank_exit": _e("harness", "a worker process ended", "rank, pid, launch, attempt, step"),
@@ -82,12 +82,12 @@ EVENTS: dict[str, EventSpec] = {
                "seconds, timeout, stacks_dir, after_exit, at_exit"),
     "deadline": _e("harness", "the run's deadline killed the job", "seconds"),
     "gave_up": _e("harness", "the runner stopped a job whose resume died twice the same way"
-                  " (chaos.harness.repeats)", "reason"),
+                  " (torchchaos.harness.repeats)", "reason"),
     "reaped": _e("harness", "processes the job left running were killed", "pids"),
     "nemesis_begin": _e("harness", "a harness fault was put in force",
                         "id, kind, window, seconds, and what the kind says of the cut"),
     "nemesis_end": _e("harness", "a harness fault was healed", "id, kind, window"),
-    # -- the fault filesystem (faults.faultfs)
+    # -- the fault filesystem (torchchaos.faults.faultfs)
     "fs_mount": _e("faultfs", "the fault filesystem is mounted", "pid"),
     "fs_unmount": _e("faultfs", "the fault filesystem is unmounted", "status"),
     "fs_armed": _e("faultfs", "a storage fault is armed", "the fault's parameters"),

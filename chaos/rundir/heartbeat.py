@@ -6,7 +6,7 @@ background thread rewrites twice a second with the time of the rank's last
 load) and the time of the beat itself. The two clocks answer different
 questions: a rank blocked in a collective still beats but makes no progress;
 a rank that is stopped (SIGSTOP) or holds the GIL in native code does not even
-beat. The harness's hang detector (`chaos.harness.hangwatch`) and the hang fault's
+beat. The harness's hang detector (`torchchaos.harness.hangwatch`) and the hang fault's
 healer read the files; nothing here waits on the rank.
 """
 
@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from chaos.host.procs import pid_alive
+from torchchaos.host.procs import pid_alive
 
 BEAT_SECONDS = 0.5
 # What a rank does once its training ended cleanly: in the script's

@@ -6,7 +6,7 @@ merge into one order. Each event is written with a single `os.write` on an
 O_APPEND descriptor: a process killed at any moment leaves at most one torn
 last line, which the reader skips.
 
-Every event's name and fields: `chaos.rundir.events`.
+Every event's name and fields: `torchchaos.rundir.events`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.rundir.layout import RunLayout
+from torchchaos.rundir.layout import RunLayout
 
 Event = dict[str, Any]
 

@@ -48,12 +48,12 @@ class RunLayout:
 
     @property
     def weights_dir(self) -> Path:
-        """Each rank's weights after its latest step (`chaos.rank.weights`)."""
+        """Each rank's weights after its latest step (`torchchaos.rank.weights`)."""
         return self.chaos_dir / "weights"
 
     @property
     def beats_dir(self) -> Path:
-        """Each rank's heartbeat (`chaos.rundir.heartbeat`)."""
+        """Each rank's heartbeat (`torchchaos.rundir.heartbeat`)."""
         return self.chaos_dir / "beats"
 
     def beat_file(self, rank: int) -> Path:
@@ -61,7 +61,7 @@ class RunLayout:
 
     @property
     def stacks_dir(self) -> Path:
-        """Stacks of a hung job's ranks (`chaos.host.stacks`)."""
+        """Stacks of a hung job's ranks (`torchchaos.host.stacks`)."""
         return self.chaos_dir / "stacks"
 
     def faulthandler_file(self, rank: int, pid: int) -> Path:
@@ -75,7 +75,7 @@ class RunLayout:
 
     @property
     def requests_dir(self) -> Path:
-        """A rank's requests for harness faults (`chaos.harness.nemesis`)."""
+        """A rank's requests for harness faults (`torchchaos.harness.nemesis`)."""
         return self.chaos_dir / "requests"
 
     def weights_file(self, rank: int) -> Path:

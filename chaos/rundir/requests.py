@@ -1,7 +1,7 @@
-"""A rank asks the harness to apply a harness fault (`faults.contract.HarnessKind`).
+"""A rank asks the harness to apply a harness fault (`torchchaos.faults.contract.HarnessKind`).
 
 The rank writes `_chaos/requests/<fault id>.json` and waits for `<fault id>.done`,
-which the harness's nemesis (`chaos.harness.nemesis`) writes once the fault is in
+which the harness's nemesis (`torchchaos.harness.nemesis`) writes once the fault is in
 force: "at step N" then means before step N + 1 begins.
 """
 
@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from chaos.rundir.layout import RunLayout
+from torchchaos.rundir.layout import RunLayout
 
 ACK_TIMEOUT = 30.0  # seconds a rank waits for the harness to apply its request
 POLL_SECONDS = 0.05

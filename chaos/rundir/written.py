@@ -4,7 +4,7 @@ The harness keeps runs to reuse (the reference run, the recording of a save) in 
 a user may copy, sync or damage. A tool that judges checkpoint atomicity writes its own
 cache the way it tells users to write checkpoints: it records the size and digest of
 every file a run's `_chaos/` holds, makes them durable, and names them in a marker
-published last and atomically (`chaos.rundir.folders.write_atomic`). On reuse the files
+published last and atomically (`torchchaos.rundir.folders.write_atomic`). On reuse the files
 are compared with the marker; whatever differs is named, and the run is made again,
 never judged against.
 """
@@ -16,8 +16,8 @@ import os
 import stat
 from pathlib import Path
 
-from chaos.rundir.folders import fsync_dir
-from chaos.rundir.layout import RunLayout
+from torchchaos.rundir.folders import fsync_dir
+from torchchaos.rundir.layout import RunLayout
 
 # Files bigger than this (a large model's weights, a recording's bytes) are compared by
 # size, not read whole on every reuse.

@@ -40,15 +40,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chaos.errors import ChaosError, UsageError
-from chaos.rundir.layout import CHAOS_DIR
-from chaos.scenario import schema
-from faults.contract import ClusterChaos as Chaos
-from faults.contract import NotExported, ResolvedFault
-from faults.registry import get_kind
+from torchchaos.errors import ChaosError, UsageError
+from torchchaos.faults.contract import ClusterChaos as Chaos
+from torchchaos.faults.contract import NotExported, ResolvedFault
+from torchchaos.faults.registry import get_kind
+from torchchaos.rundir.layout import CHAOS_DIR
+from torchchaos.scenario import schema
 
 if TYPE_CHECKING:  # the CLI's parser imports this module: keep its import light
-    from chaos.scenario.files import ScenarioFile
+    from torchchaos.scenario.files import ScenarioFile
 
 API_VERSION = "chaos-mesh.org/v1alpha1"
 DEFAULT_NODE_LABEL = "torchchaos.io/node"
@@ -114,11 +114,11 @@ class Export:
 
 
 def export(loaded: ScenarioFile, options: Options) -> Export:
-    """The Chaos Mesh manifests of a loaded scenario file (`chaos.scenario.files.load`).
+    """The Chaos Mesh manifests of a loaded scenario file (`torchchaos.scenario.files.load`).
 
     Raises UsageError for options that cannot work (a step with no way to time it),
     ManifestError if a built manifest does not validate against the schema."""
-    from chaos.scenario.files import resolve
+    from torchchaos.scenario.files import resolve
 
     options.check()
     scenario = loaded.scenario
@@ -154,7 +154,7 @@ def validate(manifest: Any) -> list[str]:
 def step_times(run_dir: Path) -> dict[int, float]:
     """Seconds from the job's first launch to the first time each step was reached, from
     a run directory (or a `--out` directory holding `chaos/`)."""
-    from chaos.rundir.history import History
+    from torchchaos.rundir.history import History
 
     run_dir = Path(run_dir)
     if not (run_dir / CHAOS_DIR).is_dir() and (run_dir / "chaos" / CHAOS_DIR).is_dir():

@@ -37,11 +37,11 @@ from typing import Any
 
 import yaml
 
-from chaos.errors import UsageError
-from chaos.report.model import Report
-from chaos.scenario import schedule
-from chaos.scenario.model import Scenario
-from chaos.scenario.spec import parse_fault_spec
+from torchchaos.errors import UsageError
+from torchchaos.report.model import Report
+from torchchaos.scenario import schedule
+from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.spec import parse_fault_spec
 
 FORMAT_VERSION = 1
 REPLAY_FILE = "replay.yaml"
@@ -336,7 +336,7 @@ def _expectation(value: Any) -> Expectation | None:
 
 
 def _check_names() -> list[str]:
-    from chaos.judge.registry import check_paths
+    from torchchaos.judge.registry import check_paths
 
     return list(check_paths())
 

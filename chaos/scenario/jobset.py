@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chaos.scenario import schema
-from chaos.scenario.chaosmesh import ManifestError
-from chaos.scenario.model import Scenario
+from torchchaos.scenario import schema
+from torchchaos.scenario.chaosmesh import ManifestError
+from torchchaos.scenario.model import Scenario
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 NODE_LABEL = "batch.kubernetes.io/job-completion-index"  # set on every Indexed Job pod

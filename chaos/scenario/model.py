@@ -9,12 +9,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos.errors import UsageError
-from chaos.host import netns
-from chaos.judge import registry as check_registry
-from chaos.rundir.layout import CHAOS_DIR
-from chaos.scenario.spec import FaultSpec, parse_fault_spec
-from faults.registry import get_kind
+from torchchaos.errors import UsageError
+from torchchaos.faults.registry import get_kind
+from torchchaos.host import netns
+from torchchaos.judge import registry as check_registry
+from torchchaos.rundir.layout import CHAOS_DIR
+from torchchaos.scenario.spec import FaultSpec, parse_fault_spec
 
 NETWORKS = ("auto", "netns", "host")
 PROCESSES_PER_CORE = 4  # beyond this many ranks per core a run only measures the scheduler

@@ -12,9 +12,9 @@ import os
 import random
 from pathlib import Path
 
-from chaos.errors import UsageError
-from chaos.scenario.spec import FaultSpec
-from faults.contract import ResolvedFault
+from torchchaos.errors import UsageError
+from torchchaos.faults.contract import ResolvedFault
+from torchchaos.scenario.spec import FaultSpec
 
 __all__ = ["ResolvedFault", "load", "resolve", "save"]
 

@@ -12,7 +12,7 @@ from typing import Any
 @cache
 def load(name: str) -> dict[str, Any]:
     """schemas/NAME.json."""
-    return json.loads(resources.files("chaos.scenario").joinpath(f"schemas/{name}.json")
+    return json.loads(resources.files("torchchaos.scenario").joinpath(f"schemas/{name}.json")
                       .read_text())
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from chaos.errors import UsageError
-from faults.contract import Trigger
-from faults.registry import get_kind
+from torchchaos.errors import UsageError
+from torchchaos.faults.contract import Trigger
+from torchchaos.faults.registry import get_kind
 
 PHASES = ("checkpoint_save", "checkpoint_load")
 SYMBOLIC_TARGETS = ("one",)

@@ -1,3 +1,3 @@
-from faults.faultfs.daemon import main
+from torchchaos.faults.faultfs.daemon import main
 
 main()

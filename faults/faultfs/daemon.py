@@ -1,6 +1,6 @@
 """The fault filesystem's process: mount, serve, and carry out crashes.
 
-Run as `python -m faults.faultfs` by `faults.faultfs.mount.Mount`, never by
+Run as `python -m torchchaos.faults.faultfs` by `torchchaos.faults.faultfs.mount.Mount`, never by
 hand. It mounts itself over MOUNTPOINT (libfuse 3 through mfusepy,
 `auto_unmount`: if this process dies, even by SIGKILL, fusermount3 unmounts)
 and serves the folder that was there before, through a descriptor of it opened
@@ -41,13 +41,13 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from chaos.host import procs
-from chaos.rundir.history import HistoryWriter
-from faults.faultfs import client
-from faults.faultfs.armed import Armed, ArmedFaults
-from faults.faultfs.durability import DurabilityTracker
-from faults.faultfs.fs import FaultFS, Recorder
-from faults.filebits import flip_file_bits, newest_big_file, seeded_bit_offsets
+from torchchaos.faults.faultfs import client
+from torchchaos.faults.faultfs.armed import Armed, ArmedFaults
+from torchchaos.faults.faultfs.durability import DurabilityTracker
+from torchchaos.faults.faultfs.fs import FaultFS, Recorder
+from torchchaos.faults.filebits import flip_file_bits, newest_big_file, seeded_bit_offsets
+from torchchaos.host import procs
+from torchchaos.rundir.history import HistoryWriter
 
 KILL_TIMEOUT = 15.0
 PR_SET_PDEATHSIG = 1
@@ -185,7 +185,7 @@ def beneath(path: Path, mountpoint: Path, root: Path) -> Path:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m faults.faultfs")
+    parser = argparse.ArgumentParser(prog="python -m torchchaos.faults.faultfs")
     parser.add_argument("mountpoint", type=Path, help="an absolute path, symlinks resolved")
     parser.add_argument("--root-fd", type=int, default=None,
                         help="a descriptor of MOUNTPOINT opened before the mount"

@@ -36,9 +36,9 @@ from typing import Any
 
 import mfusepy
 
-from chaos.rundir.history import HistoryWriter
-from faults.faultfs.armed import ERRNO_MODES, Armed, ArmedFaults
-from faults.faultfs.durability import DurabilityTracker
+from torchchaos.faults.faultfs.armed import ERRNO_MODES, Armed, ArmedFaults
+from torchchaos.faults.faultfs.durability import DurabilityTracker
+from torchchaos.rundir.history import HistoryWriter
 
 Crash = Callable[[Armed], None]  # start a crash of the job (runs in another thread)
 

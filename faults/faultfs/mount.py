@@ -1,6 +1,6 @@
 """Harness side of the fault filesystem: mount it, command it, always unmount.
 
-`Mount` starts the daemon (`python -m faults.faultfs`) over a mountpoint,
+`Mount` starts the daemon (`python -m torchchaos.faults.faultfs`) over a mountpoint,
 waits until the kernel shows the mount, sends it commands, and on `close()`
 (also from `__exit__`, so on exceptions and Ctrl-C) unmounts — lazily if a
 process still holds a file open — and stops the daemon. The daemon mounts
@@ -28,11 +28,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from chaos.env import HELPER
-from chaos.errors import ChaosError
-from chaos.host import lifeline
-from chaos.host.mounts import mounts_under
-from faults.faultfs import client
+from torchchaos.env import HELPER
+from torchchaos.errors import ChaosError
+from torchchaos.faults.faultfs import client
+from torchchaos.host import lifeline
+from torchchaos.host.mounts import mounts_under
 
 START_TIMEOUT = 20.0
 FUSERMOUNT = "fusermount3"
@@ -93,7 +93,7 @@ class Mount:
         if reason:
             raise FaultFSError(f"cannot mount the fault filesystem: {reason}")
         self._check_own_files()
-        # a dead harness's mount and daemon are then found and removed (chaos.host.lifeline)
+        # a dead harness's mount and daemon are then found and removed (torchchaos.host.lifeline)
         lifeline.own(self.owner, self.mountpoint)
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         self.state.mkdir(parents=True, exist_ok=True)
@@ -107,7 +107,7 @@ class Mount:
         return self
 
     def _spawn(self, root_fd: int) -> None:
-        cmd = [sys.executable, "-m", "faults.faultfs", str(self.mountpoint),
+        cmd = [sys.executable, "-m", "torchchaos.faults.faultfs", str(self.mountpoint),
                "--root-fd", str(root_fd), "--state", str(self.state),
                "--socket", str(self.state / "control.sock"), "--history", str(self.history)]
         cmd += [arg for name in self.private for arg in ("--private", name)]

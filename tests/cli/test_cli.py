@@ -15,7 +15,7 @@ from conftest import REPO, TARGET, chaos_processes
 
 HANGS = REPO / "tests" / "scripts" / "hangs.py"
 
-CLI = [sys.executable, "-m", "chaos.cli"]
+CLI = [sys.executable, "-m", "torchchaos.cli"]
 
 
 def cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -195,7 +195,7 @@ def test_the_battery_passes_the_reference_target_and_prints_one_table(tmp_path, 
 
 @pytest.mark.parametrize("debug", ["", "1"], ids=["plain", "TORCHCHAOS_DEBUG=1"])
 def test_a_harness_bug_is_exit_2_with_or_without_the_traceback(monkeypatch, capsys, debug):
-    from chaos.cli import main as cli_main
+    from torchchaos.cli import main as cli_main
 
     def broken(ns):
         raise RuntimeError("a harness bug")

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TARGET, chaos_processes
 
-from chaos.explore.battery import Entry
-from chaos.explore.shards import Shard, write_manifest
+from torchchaos.explore.battery import Entry
+from torchchaos.explore.shards import Shard, write_manifest
 
-CLI = [sys.executable, "-m", "chaos.cli"]
+CLI = [sys.executable, "-m", "torchchaos.cli"]
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 from conftest import REPO, cases
 
-from faults.faultfs.mount import unavailable_reason
+from torchchaos.faults.faultfs.mount import unavailable_reason
 
 DCP_TARGET = str(REPO / "targets" / "dcp_lm.py")
 STEPS = ["--steps", "20", "--ckpt-every", "5"]

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from conftest import PLAIN, REPO, TARGET, cases, chaos_processes
 
-from chaos.engine import run_scenario
-from chaos.errors import CannotJudge
-from chaos.judge.registry import default_checks
-from chaos.scenario.model import Scenario
+from torchchaos.engine import run_scenario
+from torchchaos.errors import CannotJudge
+from torchchaos.judge.registry import default_checks
+from torchchaos.scenario.model import Scenario
 
 STEPS = ["--steps", "12", "--ckpt-every", "4"]
 TIMEOUTS = ["--timeout", "3"]  # the target's collective timeout, shorter than its default 5 s

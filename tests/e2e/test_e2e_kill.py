@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import PLAIN, TARGET, cases
 
-from chaos.rank.agent import FULL_WINDOW, PARAMS_EVERY
-from chaos.rundir.history import History
+from torchchaos.rank.agent import FULL_WINDOW, PARAMS_EVERY
+from torchchaos.rundir.history import History
 
 STEPS = ["--steps", "20", "--ckpt-every", "5"]
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TARGET, chaos_processes
 
-from chaos.host import netns
-from chaos.rundir.history import History
+from torchchaos.host import netns
+from torchchaos.rundir.history import History
 
 pytestmark = pytest.mark.skipif(bool(netns.unavailable_reason()),
                                 reason=netns.unavailable_reason() or "ok")
@@ -99,7 +99,7 @@ def test_an_interrupted_partitioned_run_leaves_nothing_behind(tmp_path_factory, 
     out = tmp_path / "out"
     cache = tmp_path_factory.getbasetemp() / "torchchaos-cache"  # the plugin's: reference reused
     proc = subprocess.Popen(
-        [sys.executable, "-m", "chaos.cli", "run", "--nodes", "2", "--nproc", "1", "--out",
+        [sys.executable, "-m", "torchchaos.cli", "run", "--nodes", "2", "--nproc", "1", "--out",
          str(out), "--cache-dir", str(cache), "--fault", "partition:node=1,step=4",
          "--", str(TARGET), *STEPS, "--default-timeouts"],
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},

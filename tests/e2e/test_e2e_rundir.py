@@ -12,12 +12,12 @@ from __future__ import annotations
 import pytest
 from conftest import REPO
 
-from chaos.engine import run_scenario
-from chaos.host.mounts import mounts_under
-from chaos.rundir.history import read_stream
-from chaos.rundir.layout import RunLayout
-from chaos.scenario.model import Scenario
-from faults.faultfs.mount import unavailable_reason
+from torchchaos.engine import run_scenario
+from torchchaos.faults.faultfs.mount import unavailable_reason
+from torchchaos.host.mounts import mounts_under
+from torchchaos.rundir.history import read_stream
+from torchchaos.rundir.layout import RunLayout
+from torchchaos.scenario.model import Scenario
 
 pytestmark = pytest.mark.skipif(bool(unavailable_reason()), reason=unavailable_reason())
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import TARGET
 
-from chaos.rundir.history import History
+from torchchaos.rundir.history import History
 
 STEPS = ["--steps", "12", "--ckpt-every", "5"]
 UNDEFENDED = [*STEPS, "--no-sdc-defences"]
@@ -73,7 +73,8 @@ def test_defended_target_detects_what_it_can_see_and_ends_bitwise_equal(chaos_ru
 def test_a_small_campaign_completes_and_its_table_adds_up(tmp_path, shared_cache):
     out = tmp_path / "campaign"
     result = subprocess.run(
-        [sys.executable, "-m", "chaos.cli", "campaign", "--quiet", "--runs", "3", "--seed", "4",
+        [sys.executable, "-m", "torchchaos.cli", "campaign", "--quiet", "--runs", "3", "--seed",
+         "4",
          "--out", str(out), "--cache-dir", str(shared_cache), "--", str(TARGET),
          *UNDEFENDED], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr

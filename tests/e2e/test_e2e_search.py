@@ -12,14 +12,14 @@ import pytest
 import yaml
 from conftest import TARGET
 
-from chaos.scenario import files as scenario_file
-from chaos.scenario.spec import parse_fault_spec
+from torchchaos.scenario import files as scenario_file
+from torchchaos.scenario.spec import parse_fault_spec
 
 PAIR_BUG = [str(TARGET), "--steps", "20", "--ckpt-every", "5", "--bug", "resume_twice"]
 
 
 def torchchaos(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "chaos.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "torchchaos.cli", *args], capture_output=True,
                           text=True, timeout=600)
 
 

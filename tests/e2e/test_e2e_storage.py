@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from conftest import REPO, TARGET, cases
 
-from faults.faultfs.mount import unavailable_reason
+from torchchaos.faults.faultfs.mount import unavailable_reason
 
 pytestmark = pytest.mark.skipif(bool(unavailable_reason()), reason=unavailable_reason())
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 from conftest import REPO
 
-from faults.faultfs.mount import unavailable_reason
+from torchchaos.faults.faultfs.mount import unavailable_reason
 
 pytestmark = pytest.mark.frameworks
 
@@ -332,9 +332,9 @@ def lighthouse(tmp_path, monkeypatch):
 
 def test_torchft_hangs_on_the_unshared_store_and_the_error_says_what_to_set(
         lighthouse, tmp_path):
-    from chaos.errors import CannotJudge
-    from chaos.harness.reference import get_reference
-    from chaos.scenario.model import Scenario
+    from torchchaos.errors import CannotJudge
+    from torchchaos.harness.reference import get_reference
+    from torchchaos.scenario.model import Scenario
 
     with pytest.raises(CannotJudge, match="it uses torchft, whose Manager connects to"
                                           " torchrun's store.*"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.rundir.history import History
+from torchchaos.rundir.history import History
 
 TARGET = str(Path(__file__).resolve().parents[2] / "targets" / "ddp_lm.py")
 STEPS = ["--steps", "16", "--ckpt-every", "4"]

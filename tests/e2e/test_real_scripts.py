@@ -42,7 +42,7 @@ pytestmark = [pytest.mark.gpu,
 
 
 def doctor(cwd: Path, out: Path, *words: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "chaos.cli", "doctor", "--quiet", "--nproc",
+    return subprocess.run([sys.executable, "-m", "torchchaos.cli", "doctor", "--quiet", "--nproc",
                            "1", "--out", str(out), "--cache-dir", str(out / "cache"), *words],
                           capture_output=True, text=True, timeout=1500, cwd=cwd)
 

@@ -30,10 +30,10 @@ import psutil
 import pytest
 from conftest import REPO, TARGET, chaos_processes
 
-from chaos.host import leftovers, owners
-from chaos.host.mounts import mounts_under
-from chaos.host.netns import unavailable_reason as netns_unavailable
-from faults.faultfs.mount import unavailable_reason as fuse_unavailable
+from torchchaos.faults.faultfs.mount import unavailable_reason as fuse_unavailable
+from torchchaos.host import leftovers, owners
+from torchchaos.host.mounts import mounts_under
+from torchchaos.host.netns import unavailable_reason as netns_unavailable
 
 BOUND = 10.0  # seconds after the victim's death by which nothing may be left
 STEPS = ["--steps", "20", "--ckpt-every", "5"]
@@ -77,7 +77,7 @@ def unavailable(family: str) -> str:
 def _command(case: Case, tmp: Path, cache: Path) -> list[str]:
     options, args = FAMILIES[case.family]
     if case.victim != "pytest SIGKILL":
-        return [sys.executable, "-m", "chaos.cli", "run", "--quiet", "--out", str(tmp / "out"),
+        return [sys.executable, "-m", "torchchaos.cli", "run", "--quiet", "--out", str(tmp / "out"),
                 "--cache-dir", str(cache), *options, "--", str(TARGET), *args]
     test = tmp / "test_victim.py"  # the same run, through the plugin's fixture
     test.write_text(
@@ -133,7 +133,7 @@ def _left(tmp: Path, killed_pid: int) -> list[str]:
     found += [x.describe() for x in others if x.kind != "process"]  # networks (all ours)
     found += [f"lock {p}" for p in owners.lock_files() if p.name.startswith(f"{killed_pid}-")]
     found += [f"watcher {p.pid}" for p in psutil.process_iter(["cmdline"])
-              if "chaos.host.lifeline" in (p.info["cmdline"] or [])
+              if "torchchaos.host.lifeline" in (p.info["cmdline"] or [])
               and f"/{killed_pid}-" in " ".join(p.info["cmdline"])]
     return found
 
@@ -164,7 +164,7 @@ def soak(case: Case, tmp: Path, cache: Path,
 
 
 def _clean_finds_nothing(tmp: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "chaos.cli", "clean"], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "torchchaos.cli", "clean"], capture_output=True,
                           text=True, cwd=tmp, env={**os.environ, "PYTHONPATH": str(REPO)},
                           timeout=60)
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TARGET
 
-from chaos.explore.crashpoints import CrashPoint, Plan, entries, enumerate_points, sample
-from chaos.rundir.history import History
-from faults.faultfs.mount import unavailable_reason
+from torchchaos.explore.crashpoints import CrashPoint, Plan, entries, enumerate_points, sample
+from torchchaos.faults.faultfs.mount import unavailable_reason
+from torchchaos.rundir.history import History
 
 
 def _event(index: int, op: str, rank: int = 0) -> dict:
@@ -80,7 +80,7 @@ def test_capped_enumeration_finds_the_missing_fsync(tmp_path):
     power loss from step 0 (a copy cannot say what was fsynced)."""
     out = tmp_path / "points"
     done = subprocess.run(
-        [sys.executable, "-m", "chaos.cli", "crashpoints", "--per-point", "--mode",
+        [sys.executable, "-m", "torchchaos.cli", "crashpoints", "--per-point", "--mode",
          "lose_unsynced", "--mode", "kill", "--cap", "2", "--seed", "1", "--out", str(out),
          "--cache-dir", str(tmp_path / "c"), "--", str(TARGET), "--steps", "20",
          "--ckpt-every", "5", "--bug", "no_fsync"],
@@ -103,7 +103,7 @@ def test_capped_enumeration_over_an_async_sharded_save_passes_the_correct_target
     a seeded sample of 3 runs, and the correct protocol survives each."""
     out = tmp_path / "points"
     done = subprocess.run(
-        [sys.executable, "-m", "chaos.cli", "crashpoints", "--per-point", "--cap", "3",
+        [sys.executable, "-m", "torchchaos.cli", "crashpoints", "--per-point", "--cap", "3",
          "--seed", "2", "--out", str(out), "--cache-dir", str(tmp_path / "c"),
          "--", str(REPO / "targets" / "dcp_lm.py"), "--steps", "20", "--ckpt-every", "5"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
@@ -120,7 +120,7 @@ def test_capped_enumeration_over_an_async_sharded_save_passes_the_correct_target
 def test_a_snapshot_that_records_its_own_folder_is_not_started_from(tmp_path):
     """Lightning pickles the checkpoint folder's absolute path: copied into a crash
     point's run directory, it resumes otherwise than the job does (issue 17)."""
-    from chaos.explore.crashpoints import _holds_path
+    from torchchaos.explore.crashpoints import _holds_path
 
     run = tmp_path / "ref" / "run-0"
     snapshot = tmp_path / "snapshot" / "ckpt"
@@ -137,7 +137,7 @@ def _crash_states(tmp_path: Path, *job: str, mode: tuple[str, ...] | list[str] =
     out = tmp_path / "states"
     narrow = [*(a for m in mode for a in ("--mode", m)), *(["--cap", str(cap)] if cap else [])]
     done = subprocess.run(
-        [sys.executable, "-m", "chaos.cli", "crashpoints", *narrow, "--out", str(out),
+        [sys.executable, "-m", "torchchaos.cli", "crashpoints", *narrow, "--out", str(out),
          "--cache-dir", str(tmp_path / "c"), "--", str(TARGET), "--steps", "20",
          "--ckpt-every", "5", *job],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
@@ -182,7 +182,7 @@ def test_a_damaged_cached_recording_is_named_and_made_again(tmp_path):
     built from (the states would be of a save that never happened)."""
     def record() -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "chaos.cli", "crashpoints", "--record-only",
+            [sys.executable, "-m", "torchchaos.cli", "crashpoints", "--record-only",
              "--cache-dir", str(tmp_path / "c"), "--", str(TARGET), "--steps", "12",
              "--ckpt-every", "5"], capture_output=True, text=True, timeout=600,
             cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})

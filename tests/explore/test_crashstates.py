@@ -1,4 +1,4 @@
-"""The crash states a recorded save allows (chaos.explore.crashstates): pure, no job."""
+"""The crash states a recorded save allows (torchchaos.explore.crashstates): pure, no job."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import tracemalloc
 
 import pytest
 
-from chaos.explore.crashstates import (
+from torchchaos.explore.crashstates import (
     Ranks,
     Unsupported,
     build_states,
@@ -24,7 +24,7 @@ from chaos.explore.crashstates import (
     sample_specs,
     view_key,
 )
-from chaos.explore.extents import Blobs, Content
+from torchchaos.explore.extents import Blobs, Content
 
 
 def _record(*ops: tuple) -> tuple[list[dict], bytes]:

@@ -16,7 +16,7 @@ import psutil
 import pytest
 from conftest import REPO
 
-from faults.faultfs.mount import unavailable_reason
+from torchchaos.faults.faultfs.mount import unavailable_reason
 
 LIMIT = 1536 << 20  # bytes of resident memory the harness may peak at (issue 29's goal)
 
@@ -32,7 +32,7 @@ def _rss(pid: int) -> int:
 @pytest.mark.slow
 @pytest.mark.skipif(bool(unavailable_reason()), reason=unavailable_reason())
 def test_the_crash_states_of_a_300_mb_save_stay_under_the_memory_limit(tmp_path) -> None:
-    cmd = [sys.executable, "-m", "chaos.cli", "crashpoints", "--quiet", "--out",
+    cmd = [sys.executable, "-m", "torchchaos.cli", "crashpoints", "--quiet", "--out",
            str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), "--",
            str(REPO / "targets" / "ddp_lm.py"), "--steps", "20", "--ckpt-every", "5",
            "--state-mb", "300"]

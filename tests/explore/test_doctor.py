@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO, TARGET
 from histories import Timeline
 
-from chaos.explore import doctor
+from torchchaos.explore import doctor
 
 STEPS = ["--steps", "20", "--ckpt-every", "5"]  # the kill tests': their reference is reused
 
@@ -74,7 +74,7 @@ def test_a_script_that_does_not_fsync_is_warned_and_still_resumes(tmp_path, shar
     """One real doctor run: everything but fsync is fine, so exit 0 with one WARN; the
     correct target's fsyncs are ok (the unit tests above, and the README's run)."""
     result = subprocess.run(
-        [sys.executable, "-m", "chaos.cli", "doctor", "--quiet", "--out", str(tmp_path / "d"),
+        [sys.executable, "-m", "torchchaos.cli", "doctor", "--quiet", "--out", str(tmp_path / "d"),
          "--cache-dir", str(shared_cache), "--", str(TARGET), *STEPS, "--bug", "no_fsync"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -91,7 +91,7 @@ TUTORIAL = [str(REPO / "tests" / "scripts" / "ddp_tutorial.py"), "6", "2", "--ba
 
 def doctor_lines(tmp_path, cache, *script: str) -> tuple[int, dict[str, str]]:
     result = subprocess.run(
-        [sys.executable, "-m", "chaos.cli", "doctor", "--quiet", "--out", str(tmp_path / "d"),
+        [sys.executable, "-m", "torchchaos.cli", "doctor", "--quiet", "--out", str(tmp_path / "d"),
          "--cache-dir", str(cache), "--", *script],
         capture_output=True, text=True, timeout=600, cwd=tmp_path)
     lines = {line.split()[1]: line for line in result.stdout.splitlines()[1:-1]}

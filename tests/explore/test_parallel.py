@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from conftest import chaos_processes
 
-from chaos.explore import battery
-from chaos.harness import runner
-from chaos.harness.runner import Job
-from chaos.scenario.model import Scenario
+from torchchaos.explore import battery
+from torchchaos.harness import runner
+from torchchaos.harness.runner import Job
+from torchchaos.scenario.model import Scenario
 
 SLEEPER = ("import time, torch.distributed as dist\n"
            "dist.init_process_group('gloo')\ntime.sleep(120)\n")
@@ -92,7 +92,7 @@ def test_an_interrupt_in_the_sweep_cancels_the_runs_still_going() -> None:
 def test_every_error_row_of_a_sweep_says_why() -> None:
     """A run that could not be judged (no report) or judged 'error' prints its reason
     under the table, not a bare ERROR (issue 22)."""
-    from chaos.report.model import Report
+    from torchchaos.report.model import Report
 
     judged = Report(verdict="error", checks={"completes": {"ok": True, "detail": "ok"}},
                     reason="fault(s) never fired: kill:rank=0,step=99")

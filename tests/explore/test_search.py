@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chaos.explore import search, strategies
-from chaos.rundir.history import History
+from torchchaos.explore import search, strategies
+from torchchaos.rundir.history import History
 
 SHAPE = strategies.JobShape(world_size=2, final_step=20, checkpoint_every=5,
                             save_events={1: 4, 2: 4})
@@ -58,7 +58,7 @@ def test_job_shape_from_a_history():
 
 @given(strategies.schedules(ALL_KINDS, max_faults=4))
 def test_every_drawn_schedule_parses_and_fits_the_job(schedule):
-    from chaos.scenario.spec import parse_fault_spec
+    from torchchaos.scenario.spec import parse_fault_spec
 
     assert 1 <= len(schedule) <= 4 and len(set(schedule)) == len(schedule)
     for spec in schedule:
@@ -163,7 +163,7 @@ def test_the_state_machine_finds_and_shrinks_the_pair():
     from hypothesis import settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    from chaos.explore.stateful import schedule_machine
+    from torchchaos.explore.stateful import schedule_machine
 
     run, calls = counting(pair_bug)
     machine = schedule_machine(search.Trials(run, repeats=2), SHAPE, ["kill", "preempt"])
@@ -179,7 +179,7 @@ def test_the_state_machine_finds_and_shrinks_the_pair():
 
 
 def test_the_state_machine_leaves_out_kinds_the_job_cannot_have():
-    from chaos.explore.stateful import schedule_machine
+    from torchchaos.explore.stateful import schedule_machine
 
     machine = schedule_machine(search.Trials(pair_bug), SHAPE, ["kill", "node_kill"])
     assert "kill" in vars(machine) and "node_kill" not in vars(machine)

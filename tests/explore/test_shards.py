@@ -17,9 +17,9 @@ from conftest import REPO
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chaos.errors import UsageError
-from chaos.explore.battery import Entry
-from chaos.explore.shards import (
+from torchchaos.errors import UsageError
+from torchchaos.explore.battery import Entry
+from torchchaos.explore.shards import (
     Shard,
     from_environment,
     merge,
@@ -27,8 +27,8 @@ from chaos.explore.shards import (
     write_manifest,
     write_search_manifest,
 )
-from chaos.report.model import Report
-from faults.faultfs.mount import unavailable_reason
+from torchchaos.faults.faultfs.mount import unavailable_reason
+from torchchaos.report.model import Report
 
 
 @given(total=st.integers(0, 60), count=st.integers(1, 9))
@@ -65,7 +65,7 @@ def test_auto_reads_the_shard_the_engine_started(monkeypatch, environ, shard) ->
 def test_auto_without_the_variables_is_bad_input_before_any_run(tmp_path) -> None:
     environ = {k: v for k, v in os.environ.items()
                if not k.startswith(("TORCHCHAOS_SHARD", "JOB_COMPLETION", "SLURM_"))}
-    done = subprocess.run([sys.executable, "-m", "chaos.cli", "battery", "--shard", "auto",
+    done = subprocess.run([sys.executable, "-m", "torchchaos.cli", "battery", "--shard", "auto",
                            "--out", str(tmp_path / "out")], capture_output=True, text=True,
                           env={**environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path, timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
@@ -123,7 +123,7 @@ def test_shards_of_two_recordings_are_not_merged(tmp_path) -> None:
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "chaos.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "torchchaos.cli", *args], capture_output=True,
                           text=True, cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)},
                           timeout=900)
 
@@ -200,7 +200,7 @@ def test_merged_crash_states_equal_the_unsharded_sweep(tmp_path) -> None:
     # a recovery keeps what rebuilds its image (extents of the recording), not a copy
     first = sorted((tmp_path / "whole" / "recoveries").iterdir())[0]
     assert not (first / "chaos" / "ckpt").exists()
-    rebuilt = subprocess.run([sys.executable, "-m", "chaos.explore.crashstates",
+    rebuilt = subprocess.run([sys.executable, "-m", "torchchaos.explore.crashstates",
                               str(first / "image.json"), str(tmp_path / "rebuilt")])
     assert rebuilt.returncode == 0 and (tmp_path / "rebuilt" / "manifest.json").is_file()
     shards = [_cli(*common, "--shard", f"{i}/2", "--out", str(tmp_path / f"shard-{i}"), *job,
@@ -361,7 +361,7 @@ def test_whole_shards_with_runs_merge(tmp_path) -> None:
 
 def test_a_campaign_interrupted_before_any_run_writes_its_empty_tally(tmp_path) -> None:
     """Ctrl-C during the first run: the table and campaign.json still come out (zeros)."""
-    from chaos.explore import campaign
+    from torchchaos.explore import campaign
 
     entries = _plan(FAULTS)
     assert "runs:" in campaign.table(entries, [])

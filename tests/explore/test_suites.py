@@ -1,4 +1,4 @@
-"""The ready-made suites (`pytest --pyargs suites`) against a configured script.
+"""The ready-made suites (`pytest --pyargs torchchaos.suites`) against a configured script.
 
 Each case name lands where the job's fault-free run says; `[tool.torchchaos]`
 and the `--chaos-*` options pick the job, with a one-line usage error for a
@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from conftest import TARGET
 
-from chaos.explore.battery import Entry
-from chaos.explore.suite import CASES, NotApplicable, Plan
-from chaos.host import netns
-from chaos.rundir.history import History
-from chaos.scenario.model import Scenario
-from faults.faultfs.mount import unavailable_reason
+from torchchaos.explore.battery import Entry
+from torchchaos.explore.suite import CASES, NotApplicable, Plan
+from torchchaos.faults.faultfs.mount import unavailable_reason
+from torchchaos.host import netns
+from torchchaos.rundir.history import History
+from torchchaos.scenario.model import Scenario
 
 pytest_plugins = ["pytester"]
 
@@ -60,7 +60,7 @@ ONE_NODE = {"isolate the last node", "cut off the rendezvous store"}
 
 def listed_cases(suite: str) -> list[str]:
     """The case names a suites module parametrizes its test with."""
-    module = importlib.import_module(f"suites.test_{suite}")
+    module = importlib.import_module(f"torchchaos.suites.test_{suite}")
     test = next(v for k, v in vars(module).items() if k.startswith("test_"))
     return list(next(m for m in test.pytestmark if m.name == "parametrize").args[1])
 
@@ -121,7 +121,7 @@ def _pyproject(pytester: pytest.Pytester, body: str) -> None:
 ], ids=["unknown key", "wrong type", "no rank", "no such script", "unbalanced quote"])
 def test_a_bad_configuration_is_a_one_line_usage_error(pytester, body, option, message):
     _pyproject(pytester, body)
-    result = pytester.runpytest_subprocess("--pyargs", "suites", "--co",
+    result = pytester.runpytest_subprocess("--pyargs", "torchchaos.suites", "--co",
                                            *([option] if option else []))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     errors = [line for line in result.stderr.lines if line.startswith("ERROR: ")]
@@ -133,7 +133,7 @@ def test_a_bad_configuration_is_a_one_line_usage_error(pytester, body, option, m
 def test_the_suites_are_collected_from_the_package_whatever_python_files_says(pytester):
     pytester.path.joinpath("pyproject.toml").write_text(
         '[tool.pytest.ini_options]\npython_files = ["check_*.py"]\n')
-    result = pytester.runpytest_subprocess("--pyargs", "suites", "--co", "-q",
+    result = pytester.runpytest_subprocess("--pyargs", "torchchaos.suites", "--co", "-q",
                                            "-m", "chaos_kills")
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*test_kills.py::test_kill?kill rank 0 mid-interval?",
@@ -149,7 +149,7 @@ def _properties(xml: Path) -> dict[str, dict[str, str]]:
 def test_a_case_passes_on_the_bundled_target_and_fails_with_a_planted_bug(pytester, shared_cache):
     """Two chaos runs; the references are those of the kill and plugin tests."""
     _pyproject(pytester, f'script = "{TARGET}"\nargs = {json.dumps(STEPS)}')
-    common = ["--pyargs", "suites", "-k", "test_kill and last", "-p", "no:cacheprovider",
+    common = ["--pyargs", "torchchaos.suites", "-k", "test_kill and last", "-p", "no:cacheprovider",
               f"--chaos-cache-dir={shared_cache}", f"--chaos-dir={pytester.path / 'runs'}"]
     good = pytester.runpytest_subprocess(*common, f"--junitxml={pytester.path / 'good.xml'}")
     good.assert_outcomes(passed=1)
@@ -217,7 +217,7 @@ def test_scenario_files_are_tests_and_chaos_replay_runs_only_those(pytester, sha
 
 
 def test_torchchaos_suite_is_pytest_on_the_suites(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "chaos.cli", "suite", "--co", "-q",
+    result = subprocess.run([sys.executable, "-m", "torchchaos.cli", "suite", "--co", "-q",
                              "-m", "chaos_storage", "-p", "no:cacheprovider"],
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -233,7 +233,7 @@ def test_torchchaos_suite_is_pytest_on_the_suites(tmp_path):
 def test_every_suite_passes_on_the_bundled_target(pytester, shared_cache, marker, options):
     suite = {"chaos_kills": "kills", "chaos_storage": "storage", "chaos_sdc": "bitflips",
              "chaos_hangs": "hangs", "chaos_partitions": "partitions"}[marker]
-    result = pytester.runpytest_subprocess("--pyargs", "suites", "-m", marker, *options,
+    result = pytester.runpytest_subprocess("--pyargs", "torchchaos.suites", "-m", marker, *options,
                                            "-p", "no:cacheprovider", "-rs",
                                            f"--chaos-cache-dir={shared_cache}")
     needs = {"chaos_storage": unavailable_reason(),
@@ -245,13 +245,14 @@ def test_every_suite_passes_on_the_bundled_target(pytester, shared_cache, marker
 
 
 def test_the_kills_suite_under_pytest_xdist_makes_one_reference_and_one_table(pytester):
-    """`pytest -n 2 --pyargs suites -m chaos_kills`: the workers share the session's
+    """`pytest -n 2 --pyargs torchchaos.suites -m chaos_kills`: the workers share the session's
     reference cache (one reference made, under its lock), the controller shows the
     table of every worker's runs, and JUnit XML carries each run's properties."""
     _pyproject(pytester, f'script = "{TARGET}"\nargs = {json.dumps(STEPS)}')
     xml = pytester.path / "kills.xml"
-    result = pytester.runpytest_subprocess("--pyargs", "suites", "-m", "chaos_kills", "-n", "2",
-                                           "-p", "no:cacheprovider", f"--junitxml={xml}")
+    result = pytester.runpytest_subprocess("--pyargs", "torchchaos.suites", "-m", "chaos_kills",
+                                           "-n", "2", "-p", "no:cacheprovider",
+                                           f"--junitxml={xml}")
     cases = listed_cases("kills")
     result.assert_outcomes(passed=len(cases))
     result.stdout.fnmatch_lines(["*torchchaos verdicts*", "verdict  lost  test*"])

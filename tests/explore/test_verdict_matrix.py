@@ -10,9 +10,9 @@ style, each with a correct variant and planted bugs:
 - folder_publish: `tmp-step-N/` folders fsynced and renamed to `step-N/`;
 - shard_pointer once more with its folder named run_state/ (one bug case).
 
-Correct variants go through battery rows (chaos.explore.battery.plan), every crash state
-of save 2 judged from one recording (chaos.explore.crashsweep, as `torchchaos crashpoints`
-runs it) and crash points of save 2 run one chaos run each (chaos.explore.crashpoints.plan,
+Correct variants go through battery rows (torchchaos.explore.battery.plan), every crash state
+of save 2 judged from one recording (torchchaos.explore.crashsweep, as `torchchaos crashpoints`
+runs it) and crash points of save 2 run one chaos run each (torchchaos.explore.crashpoints.plan,
 `--per-point`): any check False is a false alarm. Each bug goes through the one
 fault that exposes it: the check declared below must fail, naming the cause where
 words are given; and through the crash states of save 2, where some state must fail
@@ -36,9 +36,9 @@ import pytest
 from matrix.runs import BatteryRow, OnEvent, Target, progress, run_one, sweep_states
 from matrix.tally import Incident, MatrixPlugin, Outcome, Tally
 
-from chaos.explore import battery, crashpoints
-from chaos.explore.battery import Entry
-from faults.faultfs.mount import unavailable_reason
+from torchchaos.explore import battery, crashpoints
+from torchchaos.explore.battery import Entry
+from torchchaos.faults.faultfs.mount import unavailable_reason
 
 TARGETS = {t.name: t for t in [
     Target("shard_pointer", ("--ckpt-dir", "ckpt")),
@@ -51,7 +51,7 @@ TARGETS = {t.name: t for t in [
 ELSEWHERE = Target("shard_pointer_elsewhere", ("--ckpt-dir", "run_state"), file="shard_pointer")
 ALL_TARGETS = {**TARGETS, ELSEWHERE.name: ELSEWHERE}
 
-# The battery's rows, by what their names (chaos.explore.battery.plan) contain.
+# The battery's rows, by what their names (torchchaos.explore.battery.plan) contain.
 ROWS = {
     "kill rank 0": "kill rank 0 at step",
     "kill rank 1": "kill rank 1 at step",

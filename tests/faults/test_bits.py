@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from faults import bits
+from torchchaos.faults import bits
 
 DTYPES = list(bits.LAYOUT)
 SIGNED = {8: torch.int64, 4: torch.int32, 2: torch.int16}

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from chaos.host.mounts import mounts_under
-from faults.faultfs.mount import Mount, unavailable_reason
+from torchchaos.faults.faultfs.mount import Mount, unavailable_reason
+from torchchaos.host.mounts import mounts_under
 
 pytestmark = pytest.mark.skipif(bool(unavailable_reason()), reason=unavailable_reason())
 
@@ -224,7 +224,7 @@ def test_the_harness_folder_is_never_faulted_recorded_or_crossed(rundir):
     with pytest.raises(OSError) as crossing:
         os.rename(run / "model.pt", run / "_chaos" / "model.pt")
     assert crossing.value.errno == errno.EXDEV  # as between two filesystems
-    from chaos.rundir.history import read_stream
+    from torchchaos.rundir.history import read_stream
 
     history = run / "_chaos" / "history" / "faultfs-0-rundir.jsonl"
     paths = {e.get("path", "") for e in read_stream(history) if e["ev"] == "fs"}
@@ -257,7 +257,7 @@ def test_nothing_of_a_run_dir_is_lost_at_unmount(tmp_path, rundir):
 
 
 def test_state_inside_the_mount_must_be_private(tmp_path):
-    from faults.faultfs.mount import FaultFSError
+    from torchchaos.faults.faultfs.mount import FaultFSError
 
     with pytest.raises(FaultFSError, match="outside its private folders"):
         Mount(tmp_path, tmp_path / "state", tmp_path / "h").start()
@@ -359,7 +359,7 @@ def test_every_mutation_is_recorded(fs, tmp_path):
     os.rename(fs.mountpoint / "a.tmp", fs.mountpoint / "a")
     sync_dir(fs.mountpoint)
     (fs.mountpoint / "a").unlink()
-    from chaos.rundir.history import read_stream
+    from torchchaos.rundir.history import read_stream
 
     ops = [(e["op"], e["path"]) for e in read_stream(tmp_path / "fs.jsonl") if e["ev"] == "fs"]
     assert ops == [("create", "a.tmp"), ("write", "a.tmp"), ("fsync", "a.tmp"),
@@ -387,7 +387,7 @@ def test_unmounts_even_when_a_process_still_holds_a_file_open(tmp_path):
 HOLDER = """
 import sys, time
 from pathlib import Path
-from faults.faultfs.mount import Mount
+from torchchaos.faults.faultfs.mount import Mount
 base = Path(sys.argv[1])
 if sys.argv[2] == "rundir":  # state inside the mount, as for storage:dir=.
     mount = Mount(base, base / "_chaos" / "s", base / "_chaos" / "h", private=("_chaos",))
@@ -422,5 +422,5 @@ def test_no_mount_survives_its_owner_interrupted_or_killed(tmp_path, sig, where)
 
 
 def daemons(under: Path) -> list[str]:
-    return subprocess.run(["pgrep", "-f", f"faults.faultfs {under}"],
+    return subprocess.run(["pgrep", "-f", f"torchchaos.faults.faultfs {under}"],
                           capture_output=True, text=True).stdout.split()

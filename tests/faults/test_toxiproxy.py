@@ -19,11 +19,11 @@ import time
 import pytest
 from conftest import REPO, TARGET
 
-from chaos.errors import UsageError
-from chaos.scenario.schedule import ResolvedFault
-from chaos.scenario.spec import Trigger, parse_fault_spec
-from faults import toxic
-from faults.contract import JobContext
+from torchchaos.errors import UsageError
+from torchchaos.faults import toxic
+from torchchaos.faults.contract import JobContext
+from torchchaos.scenario.schedule import ResolvedFault
+from torchchaos.scenario.spec import Trigger, parse_fault_spec
 
 needs_server = pytest.mark.skipif(bool(toxic.unreachable_reason()),
                                   reason=toxic.unreachable_reason() or "ok")
@@ -43,7 +43,7 @@ def test_bad_specs_are_refused_in_one_line(spec, error):
 
 
 def _cli(*args: str, environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "chaos.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "torchchaos.cli", *args], capture_output=True,
                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO),
                                                       **environ})
 

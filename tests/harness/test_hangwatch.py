@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from histories import Timeline, evidence
 
-from chaos.harness.hangwatch import TORCHRUN_SHUTDOWN_SECONDS, HangWatch, default_timeout
-from chaos.host import stacks
-from chaos.host.busy import RunCpu
-from chaos.host.procs import pid_stopped
-from chaos.judge import checkers, hangs
-from chaos.rundir.heartbeat import Beat, Heartbeat, peers_gone, read_beats
+from torchchaos.harness.hangwatch import TORCHRUN_SHUTDOWN_SECONDS, HangWatch, default_timeout
+from torchchaos.host import stacks
+from torchchaos.host.busy import RunCpu
+from torchchaos.host.procs import pid_stopped
+from torchchaos.judge import checkers, hangs
+from torchchaos.rundir.heartbeat import Beat, Heartbeat, peers_gone, read_beats
 
 SLEEPER = """
 import faulthandler, signal, sys, time

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TARGET
 
-from chaos.harness import multinode
-from chaos.host import netns, procs
-from chaos.rundir.history import HistoryWriter
+from torchchaos.harness import multinode
+from torchchaos.host import netns, procs
+from torchchaos.rundir.history import HistoryWriter
 
-CLI = [sys.executable, "-m", "chaos.cli"]
+CLI = [sys.executable, "-m", "torchchaos.cli"]
 ARGS = [str(TARGET), "--steps", "20", "--ckpt-every", "5"]
 KILL = ["--fault", "kill:node=1,step=12"]  # after the save at step 10
 

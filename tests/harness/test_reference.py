@@ -12,8 +12,8 @@ import torch
 from conftest import PLAIN, REPO, TARGET
 from histories import Timeline
 
-from chaos.errors import CannotJudge
-from chaos.harness.reference import (
+from torchchaos.errors import CannotJudge
+from torchchaos.harness.reference import (
     _torchft_hint,
     argument_files,
     cache_key,
@@ -22,7 +22,7 @@ from chaos.harness.reference import (
     relative_path_hint,
     restarted_and_trained,
 )
-from chaos.scenario.model import Scenario
+from torchchaos.scenario.model import Scenario
 
 
 def test_two_harnesses_asking_at_once_run_the_reference_once(tmp_path):
@@ -72,7 +72,7 @@ def test_a_reference_history_cut_in_half_is_rebuilt_not_judged_against(tmp_path)
     reference"). meta.json records each file's size and digest; the entry is rebuilt."""
     def run(name: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "chaos.cli", "run", "--out", str(tmp_path / name),
+            [sys.executable, "-m", "torchchaos.cli", "run", "--out", str(tmp_path / name),
              "--cache-dir", str(tmp_path / "cache"), "--", str(TARGET), "--steps", "8",
              "--ckpt-every", "3"],
             capture_output=True, text=True, timeout=300, cwd=tmp_path)
@@ -119,7 +119,7 @@ def test_disagreeing_references_stop_the_command_before_any_run_with_faults(tmp_
     references, no chaos run."""
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "chaos.cli", "run", "--reference-runs", "2", "--fault",
+        [sys.executable, "-m", "torchchaos.cli", "run", "--reference-runs", "2", "--fault",
          "kill:rank=1,step=4", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
          "--", str(TARGET), "--steps", "6", "--ckpt-every", "3", "--bug", "nondeterministic"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path)
@@ -192,7 +192,7 @@ def test_a_job_that_opens_files_by_fixed_names_is_told_to_link_them_and_then_run
 
     def run(*links: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "chaos.cli", "run", "--fault", "kill:rank=1,step=7",
+            [sys.executable, "-m", "torchchaos.cli", "run", "--fault", "kill:rank=1,step=7",
              "--max-relaunches", "0", "--max-restarts", "1", *links, "--out",
              str(tmp_path / f"out{len(links)}"), "--cache-dir", str(tmp_path / "cache"), "--",
              str(NANOGPT_LAYOUT / "train.py"), "--max_iters=12"],
@@ -214,7 +214,7 @@ def test_a_job_that_opens_files_by_fixed_names_is_told_to_link_them_and_then_run
     assert not (tmp_path / "out").exists()
     # a job that writes into a linked folder: every run would find the others' checkpoints
     shared = subprocess.run(
-        [sys.executable, "-m", "chaos.cli", "run", "--fault", "kill:rank=1,step=7",
+        [sys.executable, "-m", "torchchaos.cli", "run", "--fault", "kill:rank=1,step=7",
          "--link", "configurator.py", "--link", "data", "--out", str(tmp_path / "shared"),
          "--cache-dir", str(tmp_path / "cache"), "--", str(NANOGPT_LAYOUT / "train.py"),
          "--max_iters=12", "--out_dir=data/out"],

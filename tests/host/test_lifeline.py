@@ -21,10 +21,10 @@ import psutil
 import pytest
 from conftest import REPO, lifeline_watcher
 
-from chaos.host import leftovers, lifeline, netns, owners
-from chaos.host.mounts import mounts_under
-from faults.faultfs.mount import Mount
-from faults.faultfs.mount import unavailable_reason as fuse_unavailable
+from torchchaos.faults.faultfs.mount import Mount
+from torchchaos.faults.faultfs.mount import unavailable_reason as fuse_unavailable
+from torchchaos.host import leftovers, lifeline, netns, owners
+from torchchaos.host.mounts import mounts_under
 
 BOUND = 10.0  # seconds
 
@@ -32,7 +32,7 @@ BOUND = 10.0  # seconds
 HARNESS = """
 import os, signal, subprocess, sys, time
 from pathlib import Path
-from chaos.host import lifeline
+from torchchaos.host import lifeline
 run_id, folder = sys.argv[1], Path(sys.argv[2])
 {own}
 marked = {{**os.environ, "TORCHCHAOS_RUN_ID": run_id}}
@@ -40,10 +40,10 @@ sleeper = subprocess.Popen(["sleep", "600"], env=marked, start_new_session=True)
 stopped = subprocess.Popen(["sleep", "600"], env=marked, start_new_session=True)
 os.kill(stopped.pid, signal.SIGSTOP)
 if "network" in sys.argv:
-    from chaos.host.netns import Network
+    from torchchaos.host.netns import Network
     Network(run_id, 2).create()
 if "mount" in sys.argv:
-    from faults.faultfs.mount import Mount
+    from torchchaos.faults.faultfs.mount import Mount
     Mount(folder / "mnt", folder / "state", folder / "fs.jsonl", run_id).start()
 print("ready", flush=True)
 time.sleep(600)
@@ -58,7 +58,7 @@ class Harness:
         self.run_id = uuid.uuid4().hex[:12]
         self.folder = tmp.resolve()
         own = ("lifeline.own(run_id, folder)" if watcher else
-               "from chaos.host.owners import HarnessLock\n"
+               "from torchchaos.host.owners import HarnessLock\n"
                "lock = HarnessLock(); lock.own(run_id, folder)")
         script = tmp / f"harness-{self.run_id}.py"
         script.write_text(textwrap.dedent(HARNESS.format(own=own)))
@@ -98,7 +98,7 @@ def wait_until_gone(harness: Harness) -> float:
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "chaos.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "torchchaos.cli", *args], capture_output=True,
                           text=True, cwd=cwd, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
 
@@ -124,7 +124,7 @@ def test_a_dead_harness_takes_its_runs_along(tmp_path, sig):
 
 def test_a_harness_that_ends_normally_leaves_no_watcher_and_no_lock(tmp_path):
     script = tmp_path / "h.py"
-    script.write_text("from chaos.host import lifeline\nlifeline.own('0123456789ab')\n")
+    script.write_text("from torchchaos.host import lifeline\nlifeline.own('0123456789ab')\n")
     subprocess.run([sys.executable, str(script)], check=True, timeout=60,
                    env={**os.environ, "PYTHONPATH": str(REPO)})
     deadline = time.monotonic() + BOUND
@@ -207,7 +207,7 @@ def test_the_pytest_plugin_removes_leftovers_at_session_start(tmp_path):
 
 def test_a_lock_is_live_exactly_while_its_process_lives(tmp_path):
     folder = tmp_path / "state"
-    code = ("import sys, time\nfrom pathlib import Path\nfrom chaos.host.owners import"
+    code = ("import sys, time\nfrom pathlib import Path\nfrom torchchaos.host.owners import"
             " HarnessLock\nHarnessLock(Path(sys.argv[1])).own('feedfacecafe')\n"
             "print('ok', flush=True)\ntime.sleep(600)\n")
     holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], text=True,
@@ -240,7 +240,7 @@ def test_a_harness_that_cannot_have_a_lifeline_says_so_and_runs_on(tmp_path):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")  # the state folder cannot be made below a file
     script = tmp_path / "h.py"
-    script.write_text("from chaos.host import lifeline\nlifeline.own('0123456789ab')\n"
+    script.write_text("from torchchaos.host import lifeline\nlifeline.own('0123456789ab')\n"
                       "lifeline.own('ba9876543210')\nprint('ran on')\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": str(REPO),

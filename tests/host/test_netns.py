@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from chaos.harness.nemesis import windows
-from chaos.host import netns
-from chaos.scenario.schedule import ResolvedFault
-from chaos.scenario.spec import Trigger
-from faults import partition
+from torchchaos.faults import partition
+from torchchaos.harness.nemesis import windows
+from torchchaos.host import netns
+from torchchaos.scenario.schedule import ResolvedFault
+from torchchaos.scenario.spec import Trigger
 
 pytestmark = pytest.mark.skipif(bool(netns.unavailable_reason()),
                                 reason=netns.unavailable_reason() or "ok")
@@ -125,8 +125,8 @@ def test_closing_removes_namespaces_links_and_rules():
 def test_elastic_jobs_and_store_placement_in_the_torchrun_command():
     from pathlib import Path
 
-    from chaos.harness.runner import torchrun_command
-    from chaos.scenario.model import Scenario
+    from torchchaos.harness.runner import torchrun_command
+    from torchchaos.scenario.model import Scenario
 
     elastic = Scenario("train.py", nodes=3, min_nodes=2, network="netns")
     net = netns.Network("0123456789ab", 3)  # names only: nothing is created
@@ -148,17 +148,17 @@ def test_flapping_windows():
 
 
 def _ctx(network: netns.Network, store_port: int | None = None):
-    from faults.contract import JobContext
+    from torchchaos.faults.contract import JobContext
 
     return JobContext(network=network, store_port=store_port, run_dir=None, run_id="x")  # type: ignore[arg-type]
 
 
 def test_the_nemesis_applies_a_requested_flapping_cut_and_heals_it_on_time(network, tmp_path):
     """The runner's side: a rank's request (a file), then cut, heal, cut, heal on time."""
-    from chaos.harness.nemesis import Nemesis
-    from chaos.rundir.history import History, HistoryWriter
-    from chaos.rundir.layout import RunLayout
-    from faults.contract import JobContext
+    from torchchaos.faults.contract import JobContext
+    from torchchaos.harness.nemesis import Nemesis
+    from torchchaos.rundir.history import History, HistoryWriter
+    from torchchaos.rundir.layout import RunLayout
 
     layout = RunLayout(tmp_path)
     layout.create()

@@ -25,9 +25,9 @@ import psutil
 import pytest
 from conftest import REPO, lifeline_watcher
 
-from chaos import env
-from chaos.host import leftovers, lifeline, netns, owners, procs
-from faults.faultfs.mount import unavailable_reason as fuse_unavailable
+from torchchaos import env
+from torchchaos.faults.faultfs.mount import unavailable_reason as fuse_unavailable
+from torchchaos.host import leftovers, lifeline, netns, owners, procs
 
 BOUND = 15.0  # seconds for a sweep's or a watcher's removal to show
 ROUND = lifeline.ROUND_SECONDS  # one round of the watcher's SIGKILLs
@@ -35,19 +35,19 @@ ROUND = lifeline.ROUND_SECONDS  # one round of the watcher's SIGKILLs
 HARNESS = """
 import os, subprocess, sys, time
 from pathlib import Path
-from chaos.harness.runner import job_environment
-from chaos.host import lifeline
-from chaos.scenario.model import Scenario
+from torchchaos.harness.runner import job_environment
+from torchchaos.host import lifeline
+from torchchaos.scenario.model import Scenario
 run_id, folder, parts = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
 lifeline.own(run_id, folder)
 marked = job_environment(Scenario(script="x.py"), folder, run_id, 0, 0.0, None)
 if "procs" in parts:
     subprocess.Popen(["sleep", "600"], env=marked, start_new_session=True)
 if "network" in parts:
-    from chaos.host.netns import Network
+    from torchchaos.host.netns import Network
     Network(run_id, 2).create()
 if "mount" in parts:
-    from faults.faultfs.mount import Mount
+    from torchchaos.faults.faultfs.mount import Mount
     Mount(folder / "mnt", folder / "state", folder / "fs.jsonl", run_id).start()
 if "reader" in parts:  # reads a file whose read the test holds up
     subprocess.Popen(["cat", str(folder / "stall" / "f")], env=marked,
@@ -138,7 +138,7 @@ class Harness:
 
 
 def clean(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "chaos.cli", "clean", *args],
+    return subprocess.run([sys.executable, "-m", "torchchaos.cli", "clean", *args],
                           capture_output=True, text=True, timeout=120, env=state_env(state))
 
 

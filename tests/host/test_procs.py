@@ -10,10 +10,10 @@ import time
 
 import psutil
 
-from chaos import env
+from torchchaos import env
 
 # A parent in its own session that starts a child and a double-forked daemon.
-from chaos.host import procs
+from torchchaos.host import procs
 
 FAMILY = textwrap.dedent("""
     import os, subprocess, sys, time

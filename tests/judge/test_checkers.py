@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from histories import Timeline, evidence, fp, reference
 
-from chaos.judge import checkers
-from chaos.judge.registry import run_checks
+from torchchaos.judge import checkers
+from torchchaos.judge.registry import run_checks
 
 
 def killed_and_resumed(restored: int = 10, kill_step: int = 12, **train: object) -> Timeline:
@@ -541,9 +541,9 @@ def test_a_save_killed_mid_write_is_no_newer_checkpoint_a_restart_overwrote():
 
 
 def judged(spec: str, chaos: Timeline):
-    from chaos.report import verdict
-    from chaos.scenario import schedule
-    from chaos.scenario.spec import parse_fault_spec
+    from torchchaos.report import verdict
+    from torchchaos.scenario import schedule
+    from torchchaos.scenario.spec import parse_fault_spec
 
     faults = schedule.resolve([parse_fault_spec(spec)], 0, 2, 1)
     for e in chaos.events:

@@ -7,11 +7,11 @@ import math
 import pytest
 from conftest import TARGET
 
-from chaos.cli import main as cli
-from chaos.errors import UsageError
-from chaos.judge import interval
-from chaos.rundir.history import History
-from chaos.scenario.model import Scenario
+from torchchaos.cli import main as cli
+from torchchaos.errors import UsageError
+from torchchaos.judge import interval
+from torchchaos.rundir.history import History
+from torchchaos.scenario.model import Scenario
 
 
 def test_young_daly_with_known_numbers():

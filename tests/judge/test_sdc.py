@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from histories import Timeline, evidence, fp, reference
 
-from chaos.judge import checkers, sdc
+from torchchaos.judge import checkers, sdc
 
 
 def flipped_run(detect_after: int | None = None, corrupt_rank: int = 1,

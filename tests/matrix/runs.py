@@ -1,5 +1,5 @@
 """Running the independent targets under the harness, the way `torchchaos battery`
-and `torchchaos crashpoints` do (chaos.explore.battery.plan / run_entries,
+and `torchchaos crashpoints` do (torchchaos.explore.battery.plan / run_entries,
 chaos.explore.crashpoints.plan / entries), one chaos run per entry."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos import env
-from chaos.errors import ChaosError
-from chaos.explore import battery, crashsweep
-from chaos.explore.battery import Entry, run_entries
-from chaos.harness.reference import get_reference
-from chaos.rundir.history import History
-from chaos.scenario.model import Scenario
+from torchchaos import env
+from torchchaos.errors import ChaosError
+from torchchaos.explore import battery, crashsweep
+from torchchaos.explore.battery import Entry, run_entries
+from torchchaos.harness.reference import get_reference
+from torchchaos.rundir.history import History
+from torchchaos.scenario.model import Scenario
 
 TARGETS_DIR = Path(__file__).resolve().parent / "targets"
 
@@ -77,7 +77,7 @@ class OnEvent:
 
 @dataclass(frozen=True)
 class BatteryRow:
-    """The fault of the battery row (chaos.explore.battery.plan) whose name holds `contains`."""
+    """The fault of the battery row (`torchchaos.explore.battery.plan`) named with `contains`."""
 
     contains: str
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.optim import optimizer as optim_module
 
-from chaos.rank.agent import _has_closure
+from torchchaos.rank.agent import _has_closure
 
 
 def test_a_closure_is_seen_whether_passed_by_position_or_by_name():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from chaos.rank.fingerprint import digest_object, digest_rng, digest_tensors
+from torchchaos.rank.fingerprint import digest_object, digest_rng, digest_tensors
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
           torch.int8, torch.uint8, torch.bool]
@@ -70,7 +70,7 @@ def test_rng_digest_follows_each_global_generator_apart():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_accelerator_path_sees_every_flip_too(dtype):
     """The integer-sum path used on GPUs, exercised here on CPU tensors."""
-    from chaos.rank.fingerprint import _device_sums, _flat
+    from torchchaos.rank.fingerprint import _device_sums, _flat
 
     tensor = _sample(dtype)
     base = _device_sums(_flat(tensor)).tolist()

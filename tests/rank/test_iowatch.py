@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SAVE = textwrap.dedent("""
     import json, os, sys, torch
-    from chaos.rank.iowatch import IOWatch
+    from torchchaos.rank.iowatch import IOWatch
     root, die_at = sys.argv[1], int(sys.argv[2])
     seen = []
     def listener(op, path):
@@ -94,7 +94,7 @@ def test_a_kill_after_the_rename_leaves_the_published_file(tmp_path):
 
 DCP = textwrap.dedent("""
     import json, os, sys, warnings, torch
-    from chaos.rank.iowatch import IOWatch
+    from torchchaos.rank.iowatch import IOWatch
     root = sys.argv[1]
     seen = []
     IOWatch(root, os.path.join(root, "_chaos"),
@@ -125,7 +125,7 @@ def test_torch_distributed_checkpoint_saves_and_loads_are_seen(tmp_path):
 
 SAFETENSORS = textwrap.dedent("""
     import json, os, sys, torch
-    from chaos.rank.iowatch import IOWatch
+    from torchchaos.rank.iowatch import IOWatch
     root = sys.argv[1]
     seen = []
     IOWatch(root, os.path.join(root, "_chaos"),
@@ -148,7 +148,7 @@ def test_safetensors_saves_and_loads_are_seen(tmp_path):
 
 COPY = textwrap.dedent("""
     import json, os, shutil, sys
-    from chaos.rank.iowatch import IOWatch
+    from torchchaos.rank.iowatch import IOWatch
     root = sys.argv[1]
     seen = []
     IOWatch(root, os.path.join(root, "_chaos"),

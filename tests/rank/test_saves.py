@@ -2,7 +2,7 @@
 
 import threading
 
-from chaos.rank.saves import SaveTracker
+from torchchaos.rank.saves import SaveTracker
 
 MAIN = None
 

@@ -1,4 +1,4 @@
-"""The collectives a rank enters, as the recording run sees them (chaos.rank.syncwatch)."""
+"""The collectives a rank enters, as the recording run sees them (torchchaos.rank.syncwatch)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from conftest import REPO
 PROGRAM = """
 import json, os, torch, torch.distributed as dist
 from torch.distributed import distributed_c10d
-from chaos.rank import syncwatch
+from torchchaos.rank import syncwatch
 seen = []
 syncwatch.install(lambda ev, **kw: seen.append(kw))
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
@@ -26,7 +26,7 @@ print(json.dumps(seen))
 
 
 def test_each_collective_a_rank_enters_is_recorded_once():
-    from chaos.host.netns import free_port
+    from torchchaos.host.netns import free_port
 
     done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True,
                           timeout=120, cwd=REPO,

@@ -24,14 +24,14 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from chaos.rundir.history import History
+from torchchaos.rundir.history import History
 
 ROOT = Path(__file__).resolve().parents[2]
 
 WRITE = textwrap.dedent("""
     import json, os, shutil, signal, sys
     import numpy as np, torch
-    from chaos.rank.iowatch import IOWatch
+    from torchchaos.rank.iowatch import IOWatch
     root, writer, die = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     seen = []
     def listener(op, path):
@@ -113,7 +113,7 @@ def test_a_kill_at_the_write_event_leaves_a_strict_prefix(tmp_path, writer):
 
 SAME = textwrap.dedent("""
     import io, json, os, sys, torch
-    from chaos.rank.iowatch import IOWatch
+    from torchchaos.rank.iowatch import IOWatch
     root, elsewhere = sys.argv[1], sys.argv[2]
     seen = []
     IOWatch(root, os.path.join(root, "_chaos"),

@@ -17,13 +17,13 @@ import pytest
 from conftest import REPO, TARGET
 from histories import Timeline, evidence, fp, reference
 
-from chaos.cli import main as cli
-from chaos.judge import interval
-from chaos.judge.registry import run_checks
-from chaos.report import html_report, timeline
-from chaos.report.model import Report
-from chaos.rundir.history import History
-from chaos.rundir.layout import RunLayout
+from torchchaos.cli import main as cli
+from torchchaos.judge import interval
+from torchchaos.judge.registry import run_checks
+from torchchaos.report import html_report, timeline
+from torchchaos.report.model import Report
+from torchchaos.rundir.history import History
+from torchchaos.rundir.layout import RunLayout
 
 SVG = "{http://www.w3.org/2000/svg}"
 FAULT = "kill:rank=1,step=12"
@@ -283,7 +283,7 @@ def test_the_index_lists_every_run_with_its_verdict_and_a_link(tmp_path):
 def test_a_real_run_writes_the_page_and_the_picture(tmp_path, shared_cache):
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "chaos.cli", "run", "--quiet", "--out", str(out), "--cache-dir",
+        [sys.executable, "-m", "torchchaos.cli", "run", "--quiet", "--out", str(out), "--cache-dir",
          str(shared_cache), "--mtbf", "6", "--fault", FAULT, "--", str(TARGET), "--steps", "20",
          "--ckpt-every", "5"], capture_output=True, text=True, cwd=tmp_path, timeout=300,
         env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -308,13 +308,13 @@ def test_a_real_run_writes_the_page_and_the_picture(tmp_path, shared_cache):
                                      "hang_detected", "no_split_brain", "no_orphans"}
     assert report["faults"][0]["spec"] == FAULT and report["restarts"] == 1
     assert report["lost_steps"] == [2]
-    again = subprocess.run([sys.executable, "-m", "chaos.cli", "report", str(out)],
+    again = subprocess.run([sys.executable, "-m", "torchchaos.cli", "report", str(out)],
                            capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert again.returncode == 0 and "verdict: PASS" in again.stdout
 
 
 def test_the_progress_bar_of_a_long_sweep_estimates_what_is_left():
-    from chaos.explore.battery import progress_bar
+    from torchchaos.explore.battery import progress_bar
 
     assert progress_bar(2, 5, 60.0) == "[########------------] 40% 1m00s, about 1m30s left"
     assert progress_bar(5, 5, 301.0).startswith("[####################] 100% 5m01s")
@@ -338,7 +338,7 @@ def test_the_failing_check_that_names_the_cause_leads_everywhere(tmp_path):
 
 
 def test_a_log_line_is_shortened_between_words():
-    from chaos.harness.runner import _shorten
+    from torchchaos.harness.runner import _shorten
 
     line = "RuntimeError: " + " ".join(["PytorchStreamReader failed reading zip archive"] * 9)
     short = _shorten(line, 100)

@@ -15,11 +15,11 @@ import pytest
 from conftest import TARGET
 from histories import Timeline
 
-from chaos.errors import UsageError
-from chaos.explore import battery, crashpoints
-from chaos.rundir.history import History
-from chaos.scenario.model import Scenario
-from chaos.scenario.spec import parse_fault_spec
+from torchchaos.errors import UsageError
+from torchchaos.explore import battery, crashpoints
+from torchchaos.rundir.history import History
+from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.spec import parse_fault_spec
 
 
 def saves(*paths_by_save: list[Any], rank: int = 0, launch: int = 0) -> History:
@@ -87,7 +87,7 @@ class _Reference:
 def _plan(monkeypatch: pytest.MonkeyPatch, history: History) -> tuple[list, list[str]]:
     """The battery planned over a made-up reference, with the fault filesystem usable."""
     monkeypatch.setattr(battery, "get_reference", lambda *_: _Reference(history))
-    monkeypatch.setattr("faults.faultfs.mount.unavailable_reason", lambda: "")
+    monkeypatch.setattr("torchchaos.faults.faultfs.mount.unavailable_reason", lambda: "")
     lines: list[str] = []
     entries = battery.plan(Scenario(script=str(TARGET)), Path("unused"), lines.append)
     return entries, lines

@@ -1,4 +1,4 @@
-"""The history's schema (chaos.rundir.events) and the code agree on every event name."""
+"""The history's schema (torchchaos.rundir.events) and the code agree on every event name."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ast
 import re
 from pathlib import Path
 
-from chaos.rundir.events import EVENTS
+from torchchaos.rundir.events import EVENTS
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = [p for package in ("chaos", "faults") for p in (REPO / package).rglob("*.py")]

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chaos.cli import main as cli
-from chaos.errors import UsageError
-from chaos.scenario import chaosmesh
-from chaos.scenario import files as scenario_file
-from chaos.scenario.chaosmesh import Options
-from faults import storage as storage_kind
-from faults.registry import get_kind
+from torchchaos.cli import main as cli
+from torchchaos.errors import UsageError
+from torchchaos.faults import storage as storage_kind
+from torchchaos.faults.registry import get_kind
+from torchchaos.scenario import chaosmesh
+from torchchaos.scenario import files as scenario_file
+from torchchaos.scenario.chaosmesh import Options
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "targets" / "ddp_lm.py"
@@ -372,8 +372,8 @@ def test_an_invalid_manifest_is_never_written(tmp_path: Path, monkeypatch) -> No
 
 def test_the_schema_ships_with_the_package() -> None:
     text = (REPO / "pyproject.toml").read_text()
-    assert "\"chaos.rank\" = [\"_inject/*.py\"]" in text
-    assert "\"chaos.scenario\" = [\"schemas/*.json\"]" in text
+    assert "\"torchchaos.rank\" = [\"_inject/*.py\"]" in text
+    assert "\"torchchaos.scenario\" = [\"schemas/*.json\"]" in text
     assert '"jsonschema>=4.18"' in text
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.engine import run_scenario
-from chaos.scenario import files as scenario_file
+from torchchaos.engine import run_scenario
+from torchchaos.scenario import files as scenario_file
 
 INCIDENTS = Path(__file__).resolve().parents[2] / "suites" / "incidents"
 

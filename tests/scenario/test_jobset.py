@@ -16,8 +16,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from chaos.cli import main as cli
-from chaos.scenario import chaosmesh, jobset
+from torchchaos.cli import main as cli
+from torchchaos.scenario import chaosmesh, jobset
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "targets" / "ddp_lm.py"

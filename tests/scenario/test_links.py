@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chaos.cli import main as cli
-from chaos.errors import UsageError
-from chaos.explore import suiteconfig
-from chaos.scenario import files as scenario_file
-from chaos.scenario import jobset
-from chaos.scenario.model import Scenario
+from torchchaos.cli import main as cli
+from torchchaos.errors import UsageError
+from torchchaos.explore import suiteconfig
+from torchchaos.scenario import files as scenario_file
+from torchchaos.scenario import jobset
+from torchchaos.scenario.model import Scenario
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = REPO / "targets" / "ddp_lm.py"

@@ -15,12 +15,12 @@ from conftest import TARGET
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chaos.cli import main as cli
-from chaos.errors import UsageError
-from chaos.explore import strategies
-from chaos.scenario import files as scenario_file
-from chaos.scenario.model import Scenario
-from chaos.scenario.spec import parse_fault_spec
+from torchchaos.cli import main as cli
+from torchchaos.errors import UsageError
+from torchchaos.explore import strategies
+from torchchaos.scenario import files as scenario_file
+from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.spec import parse_fault_spec
 
 SHAPE = strategies.JobShape(world_size=4, final_step=20, checkpoint_every=5,
                             save_events={1: 5, 2: 5})
@@ -99,7 +99,7 @@ def test_an_edited_resolved_schedule_is_refused():
 
 
 def test_a_run_replay_file_expects_what_the_run_came_to():
-    from chaos.report.model import Report
+    from torchchaos.report.model import Report
 
     scenario = Scenario.build(str(TARGET), faults=["kill:rank=1,step=12"])
     report = Report("fail", checks={"completes": {"ok": True, "detail": ""},

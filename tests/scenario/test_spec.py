@@ -7,12 +7,12 @@ import os
 import pytest
 from conftest import TARGET
 
-from chaos.errors import UsageError
-from chaos.scenario import model, schedule
-from chaos.scenario.model import Scenario
-from chaos.scenario.spec import Trigger, parse_fault_spec
-from faults.params import run_relative_dir
-from faults.storage import _mountpoint, _slug
+from torchchaos.errors import UsageError
+from torchchaos.faults.params import run_relative_dir
+from torchchaos.faults.storage import _mountpoint, _slug
+from torchchaos.scenario import model, schedule
+from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.spec import Trigger, parse_fault_spec
 
 
 def test_contract_examples_parse():

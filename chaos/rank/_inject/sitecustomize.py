@@ -15,7 +15,7 @@ if (
     and "LOCAL_RANK" in os.environ
     and "TORCHCHAOS_AGENT_PID" not in os.environ
 ):
-    from chaos.rank.agent import boot
+    from torchchaos.rank.agent import boot
 
     boot()
 

@@ -8,8 +8,8 @@ act on. It runs only when named: `torchchaos run --check pause_absorbed ...`.
 
 from __future__ import annotations
 
-from chaos.judge.checkers import CheckResult
-from chaos.judge.evidence import Evidence
+from torchchaos.judge.checkers import CheckResult
+from torchchaos.judge.evidence import Evidence
 
 
 def pause_absorbed(ev: Evidence) -> CheckResult:

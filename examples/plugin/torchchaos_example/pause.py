@@ -22,9 +22,9 @@ from __future__ import annotations
 import threading
 import time
 
-from chaos.errors import UsageError
-from faults.contract import FaultKind, FireContext, ResolvedFault
-from faults.params import seconds
+from torchchaos.errors import UsageError
+from torchchaos.faults.contract import FaultKind, FireContext, ResolvedFault
+from torchchaos.faults.params import seconds
 
 DEFAULT_SECONDS = 2.0
 
