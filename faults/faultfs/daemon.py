@@ -74,6 +74,10 @@ class Daemon:
         if cmd == "settle":
             with self.busy:
                 return {"ok": True}
+        if cmd in ("arm", "crash", "bitrot") and self.fs.recorder is not None:
+            # its kernel keeps file contents cached (FaultFS.init_with_config): a fault
+            # that changes files behind the kernel's back would be read around
+            return {"ok": False, "error": f"a recording mount takes no faults ({cmd})"}
         if cmd == "arm":
             known = {f.name for f in fields(Armed)}
             self.armed.arm(Armed(**{k: v for k, v in request.items() if k in known}))

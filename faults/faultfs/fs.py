@@ -138,6 +138,13 @@ class FaultFS(mfusepy.Operations):
         config.hard_remove = 1
         config.use_ino = 1
         config.kernel_cache = 0
+        if self.recorder is not None:
+            # A recording mount (the recording run, a crash state's recovery) takes no
+            # faults (Daemon refuses them), and every change to its files passes through
+            # here: the kernel may keep their contents across opens, so a recovery that
+            # hashes a GB checkpoint and then loads it reads it from the daemon once.
+            # Fault mounts keep it off: a power loss changes files under the kernel.
+            config.kernel_cache = 1
 
     # -- helpers -------------------------------------------------------------
     def _real(self, path: str) -> Path:

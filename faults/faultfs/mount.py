@@ -35,6 +35,7 @@ from torchchaos.host import lifeline
 from torchchaos.host.mounts import mounts_under
 
 START_TIMEOUT = 20.0
+READ_AHEAD_KB = 1024  # a recording mount's readahead (_widen_readahead)
 FUSERMOUNT = "fusermount3"
 
 
@@ -104,6 +105,8 @@ class Mount:
         finally:
             os.close(root_fd)  # the daemon holds its own copy, at the same number
         self._wait_mounted()
+        if self.record is not None:
+            self._widen_readahead()
         return self
 
     def _spawn(self, root_fd: int) -> None:
@@ -139,6 +142,19 @@ class Mount:
             time.sleep(0.05)
         self.close()
         raise FaultFSError(f"the fault filesystem did not mount within {START_TIMEOUT:g} s")
+
+    def _widen_readahead(self) -> None:
+        """Sequential reads of a recording mount in requests of up to 1 MiB, not the
+        kernel's default 128 KiB: a recovery that loads GBs of checkpoint through the
+        daemon takes about 40% less time per GB (measured, issue 29). Each FUSE mount
+        has a backing device of its own, gone with the unmount; where it cannot be set
+        (no /sys, not root) reads just stay smaller."""
+        dev = os.stat(self.mountpoint).st_dev
+        knob = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+        try:
+            knob.write_text(str(READ_AHEAD_KB))
+        except OSError:
+            pass
 
     def _ping(self) -> bool:
         try:

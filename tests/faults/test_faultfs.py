@@ -424,3 +424,25 @@ def test_no_mount_survives_its_owner_interrupted_or_killed(tmp_path, sig, where)
 def daemons(under: Path) -> list[str]:
     return subprocess.run(["pgrep", "-f", f"torchchaos.faults.faultfs {under}"],
                           capture_output=True, text=True).stdout.split()
+
+
+def _read_ahead_kb(mountpoint: Path) -> int:
+    dev = os.stat(mountpoint).st_dev
+    return int(Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+               .read_text())
+
+
+def test_a_recording_mount_reads_in_large_requests_and_takes_no_faults(tmp_path):
+    """A recovery loads GBs through a recording mount: its readahead is 1 MiB, and as the
+    kernel keeps its file contents cached, a fault that would change files behind the
+    kernel's back is refused. A fault mount keeps the kernel's defaults."""
+    with Mount(tmp_path / "rec", tmp_path / "rs", tmp_path / "rh",
+               record=tmp_path / "blobs") as recording:
+        assert _read_ahead_kb(recording.mountpoint) == 1024
+        for command in ({"cmd": "arm", "mode": "eio", "op": "write"},
+                        {"cmd": "crash", "lose_unsynced": True}):
+            answer = recording.request(command)
+            assert answer["ok"] is False and "takes no faults" in answer["error"], answer
+    with Mount(tmp_path / "mnt", tmp_path / "state", tmp_path / "fs.jsonl") as mount:
+        assert _read_ahead_kb(mount.mountpoint) < 1024
+        assert mount.request({"cmd": "arm", "mode": "eio", "op": "write"})["ok"] is True
