@@ -5,13 +5,15 @@ Kubernetes' API schemas, both vendored: no network), and every `torchchaos ...` 
 `pytest ...` command line in them (comments included, since people copy those)
 parsed by the project's real argument parser, or checked against pytest's real
 options and markers. Neither Docker, GitHub, Kubernetes nor Slurm runs here: a typo
-would otherwise surface at 2 a.m. on the GPU runner."""
+would otherwise surface at 2 a.m. on the GPU runner. The command lines of the README
+and of the documentation pages (docs/) are checked the same way."""
 
 from __future__ import annotations
 
 import re
 import shlex
 import subprocess
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,10 @@ CRASH_STATES = REPO / ".github" / "workflows" / "crashstates-sharded.yml"
 KUBERNETES = sorted((REPO / "deploy" / "kubernetes").glob("*.yaml"))
 SLURM = sorted((REPO / "deploy" / "slurm").glob("*.sbatch"))
 FILES = [COMPOSE, WORKFLOW, SHARDED, CRASH_STATES, *KUBERNETES, *SLURM]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+# A script under these folders is the repository's and must exist; any other (train.py,
+# a path on the machine a quote was taken on) is the reader's.
+REPO_FOLDERS = ("targets", "tests", "examples", "suites", "bench")
 KUBERNETES_VERSION = "1.30"  # backoffLimitPerIndex is beta from 1.29
 
 
@@ -117,6 +123,39 @@ def all_commands() -> list[tuple[str, list[str]]]:
     return found
 
 
+def markdown_commands(path: Path) -> list[tuple[str, list[str]]]:
+    """The command lines of a Markdown page's fenced code blocks: in a transcript, each
+    `$ ` line (with its `\\` continuations; the rest is output); every line of a bash,
+    sh or console block without prompts; the shell of a YAML block (a CI job)."""
+    found = []
+    blocks = re.findall(r"^ *```(\w*)[^\n]*\n(.*?)^ *```", path.read_text(),
+                        re.MULTILINE | re.DOTALL)
+    for language, body in blocks:
+        lines = textwrap.dedent(body).splitlines()
+        if any(line.startswith("$ ") for line in lines):
+            shell, going_on = [], False
+            for line in lines:
+                if line.startswith("$ ") or going_on:
+                    shell.append(line[2:] if line.startswith("$ ") else line)
+                    going_on = line.endswith("\\")
+            texts = ["\n".join(shell)]
+        elif language in ("bash", "sh", "shell", "console"):
+            texts = ["\n".join(lines)]
+        elif language in ("yaml", "yml"):
+            try:
+                texts = list(snippets(list(yaml.safe_load_all("\n".join(lines)))))
+            except yaml.YAMLError:
+                texts = []
+        else:
+            continue
+        for text in texts:
+            for tokens in command_lines(text):
+                tokens = tokens[:-1] if tokens[-1] == "&" else tokens  # a background job
+                where = path.relative_to(REPO) if path.is_relative_to(REPO) else path.name
+                found.append((f"{where}: {shlex.join(tokens)}", tokens))
+    return found
+
+
 # -- checking them -------------------------------------------------------------------------
 
 def marker_names(config: pytest.Config) -> set[str]:
@@ -128,6 +167,8 @@ def pytest_problems(args: list[str], config: pytest.Config) -> list[str]:
     problems = []
     markers = marker_names(config)
     for i, arg in enumerate(args):
+        if i and args[i - 1] == "--chaos-args":  # its value is the script's arguments
+            continue
         if arg == "-m" and i + 1 < len(args):
             used = set(re.findall(r"[A-Za-z_]\w*", args[i + 1])) - {"and", "or", "not"}
             problems += [f"unknown marker {m!r}" for m in sorted(used - markers)]
@@ -140,9 +181,11 @@ def pytest_problems(args: list[str], config: pytest.Config) -> list[str]:
     return problems
 
 
-def torchchaos_problems(args: list[str], config: pytest.Config) -> list[str]:
+def torchchaos_problems(args: list[str], config: pytest.Config,
+                        readers_scripts: bool = False) -> list[str]:
     """What `torchchaos ARGS` would refuse (its real parser); `suite` passes its
-    arguments to pytest."""
+    arguments to pytest. With `readers_scripts`, only a script under one of the
+    repository's folders must exist (the docs run the reader's train.py too)."""
     if args[0] == "suite":
         return pytest_problems(args[1:], config)
     try:
@@ -150,15 +193,18 @@ def torchchaos_problems(args: list[str], config: pytest.Config) -> list[str]:
     except UsageError as exc:
         return [str(exc)]
     script = getattr(ns, "script", None)
+    if readers_scripts and script is not None and Path(script).parts[0] not in REPO_FOLDERS:
+        return []  # the reader's own script, or a path on the machine a quote came from
     if script is not None and not (REPO / script).is_file():
         return [f"no script {script} in the repository"]
     return []
 
 
-def problems_of(tokens: list[str], config: pytest.Config) -> list[str]:
+def problems_of(tokens: list[str], config: pytest.Config,
+                readers_scripts: bool = False) -> list[str]:
     args = tool_args(tokens, "torchchaos")
     if args is not None:
-        return torchchaos_problems(args, config)
+        return torchchaos_problems(args, config, readers_scripts)
     args = tool_args(tokens, "pytest")
     return pytest_problems(args, config) if args is not None else []
 
@@ -178,6 +224,48 @@ def test_every_command_line_parses(request: pytest.FixtureRequest) -> None:
     assert not failures, "\n".join(failures)
 
 
+def test_every_command_line_in_the_readme_and_the_docs_parses(
+        request: pytest.FixtureRequest) -> None:
+    commands = [found for page in PAGES for found in markdown_commands(page)]
+    checked = [(where, t) for where, t in commands
+               if tool_args(t, "torchchaos") is not None or tool_args(t, "pytest") is not None]
+    subcommands = {tool_args(t, "torchchaos")[0] for _, t in checked  # type: ignore[index]
+                   if tool_args(t, "torchchaos") is not None}
+    # the finder really finds them, in the README and in the pages
+    assert {"battery", "campaign", "crashpoints", "doctor", "export", "gather", "merge",
+            "node", "replay", "run", "search", "suite"} <= subcommands
+    assert {where.split(":")[0] for where, _ in checked} >= {
+        "README.md", "docs/tutorials/storage-faults.md", "docs/how-to/sharding.md"}
+    assert any(tool_args(t, "pytest") is not None for _, t in checked)
+    failures = [f"{where}\n    {p}" for where, t in checked
+                for p in problems_of(t, request.config, readers_scripts=True)]
+    assert not failures, "\n".join(failures)
+
+
+def test_markdown_transcripts_give_their_commands_not_their_output(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(textwrap.dedent("""\
+        ```
+        $ torchchaos run --fault kill:rank=1,step=7 \\
+            -- targets/ddp_lm.py --steps 20 &
+        check                 verdict  detail
+        torchchaos: error: not a command
+        ```
+
+          ```bash
+          torchchaos battery --rnus 3   # in a list item
+          ```
+
+        ```
+        torchchaos output, not a command
+        ```
+        """))
+    commands = [tokens for _, tokens in markdown_commands(page)]
+    assert commands == [["torchchaos", "run", "--fault", "kill:rank=1,step=7", "--",
+                         "targets/ddp_lm.py", "--steps", "20"],
+                        ["torchchaos", "battery", "--rnus", "3"]]
+
+
 @pytest.mark.parametrize("line,problem", [
     ("torchchaos campaign --quiet --runs 20 --out /runs/x/campaign", None),
     ("torchchaos campaign --quiet --rnus 20 --out /runs/x/campaign", "--rnus"),
@@ -190,6 +278,7 @@ def test_every_command_line_parses(request: pytest.FixtureRequest) -> None:
     ("torchchaos suite -m 'chaos_kills or chaos_storage' --chaos-nproc 2", None),
     ("torchchaos suite -m chaos_kill --chaos-dir d", "unknown marker 'chaos_kill'"),
     ("torchchaos suite --chaos-nprocs 2", "unknown option '--chaos-nprocs'"),
+    ("pytest --pyargs torchchaos.suites --chaos-args '--ckpt-dir x' -m chaos_kills", None),
 ])
 def test_the_check_catches_a_misspelt_line(request: pytest.FixtureRequest, line: str,
                                            problem: str | None) -> None:
