@@ -11,8 +11,13 @@
 A run whose verdict differs from `expect` (default "pass" for the marker,
 nothing for `chaos_run`) fails the test with the verdict table and the run
 directory. Runs live under `--chaos-dir` (default: pytest's temporary
-directory); fault-free reference runs are cached for the session, or in
-`--chaos-cache-dir` across sessions.
+directory). Fault-free reference runs are cached where the command line
+caches them (`$XDG_CACHE_HOME/torchchaos`, else `~/.cache/torchchaos`), so a
+second session, and every pytest-xdist worker, reuses them (the cache locks
+each entry while one is made); `--chaos-cache-dir` puts the cache elsewhere.
+A project's own tests that must not touch the user's cache point
+`XDG_CACHE_HOME` at a temporary folder for the session (this repository's
+tests/conftest.py does) or pass `--chaos-cache-dir`.
 
 Also: the ready-made suites (`pytest --pyargs torchchaos.suites`, the `chaos_suite`
 fixture, configured by `[tool.torchchaos]` in pyproject.toml or by
@@ -62,8 +67,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="seed for symbolic fault targets (default 0, or the suites' seed)")
     group.addoption("--chaos-dir", default=None,
                     help="where run directories are kept (default: pytest's tmp dir)")
-    group.addoption("--chaos-cache-dir", default=None,
-                    help="cache of fault-free reference runs (default: one per session)")
+    group.addoption("--chaos-cache-dir", default=None, metavar="DIR",
+                    help="cache of fault-free reference runs, kept across sessions and"
+                         " shared by xdist workers (default: the command line's,"
+                         " $XDG_CACHE_HOME/torchchaos or ~/.cache/torchchaos; tests that"
+                         " must leave the user's cache alone pass a folder of their own,"
+                         " or set XDG_CACHE_HOME)")
     group.addoption("--chaos-timeout", type=float, default=None,
                     help="deadline per run in seconds (default: the scenario's, 300)")
     group.addoption("--chaos-hang-timeout", type=float, default=None,
@@ -161,16 +170,20 @@ def _suite_scenario(config: pytest.Config) -> Scenario:
 
 
 def _base_dirs(config: pytest.Config) -> tuple[Path, Path]:
+    """Where runs are kept (--chaos-dir, else pytest's temporary folder) and the
+    reference cache (--chaos-cache-dir, else the command line's, which persists across
+    sessions: one path for every pytest-xdist worker too; the cache locks its entries,
+    so each reference is made once)."""
+    from torchchaos.harness.reference import default_cache_dir
+
     runs = config.getoption("--chaos-dir")
     cache = config.getoption("--chaos-cache-dir")
-    if not (runs and cache):
-        # what the tmp_path_factory fixture returns; replay items have no fixtures
+    if runs:
+        runs_dir = Path(runs)
+    else:  # what the tmp_path_factory fixture returns; replay items have no fixtures
         basetemp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
-    runs_dir = Path(runs) if runs else basetemp / "torchchaos-runs"
-    # a pytest-xdist worker's basetemp is the session's plus its id: one cache for all
-    # workers, so each reference is made once (the cache locks its entries)
-    shared = basetemp.parent if hasattr(config, "workerinput") and not cache else None
-    cache_dir = Path(cache) if cache else (shared or basetemp) / "torchchaos-cache"
+        runs_dir = basetemp / "torchchaos-runs"
+    cache_dir = Path(cache) if cache else default_cache_dir()
     return runs_dir.resolve(), cache_dir.resolve()
 
 

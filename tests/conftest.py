@@ -1,5 +1,10 @@
 """Shared test set-up: helpers importable, and a session-wide leak check.
 
+The session's reference runs are cached in its temporary folder, never in the
+developer's ~/.cache: the plugin (and the command line, and every pytest the tests
+start) caches them in $XDG_CACHE_HOME/torchchaos, and XDG_CACHE_HOME points into
+the session's basetemp (`shared_cache`) until the session ends.
+
 Every test may start real torchrun jobs; when the session ends, no process
 of any torchchaos run may still be alive, no fault filesystem may still be
 mounted, no simulated node's network namespace or link may be left, nothing
@@ -41,11 +46,46 @@ def cases(table: dict, slow: frozenset[str] = frozenset()) -> list:
             for key, value in table.items()]
 
 
+XDG_CACHE_HOME = "XDG_CACHE_HOME"
+_XDG_BEFORE = pytest.StashKey[str | None]()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own, which makes the basetemp
+def pytest_configure(config: pytest.Config) -> None:
+    """XDG_CACHE_HOME into the session's basetemp, so that the plugin's reference cache
+    (the command line's default) is the session's: BASETEMP/torchchaos-cache, also
+    reached as BASETEMP/xdg-cache/torchchaos. A pytest-xdist worker inherits it from the
+    controller (its own basetemp is a folder in the controller's): one cache for all."""
+    if hasattr(config, "workerinput"):
+        return
+    config.stash[_XDG_BEFORE] = os.environ.get(XDG_CACHE_HOME)
+    basetemp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    cache, xdg = basetemp / "torchchaos-cache", basetemp / "xdg-cache"
+    cache.mkdir(exist_ok=True)
+    xdg.mkdir(exist_ok=True)
+    if not (xdg / "torchchaos").exists():
+        (xdg / "torchchaos").symlink_to(cache)
+    os.environ[XDG_CACHE_HOME] = str(xdg)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _XDG_BEFORE not in config.stash:
+        return
+    before = config.stash[_XDG_BEFORE]
+    if before is None:
+        os.environ.pop(XDG_CACHE_HOME, None)
+    else:
+        os.environ[XDG_CACHE_HOME] = before
+
+
 @pytest.fixture
-def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The session's reference-run cache (the plugin's): CLI tests of a scenario another
-    test runs too reuse its reference run instead of making their own."""
-    return tmp_path_factory.getbasetemp() / "torchchaos-cache"
+def shared_cache() -> Path:
+    """The session's reference-run cache (the plugin's, where the command line's default
+    points during the session): CLI tests of a scenario another test runs too reuse its
+    reference run instead of making their own."""
+    from torchchaos.harness.reference import default_cache_dir
+
+    return default_cache_dir().resolve()
 
 
 def lifeline_watcher(harness_pid: int) -> int | None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 from conftest import TARGET
 
@@ -17,11 +20,11 @@ def test_the_marker_declares_a_scenario(chaos_report):
 
 
 @pytest.mark.slow  # tests/explore/test_suites.py's failing case checks the same lines in CI
-def test_a_verdict_other_than_expected_fails_with_the_table(pytester, tmp_path_factory):
+def test_a_verdict_other_than_expected_fails_with_the_table(pytester, shared_cache):
     runs = pytester.path / "kept-runs"
     # the scenario of test_e2e_kill.py's skip_optim case: its reference run is reused
     args = ["--steps", "20", "--ckpt-every", "5", "--bug", "skip_optim"]
-    cache = tmp_path_factory.getbasetemp() / "torchchaos-cache"
+    cache = shared_cache
     pytester.makepyfile(f"""
         import pytest
 
@@ -55,3 +58,45 @@ def test_bad_scenarios_fail_the_test_with_one_line(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*torchchaos could not judge: *needs exactly one trigger*"])
+
+
+def test_the_sessions_reference_cache_is_its_own(request, tmp_path_factory, shared_cache):
+    """The plugin's default cache is the command line's ($XDG_CACHE_HOME/torchchaos);
+    tests/conftest.py points it into the session's temporary folder, never ~/.cache."""
+    from torchchaos.plugin import _base_dirs
+
+    assert _base_dirs(request.config)[1] == shared_cache
+    assert (Path(os.environ["XDG_CACHE_HOME"]) / "torchchaos").resolve() == shared_cache
+    temp = tmp_path_factory.getbasetemp().resolve().parent  # a worker's is in the controller's
+    assert shared_cache.is_relative_to(temp)
+    assert not shared_cache.is_relative_to(Path.home() / ".cache")
+
+
+SHORT = ["--steps", "6", "--ckpt-every", "3"]
+
+
+def test_a_second_session_reuses_the_reference_the_first_one_made(pytester, monkeypatch):
+    """Reference runs persist across pytest sessions by default: both sessions judge
+    against one cache entry, in $XDG_CACHE_HOME/torchchaos, which the second one finds
+    whole and does not make again (its meta.json, written last, is the first one's)."""
+    xdg = pytester.path / "xdg"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    pytester.makepyfile(f"""
+        import pytest
+
+        @pytest.mark.chaos(script={str(TARGET)!r}, faults=["kill:rank=0,step=4"],
+                           args={SHORT!r}, nproc=1)
+        def test_kill(chaos_report):
+            print("reference dir:", chaos_report.reference_dir)
+    """)
+    first = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s")
+    first.assert_outcomes(passed=1)
+    (entry,) = (xdg / "torchchaos").glob("ref-*/")
+    made = (entry / "meta.json").stat()
+    second = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s")
+    second.assert_outcomes(passed=1)
+    again = (entry / "meta.json").stat()
+    assert (again.st_ino, again.st_mtime_ns) == (made.st_ino, made.st_mtime_ns)
+    for result in (first, second):
+        result.stdout.fnmatch_lines([f"*reference dir: {entry.resolve()}*"])
+    assert [p.name for p in (xdg / "torchchaos").glob("ref-*/")] == [entry.name]

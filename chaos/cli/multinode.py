@@ -33,43 +33,48 @@ def add_commands(sub: Any, count: Callable[[str], int], seconds: Callable[[str],
         f" (run id '{REFERENCE_ID}'), which every run with faults needs first. Then"
         " `torchchaos gather SHARED/RUN_ID` judges. Exit 0 when this node's torchrun ended"
         " with 0, 1 when it did not, 2 on a usage or harness error.")
-    node.add_argument("--shared", type=Path, required=True, metavar="DIR",
-                      help="a directory every machine sees at the same path (NFS, Lustre)")
-    node.add_argument("--node-rank", type=count, required=True, metavar="K",
-                      help="this machine's number, 0 to M-1 (node 0 hosts the store)")
-    node.add_argument("--nnodes", "--nodes", dest="nnodes", type=count, required=True,
-                      metavar="M")
-    node.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc",
-                      type=count, default=1, metavar="N", help="ranks per node")
-    node.add_argument("--rdzv-endpoint", required=True, metavar="HOST:PORT",
-                      help="where every node reaches the rendezvous store on node 0")
-    node.add_argument("--local-addr", default=None, metavar="ADDR",
-                      help="this machine's address as the other nodes reach it (torchrun's"
-                           " --local-addr; the rendezvous gives group ranks in address order)")
-    node.add_argument("--rdzv-conf", default="", metavar="KEY=VALUE,...",
-                      help="more rendezvous settings for torchrun, e.g. keep_alive_interval=1,"
-                           "keep_alive_max_attempt=3: a dead node's peers re-form the job"
-                           " after 3 s instead of torch's 15")
-    node.add_argument("--run-id", default=None, metavar="ID",
-                      help=f"the run's name in --shared (default '{REFERENCE_ID}' without"
-                           " faults, else derived from the faults and the seed)")
-    node.add_argument("--reference", type=Path, default=None, metavar="DIR",
-                      help=f"the fault-free run (default SHARED/{REFERENCE_ID})")
-    node.add_argument("--fault", action="append", default=[], metavar="SPEC",
-                      help="a fault to inject (repeatable; see torchchaos run --help);"
-                           " node=K is torchrun's group rank")
-    node.add_argument("--seed", type=count, default=0)
-    node.add_argument("--link", action="append", default=[], metavar="PATH",
-                      help="show PATH in the run directory under its own name (repeatable)")
-    node.add_argument("--timeout", type=seconds, default=300.0, metavar="SEC",
-                      help="deadline for this node's part (default 300)")
-    node.add_argument("--max-restarts", type=count, default=3,
-                      help="torchrun elastic restarts per launch (default 3)")
-    node.add_argument("--max-relaunches", type=count, default=2,
-                      help="times this node's torchrun is relaunched after it died (default 2)")
-    node.add_argument("--quiet", action="store_true", help="no progress lines")
-    node.add_argument("script", metavar="SCRIPT")
-    node.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
+    job = node.add_argument_group("job", "this machine's part of the training job")
+    faults = node.add_argument_group("faults", "what is injected")
+    output = node.add_argument_group("output", "where the run goes, and what is printed")
+    job.add_argument("script", metavar="SCRIPT", help="the training script")
+    job.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                     help="arguments for the script")
+    job.add_argument("--node-rank", type=count, required=True, metavar="K",
+                     help="this machine's number, 0 to M-1 (node 0 hosts the store)")
+    job.add_argument("--nnodes", "--nodes", dest="nnodes", type=count, required=True,
+                     metavar="M", help="machines in the job")
+    job.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc",
+                     type=count, default=1, metavar="N", help="ranks per node")
+    job.add_argument("--rdzv-endpoint", required=True, metavar="HOST:PORT",
+                     help="where every node reaches the rendezvous store on node 0")
+    job.add_argument("--local-addr", default=None, metavar="ADDR",
+                     help="this machine's address as the other nodes reach it (torchrun's"
+                          " --local-addr; the rendezvous gives group ranks in address order)")
+    job.add_argument("--rdzv-conf", default="", metavar="KEY=VALUE,...",
+                     help="more rendezvous settings for torchrun, e.g. keep_alive_interval=1,"
+                          "keep_alive_max_attempt=3: a dead node's peers re-form the job"
+                          " after 3 s instead of torch's 15")
+    job.add_argument("--link", action="append", default=[], metavar="PATH",
+                     help="show PATH in the run directory under its own name (repeatable)")
+    job.add_argument("--timeout", type=seconds, default=300.0, metavar="SEC",
+                     help="deadline for this node's part (default 300)")
+    job.add_argument("--max-restarts", type=count, default=3, metavar="N",
+                     help="torchrun elastic restarts per launch (default 3)")
+    job.add_argument("--max-relaunches", type=count, default=2, metavar="N",
+                     help="times this node's torchrun is relaunched after it died (default 2)")
+    faults.add_argument("--fault", action="append", default=[], metavar="SPEC",
+                        help="a fault to inject (repeatable; see torchchaos run --help);"
+                             " node=K is torchrun's group rank")
+    faults.add_argument("--seed", type=count, default=0, metavar="N",
+                        help="seed for symbolic fault targets and p= triggers")
+    output.add_argument("--shared", type=Path, required=True, metavar="DIR",
+                        help="a directory every machine sees at the same path (NFS, Lustre)")
+    output.add_argument("--run-id", default=None, metavar="ID",
+                        help=f"the run's name in --shared (default '{REFERENCE_ID}' without"
+                             " faults, else derived from the faults and the seed)")
+    output.add_argument("--reference", type=Path, default=None, metavar="DIR",
+                        help=f"the fault-free run (default SHARED/{REFERENCE_ID})")
+    output.add_argument("--quiet", action="store_true", help="no progress lines")
     gather_cmd = sub.add_parser(
         "gather", help="judge a multi-node run once every node finished",
         description="Waits for every node's done marker in DIR (a run directory in the"

@@ -11,11 +11,19 @@ loss goes to the folder the save writes in (the fault filesystem is mounted
 there). A row the job gives no place for (no rename, a save in several
 top-level folders of the run directory, no FUSE) is left out, and a progress
 line says which and why.
+
+Before anything runs, the plan can be listed (`torchchaos battery --list`):
+placed from the reference run where the cache holds it, else as an outline
+whose placed numbers are `?`. Rows are picked by name with pytest's `-k`
+expressions (`Keywords`), and a sweep may stop at its first row that does
+not pass (`run_entries(exitfirst=True)`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+import textwrap
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed, wait
@@ -30,7 +38,7 @@ from torchchaos.harness import runner
 from torchchaos.harness.reference import get_reference
 from torchchaos.harness.runner import Progress
 from torchchaos.report import html_report
-from torchchaos.report.model import MARK, Report
+from torchchaos.report.model import Report
 from torchchaos.rundir.history import Event, History
 from torchchaos.scenario.model import Scenario
 from torchchaos.scenario.spec import parse_fault_spec
@@ -50,8 +58,13 @@ class Entry:
 
 
 def plan(base: Scenario, cache_dir: Path, progress: Progress) -> list[Entry]:
-    """Choose the battery's faults from what the reference run did."""
-    history = get_reference(base, cache_dir, progress).history()
+    """Choose the battery's faults from what the reference run did (made first, where
+    the cache does not hold it)."""
+    return plan_from(get_reference(base, cache_dir, progress).history(), base, progress)
+
+
+def plan_from(history: History, base: Scenario, progress: Progress) -> list[Entry]:
+    """The battery's rows, placed from the reference run's history."""
     final = history.final_step()
     writer = history.checkpoint_writer()
     interval = history.save_interval() or max(final // 4, 1)
@@ -59,15 +72,93 @@ def plan(base: Scenario, cache_dir: Path, progress: Progress) -> list[Entry]:
     if mid % interval == 0:  # land between two checkpoints, where work is at stake
         mid = max(mid - 1, 1)
     last_rank = base.world_size - 1
-    entries = [Entry(f"kill rank {rank} at step {mid}", f"kill:rank={rank},step={mid}")
-               for rank in sorted({0, last_rank})]
-    entries.append(Entry(f"kill node 0 at step {mid}", f"kill:node=0,step={mid}"))
+    entries = [_kill(rank, mid) for rank in sorted({0, last_rank})]
+    entries.append(_node_kill(mid))
     entries.extend(_in_save_kills(history, writer, progress))
     entries.extend(_torn_last_write(history, writer, progress))
     entries.extend(_power_losses(history, writer, progress))
-    entries.append(Entry(f"preempt rank 0 (SIGTERM) at step {mid}",
-                         f"kill:rank=0,step={mid},signal=SIGTERM,grace=30"))
+    entries.append(_preempt(mid))
     return entries
+
+
+# -- the rows, named once: placed by plan_from, or outlined (`?`) by outline -----------
+
+PLACE = "?"  # what the reference run places, in a row outlined before it ran
+IN_SAVE = (("write", "mid-write"), ("rename", "right after a rename"))
+
+
+def _kill(rank: int | str, step: int | str) -> Entry:
+    return Entry(f"kill rank {rank} at step {step}", f"kill:rank={rank},step={step}")
+
+
+def _node_kill(step: int | str) -> Entry:
+    return Entry(f"kill node 0 at step {step}", f"kill:node=0,step={step}")
+
+
+def _in_save_kill(writer: int | str, what: str, index: int | str) -> Entry:
+    return Entry(f"kill rank {writer} {what} in its 2nd save",
+                 f"kill:rank={writer},phase=checkpoint_save,save=2,event={index}")
+
+
+def _torn(writer: int | str, index: int | str) -> Entry:
+    return Entry(f"tear rank {writer}'s last write in its 2nd save",
+                 f"storage:mode=torn,via=agent,rank={writer},phase=checkpoint_save,save=2,"
+                 f"event={index}")
+
+
+def _power_loss_at_rename(writer: int | str, index: int | str, folder: str) -> Entry:
+    return Entry(f"power loss on rank {writer} after a rename in its 2nd save",
+                 f"storage:mode=lose_unsynced,rank={writer},phase=checkpoint_save,"
+                 f"save=2,event={index}{dir_param(folder)}")
+
+
+def _power_loss_after(writer: int | str, step: int | str, folder: str) -> Entry:
+    return Entry(f"power loss at step {step}, after rank {writer}'s 2nd save (which"
+                 " renames nothing) ended",
+                 f"storage:mode=lose_unsynced,rank={writer},step={step}{dir_param(folder)}")
+
+
+def _preempt(step: int | str) -> Entry:
+    return Entry(f"preempt rank 0 (SIGTERM) at step {step}",
+                 f"kill:rank=0,step={step},signal=SIGTERM,grace=30")
+
+
+def outline(base: Scenario, progress: Progress) -> list[tuple[Entry, str]]:
+    """The rows before the reference run places them (`--list` where it is not cached):
+    what it places (the step between two checkpoints, the rank that writes checkpoints,
+    a file event of its 2nd save, the folder the save writes in) is `?`. Each row comes
+    with "" or the condition under which the job has it: a job gets the rows its save
+    gives a place, and one of the two power losses. Runs nothing."""
+    place = PLACE
+    last_rank = base.world_size - 1
+    rows = [(_kill(rank, place), "") for rank in sorted({0, last_rank})]
+    rows.append((_node_kill(place), ""))
+    rows += [(_in_save_kill(place, what, place), f"where the 2nd save makes a {op}")
+             for op, what in IN_SAVE]
+    rows.append((_torn(place, place), "where the 2nd save makes a write"))
+    if reason := get_kind("storage").unavailable_reason():
+        progress(f"no power loss in the battery: {reason}")
+    else:
+        where = " in one folder of the run directory"
+        rows.append((_power_loss_at_rename(place, place, place),
+                     f"where the 2nd save renames a file and writes{where}"))
+        rows.append((_power_loss_after(place, place, place),
+                     f"instead, where the 2nd save renames nothing and writes{where}"))
+    rows.append((_preempt(place), ""))
+    return rows
+
+
+def cached_history(base: Scenario, cache_dir: Path, progress: Progress) -> History | None:
+    """The reference run's history where the cache holds it whole (what `plan` would
+    reuse), else None; runs nothing, and makes nothing in the cache."""
+    from torchchaos.harness import reference
+
+    entry = cache_dir / f"ref-{reference.cache_key(base)}"
+    # the check get_reference makes before it reuses an entry (digests of every file)
+    meta = reference._read_meta(entry, progress)
+    if meta is None or meta["runs"] < base.reference_runs:
+        return None
+    return History.of_run(entry / "run-0")
 
 
 def dir_param(folder: str) -> str:
@@ -86,12 +177,10 @@ def _in_save_kills(history: History, writer: int, progress: Progress) -> list[En
     the save gives no place for is left out, with a progress line that says so."""
     events = _save_events(history, writer, 2)
     entries = []
-    for op, what in (("write", "mid-write"), ("rename", "right after a rename")):
+    for op, what in IN_SAVE:
         index = next((e["index"] for e in events if e["op"] == op), None)
         if index is not None:
-            entries.append(Entry(f"kill rank {writer} {what} in its 2nd save",
-                                 f"kill:rank={writer},phase=checkpoint_save,save=2,"
-                                 f"event={index}"))
+            entries.append(_in_save_kill(writer, what, index))
         else:
             progress(f"no 'kill {what}' row in the battery: rank {writer}'s 2nd save makes no"
                      f" {op} the agent saw" + ("" if events else " (it saw no save 2 at all)"))
@@ -109,9 +198,7 @@ def _torn_last_write(history: History, writer: int, progress: Progress) -> list[
         progress(f"no torn-write row in the battery: rank {writer}'s 2nd save makes no write"
                  " the agent saw")
         return []
-    return [Entry(f"tear rank {writer}'s last write in its 2nd save",
-                  f"storage:mode=torn,via=agent,rank={writer},phase=checkpoint_save,save=2,"
-                  f"event={index}")]
+    return [_torn(writer, index)]
 
 
 def _power_losses(history: History, writer: int, progress: Progress) -> list[Entry]:
@@ -139,27 +226,144 @@ def _power_losses(history: History, writer: int, progress: Progress) -> list[Ent
         return []
     index = next((e["index"] for e in events if e["op"] == "rename"), None)
     if index is not None:
-        return [Entry(f"power loss on rank {writer} after a rename in its 2nd save",
-                      f"storage:mode=lose_unsynced,rank={writer},phase=checkpoint_save,"
-                      f"save=2,event={index}{dir_param(folder)}")]
+        return [_power_loss_at_rename(writer, index, folder)]
     saved = max((e["after_step"] for e in history.of("save_begin")
                  if e.get("rank") == writer and e.get("save") == 2), default=None)
     if saved is None or saved + 1 > history.final_step():
         progress("no power loss in the battery: the 2nd save renames nothing, and no step"
                  " follows it to put a power loss after it")
         return []
-    return [Entry(f"power loss at step {saved + 1}, after rank {writer}'s 2nd save (which"
-                  " renames nothing) ended",
-                  f"storage:mode=lose_unsynced,rank={writer},step={saved + 1}"
-                  f"{dir_param(folder)}")]
+    return [_power_loss_after(writer, saved + 1, folder)]
 
+
+# -- -k: rows by name ---------------------------------------------------------------------
+
+Truth = bool | None  # None: not known before the reference run places the row
+
+
+class Keywords:
+    """pytest's `-k` over row names: words, each a substring of the name in any case,
+    joined with `and`, `or`, `not` and parentheses (`kill and not node`); an empty
+    expression selects every row. A row outlined before the reference run (`?` where a
+    number goes) may or may not be selected by a word with a digit in it: None."""
+
+    WORD = re.compile(r"(?:\w|[:+\-.\[\]\\/])+")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._tokens = self._tokenize(text)
+        self._at = 0
+        if self._tokens[0][0] == "end":
+            self._tree: Callable[[Callable[[str], Truth]], Truth] = lambda _match: True
+        else:
+            self._tree = self._or()
+        if self._peek()[0] != "end":
+            self._fail("'and', 'or' or the end")
+
+    def selects(self, name: str) -> Truth:
+        lowered = name.lower()
+
+        def match(word: str) -> Truth:
+            if word.lower() in lowered:
+                return True
+            if PLACE in name and any(c.isdigit() for c in word):
+                return None  # the number may be one the reference run places
+            return False
+
+        return self._tree(match)
+
+    # the grammar, as pytest's: or := and ('or' and)*; and := not ('and' not)*;
+    # not := 'not' not | '(' or ')' | word
+
+    def _tokenize(self, text: str) -> list[tuple[str, str, int]]:
+        tokens, at = [], 0
+        while True:
+            while at < len(text) and text[at].isspace():
+                at += 1
+            if at == len(text):
+                tokens.append(("end", "", at))
+                return tokens
+            if text[at] in "()":
+                tokens.append((text[at], text[at], at))
+                at += 1
+                continue
+            found = self.WORD.match(text, at)
+            if found is None:
+                raise UsageError(f"-k {text!r}: unexpected {text[at]!r} at column {at + 1}")
+            word = found.group()
+            tokens.append((word if word in ("and", "or", "not") else "word", word, at))
+            at = found.end()
+
+    def _peek(self) -> tuple[str, str, int]:
+        return self._tokens[self._at]
+
+    def _take(self) -> tuple[str, str, int]:
+        token = self._tokens[self._at]
+        self._at += 1
+        return token
+
+    def _fail(self, expected: str) -> None:
+        kind, word, at = self._peek()
+        got = "the end" if kind == "end" else repr(word)
+        raise UsageError(f"-k {self.text!r}: expected {expected} at column {at + 1},"
+                         f" got {got}")
+
+    def _or(self) -> Callable[[Callable[[str], Truth]], Truth]:
+        parts = [self._and()]
+        while self._peek()[0] == "or":
+            self._take()
+            parts.append(self._and())
+        return parts[0] if len(parts) == 1 else lambda match: _any([p(match) for p in parts])
+
+    def _and(self) -> Callable[[Callable[[str], Truth]], Truth]:
+        parts = [self._not()]
+        while self._peek()[0] == "and":
+            self._take()
+            parts.append(self._not())
+        return parts[0] if len(parts) == 1 else lambda match: _all([p(match) for p in parts])
+
+    def _not(self) -> Callable[[Callable[[str], Truth]], Truth]:
+        kind, word, _at = self._peek()
+        if kind == "not":
+            self._take()
+            inner = self._not()
+            return lambda match: _negate(inner(match))
+        if kind == "(":
+            self._take()
+            inner = self._or()
+            if self._peek()[0] != ")":
+                self._fail("')'")
+            self._take()
+            return inner
+        if kind == "word":
+            self._take()
+            return lambda match: match(word)
+        self._fail("a word, 'not' or '('")
+        raise AssertionError  # _fail raised
+
+
+def _any(values: list[Truth]) -> Truth:
+    return True if True in values else (None if None in values else False)
+
+
+def _all(values: list[Truth]) -> Truth:
+    return False if False in values else (None if None in values else True)
+
+
+def _negate(value: Truth) -> Truth:
+    return None if value is None else not value
+
+
+# -- running the rows ----------------------------------------------------------------------
 
 def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: Path,
                 progress: Progress, title: str = "torchchaos runs", jobs: int = 1,
-                numbers: list[int] | None = None) -> list[Entry]:
+                numbers: list[int] | None = None, exitfirst: bool = False) -> list[Entry]:
     """One chaos run per entry (its fault on the base scenario), in out_dir/NN, `jobs`
     of them at a time; the index page out_dir/index.html is rewritten after each, so a
-    cut-short sweep has one. `numbers` (1-based): only these entries (a shard's)."""
+    cut-short sweep has one. `numbers` (1-based): only these entries (a shard's).
+    `exitfirst`: stop once a run's verdict is not PASS (runs still going are cancelled),
+    raising SweepStopped."""
     started = time.monotonic()
     finished: list[int] = []
     chosen = list(numbers) if numbers is not None else list(range(1, len(entries) + 1))
@@ -175,6 +379,8 @@ def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: 
         progress(f"[{number}/{len(entries)}] {verdict:<5} "
                  f"{progress_bar(len(finished), len(chosen), time.monotonic() - started)}")
         write_index(entries, out_dir, title, sorted(finished))
+        if exitfirst and verdict != "PASS":
+            raise _NotPassed
 
     try:
         if jobs <= 1:
@@ -183,9 +389,26 @@ def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: 
                 after(number)
         else:
             _in_parallel(run, after, chosen, jobs)
+    except _NotPassed:  # every run still going was cancelled and reaped by now
+        raise SweepStopped(sorted(finished), len(chosen)) from None
     except KeyboardInterrupt as exc:  # every run's processes are reaped by now
         raise SweepInterrupted(sorted(finished), len(chosen)) from exc
     return entries
+
+
+class _NotPassed(Exception):
+    """A run's verdict was not PASS, and the sweep stops at the first (-x)."""
+
+
+class SweepStopped(Exception):
+    """A sweep stopped at its first run that did not pass (`exitfirst`, -x): the runs
+    that finished (1-based numbers), for the table and pages, and how many were planned."""
+
+    def __init__(self, finished: list[int], planned: int) -> None:
+        super().__init__(f"stopped at the first row that did not pass (-x): {len(finished)}"
+                         f" of {planned} row(s) run")
+        self.finished = finished
+        self.planned = planned
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -258,23 +481,22 @@ def write_index(entries: list[Entry], out_dir: Path, title: str,
 
 
 def table(entries: list[Entry]) -> str:
+    """One row per run: its name, its verdict and the checks that failed, by the names
+    `--check` takes (the one that names the cause first); under the rows, the checks
+    judged, then each failing check's detail and each ERROR row's reason. Narrow
+    enough for a terminal of 100 columns where the names are."""
     if not entries:
         return "(no run finished)"
-    checks = next((list(e.report.checks) for e in entries if e.report), [])
-    short = {"completes": "completes", "atomic_recovery": "atomic", "bounded_lost_work":
-             "lost_work", "deterministic_resume": "bitwise", "durable_checkpoints": "durable",
-             "no_orphans": "orphans", "sdc_detected": "sdc", "hang_detected": "hang",
-             "no_split_brain": "split", "clean_exit": "exit"}
-    width = max(len(e.name) for e in entries)
-    header = f"{'scenario':<{width}}  " + "  ".join(f"{short.get(c, c):<9}" for c in checks)
-    lines = [header + "  verdict", "-" * (len(header) + 9)]
+    judged: list[str] = []
+    for entry in entries:
+        judged += [c for c in (entry.report.checks if entry.report else ()) if c not in judged]
+    width = max(len("scenario"), *(len(e.name) for e in entries))
+    header = f"{'scenario':<{width}}  verdict  failing checks"
+    lines = [header, "-" * len(header)]
     for e in entries:
-        if e.report is None:
-            lines.append(f"{e.name:<{width}}  " + "could not judge".ljust(11 * len(checks))
-                         + "ERROR")
-            continue
-        marks = "  ".join(f"{MARK[e.report.checks[c]['ok']]:<9}" for c in checks)
-        lines.append(f"{e.name:<{width}}  {marks}  {e.report.verdict.upper()}")
+        verdict = e.report.verdict.upper() if e.report else "ERROR"
+        failing = ", ".join(e.report.failing()) if e.report else ""
+        lines.append(f"{e.name:<{width}}  {verdict:<7}  {failing}".rstrip())
     failing = [(e, n, e.report.checks[n]) for e in entries if e.report
                for n in e.report.failing()]  # per row, the cause first
     for entry, name, check in failing:
@@ -283,6 +505,9 @@ def table(entries: list[Entry]) -> str:
         reason = entry.report.reason if entry.report else entry.error
         if entry.report is None or entry.report.verdict == "error":
             lines.append(f"  {entry.name}: could not judge: {reason or 'no reason recorded'}")
+    if judged:
+        lines += textwrap.wrap(f"checks judged (each where it applies): {', '.join(judged)}",
+                               100, subsequent_indent="  ", break_on_hyphens=False)
     return "\n".join(lines)
 
 

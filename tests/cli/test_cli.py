@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -100,15 +102,61 @@ def test_an_existing_output_directory_is_never_touched(tmp_path):
 
 
 def test_help_explains_fault_specs_and_exit_codes(tmp_path):
+    from torchchaos.faults.registry import all_kinds
+    from torchchaos.judge.registry import BUILTIN
+    from torchchaos.scenario.spec import parse_fault_spec
+
     result = cli("run", "--help", cwd=tmp_path)
     assert result.returncode == 0
     for words in ("kill:rank=1,step=30", "signal=SIGTERM", "phase=checkpoint_save",
                   "exit status", "{run_dir}", "--max-lost-steps"):
         assert words in result.stdout
+    # every fault kind the registry has, with its summary's first words, from the registry
+    kinds = result.stdout[result.stdout.index("fault kinds"):]
+    for name, kind in all_kinds().items():
+        assert re.search(rf"^  {name} +{re.escape(kind.summary[:30])}", kinds, re.M), name
+    # every example spec parses, so the examples cannot drift either
+    examples = re.findall(r"^  ([a-z]+:\S+=\S+)", result.stdout, re.M)
+    assert {spec.partition(":")[0] for spec in examples} == set(all_kinds())
+    for spec in examples:
+        parse_fault_spec(spec)
+    assert all(name in result.stdout for name in BUILTIN)  # --check's names
     assert "kill" in cli("faults", cwd=tmp_path).stdout
     version = cli("--version", cwd=tmp_path)
     assert version.returncode == 0 and version.stdout.startswith("torchchaos 0."), version
     assert "torch 2." in version.stdout
+
+
+@pytest.mark.parametrize("command, groups", [
+    ("run", ["job", "faults", "checks", "output"]),
+    ("battery", ["job", "sweeps", "checks", "output"]),
+    ("crashpoints", ["job", "faults", "sweeps", "checks", "output"]),
+    ("campaign", ["job", "faults", "sweeps", "checks", "output"]),
+    ("search", ["job", "faults", "sweeps", "checks", "output"]),
+    ("doctor", ["job", "checks", "output"]),
+    ("shrink", ["job", "sweeps", "output"]),
+    ("replay", ["job", "output"]),
+    ("node", ["job", "faults", "output"]),
+    ("export", ["cluster", "timing", "output"]),
+])
+def test_every_help_shows_its_options_in_groups(command, groups):
+    """Grouped by what a user looks for, in this order, each option in one (only -h is
+    left under `options`; export's FILE under the positional arguments); SCRIPT and
+    ARGS lead the job group, torchrun's names of the job's shape after them."""
+    from torchchaos.cli.parser import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    parser = sub.choices[command]
+    shown = {g.title: [a.dest for a in g._group_actions] for g in parser._action_groups
+             if g._group_actions}
+    assert list(shown) == [*(["positional arguments"] if command == "export" else []),
+                           "options", *groups]
+    assert shown["options"] == ["help"]
+    text = parser.format_help()
+    assert [line[:-1] for line in text.splitlines() if line[:-1] in groups] == groups
+    if "nproc" in shown.get("job", []):
+        assert shown["job"][:2] == ["script", "args"]
+        assert "--nproc N, --nproc-per-node N" in text
 
 
 def test_a_target_that_crashes_without_faults_cannot_be_judged(tmp_path):

@@ -244,11 +244,14 @@ def test_every_suite_passes_on_the_bundled_target(pytester, shared_cache, marker
         result.assert_outcomes(passed=len(listed_cases(suite)))
 
 
-def test_the_kills_suite_under_pytest_xdist_makes_one_reference_and_one_table(pytester):
-    """`pytest -n 2 --pyargs torchchaos.suites -m chaos_kills`: the workers share the session's
-    reference cache (one reference made, under its lock), the controller shows the
-    table of every worker's runs, and JUnit XML carries each run's properties."""
+def test_the_kills_suite_under_pytest_xdist_makes_one_reference_and_one_table(pytester,
+                                                                             monkeypatch):
+    """`pytest -n 2 --pyargs torchchaos.suites -m chaos_kills`: the workers share the
+    plugin's reference cache (the command line's, $XDG_CACHE_HOME/torchchaos: here a new
+    one; one reference made, under its lock), the controller shows the table of every
+    worker's runs, and JUnit XML carries each run's properties."""
     _pyproject(pytester, f'script = "{TARGET}"\nargs = {json.dumps(STEPS)}')
+    monkeypatch.setenv("XDG_CACHE_HOME", str(pytester.path / "xdg"))
     xml = pytester.path / "kills.xml"
     result = pytester.runpytest_subprocess("--pyargs", "torchchaos.suites", "-m", "chaos_kills",
                                            "-n", "2", "-p", "no:cacheprovider",
@@ -259,7 +262,6 @@ def test_the_kills_suite_under_pytest_xdist_makes_one_reference_and_one_table(py
     rows = [line for line in result.stdout.lines if line.startswith("PASS ")]
     assert len(rows) == len(cases), result.stdout.str()
     assert all(p["chaos_verdict"] == "pass" for p in _properties(xml).values())
-    # one cache, in the session's basetemp (each worker's is a folder in it), one reference
-    (cache,) = pytester.path.rglob("torchchaos-cache")
-    assert not cache.parent.name.startswith("gw")
-    assert len(list(cache.glob("ref-*/"))) == 1
+    # one cache for both workers, where XDG_CACHE_HOME says, with one reference in it
+    assert len(list((pytester.path / "xdg" / "torchchaos").glob("ref-*/"))) == 1
+    assert not list(pytester.path.rglob("torchchaos-cache"))
