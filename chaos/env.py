@@ -20,6 +20,9 @@ FULL_FINGERPRINTS = "TORCHCHAOS_FULL_FINGERPRINTS"
 STOP_AFTER = "TORCHCHAOS_STOP_AFTER"  # a recovered rank stops this many steps after its restore
 STOP_AT_STEP = "TORCHCHAOS_STOP_AT_STEP"  # every rank stops once it finished this step
 RECOVERY = "TORCHCHAOS_RECOVERY"  # "1": the first launch is already a recovery (crash states)
+# a file: a rank waits, warmed up, until it exists before the script's first line runs
+# (a crash state's next recovery starts while the current one runs: harness.gate)
+GATE = "TORCHCHAOS_GATE"
 RECORD_SYNC = "TORCHCHAOS_RECORD_SYNC"  # "1": record the collectives ranks enter (syncwatch)
 AGENT_PID = "TORCHCHAOS_AGENT_PID"  # set by an armed agent; children that inherit it stay inert
 # rank 0 copies what its saves wrote into _chaos/snapshot/ once this save ended (crash

@@ -66,6 +66,7 @@ from torchchaos.explore.crashstates import (
 )
 from torchchaos.explore.extents import Blobs
 from torchchaos.explore.shards import Shard, link_or_copy
+from torchchaos.explore.warm import HeldJob
 from torchchaos.harness.hangwatch import default_timeout
 from torchchaos.harness.reference import Reference, get_reference
 from torchchaos.harness.runner import Job, JobOutcome, Progress
@@ -178,23 +179,40 @@ def _judge_states(base: Scenario, reference: Reference, record: Record,
     bytes) and judge it; into `result` as it goes."""
     numbers = result.numbers
     judged, digests = set(numbers), set()
-    for number, state in enumerate(states_of(record, specs), 1):
-        digests.add(state.digest)  # every shard builds every state: they agree on the count
-        if number not in judged:
-            continue
-        recovery = _matching(result.recoveries, state)
-        if recovery is None:  # named by the first state it served: unique across shards
-            recovery = _recover(scenario, reference, out_dir / "recoveries" / f"{number:03d}",
-                                folder, state, record, progress)
-            result.recoveries.append(recovery)
-        recovery.states += 1
-        result.recovery_of[number] = recovery
-        entry = _judge(base, reference, record, recovery, state, crashes[number - 1],
-                       out_dir / f"{number:03d}")
-        result.entries[number - 1] = entry
-        verdict = entry.report.verdict.upper() if entry.report else "ERROR"
-        progress(f"[{number}/{len(specs)}] {verdict:<5} {entry.name}"
-                 f" ({len(result.recoveries)} recoveries run)")
+
+    def held_for(after: int) -> HeldJob | None:
+        """The next recovery, started now, for a state judged after state `after`. Named
+        by the first state it could serve: unique across shards, which judge apart."""
+        following = numbers[bisect.bisect_right(numbers, after):]
+        return _hold(scenario, reference, out_dir / "recoveries" / f"{following[0]:03d}",
+                     folder, progress) if following else None
+
+    held = held_for(0)
+    try:
+        for number, state in enumerate(states_of(record, specs), 1):
+            digests.add(state.digest)  # every shard builds every state: they agree on the count
+            if number not in judged:
+                continue
+            recovery = _matching(result.recoveries, state)
+            if recovery is None:
+                assert held is not None, "a state to recover with no recovery held for it"
+                running, held = _begin_recovery(held, state, record, progress), None
+                running.wait_started()
+                held = held_for(number)  # warms up while this one runs
+                recovery = _end_recovery(running, folder, state)
+                result.recoveries.append(recovery)
+            recovery.states += 1
+            result.recovery_of[number] = recovery
+            entry = _judge(base, reference, record, recovery, state, crashes[number - 1],
+                           out_dir / f"{number:03d}")
+            result.entries[number - 1] = entry
+            verdict = entry.report.verdict.upper() if entry.report else "ERROR"
+            progress(f"[{number}/{len(specs)}] {verdict:<5} {entry.name}"
+                     f" ({len(result.recoveries)} recoveries run)")
+    finally:
+        if held is not None:  # no state needed it: gone before its script ran
+            held.cancel()
+            shutil.rmtree(held.job.layout.run_dir.parent, ignore_errors=True)
     result.distinct_images = len(digests)
 
 
@@ -342,17 +360,32 @@ def _matching(recoveries: list[Recovery], state: CrashState) -> Recovery | None:
     return None
 
 
-def _recover(scenario: Scenario, reference: Reference, run_dir: Path, folder: str,
-             state: CrashState, record: Record, progress: Progress) -> Recovery:
-    """Start the job on the state's folder image (written once, straight into its run
-    directory) and let it recover."""
-    progress(f"recovery from the folder of: {state.detail}")
+def _hold(scenario: Scenario, reference: Reference, run_dir: Path, folder: str,
+          progress: Progress) -> HeldJob:
+    """A recovery's job started now, held before its script runs until a state is
+    chosen for it (`torchchaos.explore.warm`)."""
     chaos_dir = run_dir / "chaos"
     chaos_dir.mkdir(parents=True)
-    (run_dir / IMAGE_FILE).write_text(json.dumps(describe(state, record.blobs.path)))
-    outcome = Job(scenario, chaos_dir, [], reference.run_dir, progress,
-                  default_timeout(reference.history()), record=folder,
-                  fill=lambda into: materialise(state.image, into / folder, state.order)).run()
+    return HeldJob(lambda gate: Job(scenario, chaos_dir, [], reference.run_dir, progress,
+                                    default_timeout(reference.history()), record=folder,
+                                    gate=gate))
+
+
+def _begin_recovery(held: HeldJob, state: CrashState, record: Record,
+                    progress: Progress) -> HeldJob:
+    """Let the held job recover from the state's folder image (written once, straight
+    into its checkpoint folder)."""
+    progress(f"recovery from the folder of: {state.detail}")
+    chaos_dir = held.job.layout.run_dir
+    (chaos_dir.parent / IMAGE_FILE).write_text(json.dumps(describe(state, record.blobs.path)))
+    held.open(lambda into: materialise(state.image, into, state.order))
+    return held
+
+
+def _end_recovery(running: HeldJob, folder: str, state: CrashState) -> Recovery:
+    """The recovery once it ended, and what it looked at."""
+    outcome = running.outcome()
+    chaos_dir = running.job.layout.run_dir
     history = History.of_run(chaos_dir)
     view = recovery_view(history.of("fs", "fs_read"))
     checkpoints = chaos_dir / folder

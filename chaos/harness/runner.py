@@ -28,6 +28,7 @@ from typing import Any
 from torchchaos import env
 from torchchaos.faults.contract import JobContext, JobResource
 from torchchaos.faults.registry import get_kind
+from torchchaos.harness.gate import Gate, GateError
 from torchchaos.harness.hangwatch import STATE_ORDER, Hang, HangWatch
 from torchchaos.harness.nemesis import Nemesis
 from torchchaos.harness.repeats import COLLATERAL, ERROR_LINE, RepeatWatch
@@ -180,7 +181,7 @@ class Job:
     def __init__(self, scenario: Scenario, run_dir: Path, faults: list[ResolvedFault],
                  reference: Path | None = None, progress: Progress | None = None,
                  hang_timeout: float = 60.0, start_from: Path | None = None,
-                 record: str | None = None, fill: Callable[[Path], None] | None = None) -> None:
+                 record: str | None = None, gate: Gate | None = None) -> None:
         self.scenario = scenario
         self.layout = RunLayout(run_dir)
         self.hangs = HangWatch(self.layout.beats_dir, hang_timeout)
@@ -197,7 +198,12 @@ class Job:
         self.nemesis: Nemesis | None = None
         self.start_from = start_from  # copied into the run dir first (Scenario.start_from)
         self.record = record  # a folder the fault filesystem records (explore.crashstates)
-        self.fill = fill  # writes what the job starts from into the run dir (a crash state)
+        # held before its script starts until the caller says what the recorded folder
+        # holds (a crash state's recovery, started warm: harness.gate)
+        self.gate = gate
+        if gate is not None and (record is None or faults):
+            raise GateError("a job held at a gate records one folder and takes no faults")
+        self._recording: Any = None  # the recording's mounts (storage.FaultFSMounts)
         self._final_step: int | None = None  # the reference's, read once it is asked for
 
     def run(self) -> JobOutcome:
@@ -214,16 +220,20 @@ class Job:
             if self.start_from is not None:  # before a mount moves it into its backing store
                 shutil.copytree(self.start_from, self.layout.run_dir, symlinks=True,
                                 dirs_exist_ok=True)
-            if self.fill is not None:  # the same, written in place (no copy to copy from)
-                self.fill(self.layout.run_dir)
             self.layout.link(self.scenario.links)
             if self.scenario.network_kind == "netns":
                 self.network = Network(self.run_id, self.scenario.nodes).create()
             self._set_up_faults(log)
+            if self.gate is not None:
+                if not self._through_gate():
+                    return outcome  # cancelled before its script started (reaped below)
+                t0 = time.monotonic()  # the recovery starts now: the wait is none of it
+                deadline = t0 + self.scenario.timeout
             for launch in range(self.scenario.max_relaunches + 1):
                 for resource in self.resources:
                     resource.settle()
-                self._start(launch, t0)
+                if launch > 0 or self.gate is None:  # a held launch 0 is running already
+                    self._start(launch, t0)
                 self.hangs.launch_began()
                 log.record("launch", launch=launch, pids=[p.pid for p in self.nodes])
                 codes, ended = self._wait(deadline, log)
@@ -275,6 +285,17 @@ class Job:
             log.close()
         return outcome
 
+    def _through_gate(self) -> bool:
+        """Start launch 0 held at the gate; once the caller decides, write the recorded
+        folder behind the mount and let the ranks go. False: cancelled."""
+        self._start(0, time.monotonic())
+        fill = self.gate.wait(_CANCELLED) if self.gate is not None else None
+        if fill is None:
+            return False
+        fill(self._recording.mounts[0].backing())
+        self.layout.gate_file.touch()
+        return True
+
     def _harness_log(self) -> HistoryWriter:
         """The harness's own stream of the run."""
         return HistoryWriter(self.layout.harness_history, source="harness")
@@ -283,7 +304,8 @@ class Job:
         """Let each fault kind set up what its faults need for the whole job."""
         ctx = JobContext(self.layout.run_dir, self.run_id, self.network, self.store_port)
         if self.record is not None:
-            self.resources.append(get_kind("storage").setup_recording(self.record, ctx))
+            self._recording = get_kind("storage").setup_recording(self.record, ctx)
+            self.resources.append(self._recording)
         for name in dict.fromkeys(f.kind for f in self.faults):
             mine = [f for f in self.faults if f.kind == name]
             ctx.resources[name] = get_kind(name).setup_job(mine, ctx)
@@ -306,6 +328,8 @@ class Job:
 
     def _start(self, launch: int, t0: float) -> None:
         extra = {k: v for r in self.resources for k, v in r.environ.items()}
+        if self.gate is not None and launch == 0:
+            extra[env.GATE] = str(self.layout.gate_file)
         environ = job_environment(self.scenario, self.layout.run_dir, self.run_id, launch, t0,
                                   self.reference, extra)
         port = self.store_port

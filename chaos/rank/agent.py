@@ -656,7 +656,34 @@ def _initialising_optimizer_state() -> bool:
     return False
 
 
+# What a rank held at a gate imports while it waits: torch's DistributedDataParallel
+# imports torch._dynamo when it is made (1.4 s a rank in torch 2.13), and a held rank
+# has the time. Modules only: importing runs none of the script.
+WARM_IMPORTS = ("torch.distributed", "torch._dynamo")
+GATE_POLL_SECONDS = 0.005
+
+
 def boot() -> None:
     """Arm the agent in this process (called from sitecustomize)."""
     os.environ[env.AGENT_PID] = str(os.getpid())
+    gate = os.environ.get(env.GATE)
+    if gate:
+        _wait_at_gate(Path(gate))
     Agent(dict(os.environ)).install()
+
+
+def _wait_at_gate(gate: Path) -> None:
+    """Warm up, then wait for the harness to say go (it writes the folder the job starts
+    from meanwhile); end with the torchrun agent that started this rank."""
+    import importlib
+
+    for name in WARM_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a warm-up only: the script imports what it needs
+            pass
+    parent = os.getppid()
+    while not gate.exists():
+        if os.getppid() != parent:
+            os._exit(1)
+        time.sleep(GATE_POLL_SECONDS)

@@ -34,6 +34,11 @@ class RunLayout:
         return self.chaos_dir / "logs"
 
     @property
+    def gate_file(self) -> Path:
+        """Written when a job held at its gate may start (`torchchaos.harness.gate`)."""
+        return self.chaos_dir / "gate"
+
+    @property
     def tmp_dir(self) -> Path:
         return self.chaos_dir / "tmp"
 

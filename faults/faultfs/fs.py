@@ -166,12 +166,14 @@ class FaultFS(mfusepy.Operations):
     @contextlib.contextmanager
     def _changing(self, path: str) -> Iterator[DurabilityTracker | Untracked]:
         """The tracker to tell about a change to `path`, held for the change; private
-        paths get no model and no lock (a crash's rewind must not stall the harness)."""
+        paths get no model and no lock (a crash's rewind must not stall the harness).
+        A recording mount takes no power loss (Daemon refuses it), so it models nothing:
+        a recovery that overwrites a GB file in place would otherwise copy it first."""
         if self._private(path):
             yield UNTRACKED
             return
         with self.mutex:
-            yield self.tracker
+            yield UNTRACKED if self.recorder is not None else self.tracker
 
     def _gate(self, op: str, path: str) -> Armed | None:
         """Fail fast while down; return the armed fault that hits `op`, after

@@ -72,6 +72,7 @@ class Mount:
         self.record = record.resolve() if record is not None else None  # blob file
         self.socket_path = str(self.state / "control.sock")
         self.daemon: subprocess.Popen[bytes] | None = None
+        self.root_fd: int | None = None
 
     def _inside(self, path: Path) -> Path | None:
         """`path` relative to the mountpoint, or None if it lies outside."""
@@ -100,6 +101,7 @@ class Mount:
         self.state.mkdir(parents=True, exist_ok=True)
         # the daemon serves this folder through this descriptor once the mount hides it
         root_fd = os.open(self.mountpoint, os.O_PATH | os.O_DIRECTORY)
+        self.root_fd = root_fd  # the number the daemon holds it at (see backing())
         try:
             self._spawn(root_fd)
         finally:
@@ -142,6 +144,13 @@ class Mount:
             time.sleep(0.05)
         self.close()
         raise FaultFSError(f"the fault filesystem did not mount within {START_TIMEOUT:g} s")
+
+    def backing(self) -> Path:
+        """The folder under the mount as the daemon holds it, which the mount hides from
+        everyone else: files written there are what the mount serves, unrecorded (a
+        job held at its gate gets the folder it starts from this way)."""
+        assert self.daemon is not None and self.root_fd is not None, "not started"
+        return Path(f"/proc/{self.daemon.pid}/fd/{self.root_fd}")
 
     def _widen_readahead(self) -> None:
         """Sequential reads of a recording mount in requests of up to 1 MiB, not the
