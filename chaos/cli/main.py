@@ -200,8 +200,9 @@ def _merge_searches(searches: list[tuple[Path, dict]], out: Path) -> int:
 def cmd_battery(ns: argparse.Namespace) -> int:
     from torchchaos.engine import prepare_out_dir
     from torchchaos.explore import battery
+    from torchchaos.explore.keywords import Keywords
 
-    keywords = battery.Keywords(ns.keyword) if ns.keyword is not None else None
+    keywords = Keywords(ns.keyword) if ns.keyword is not None else None
     if ns.list:
         return _list_battery(ns, keywords)
     base, out, cache = _battery_base(ns)

@@ -21,6 +21,7 @@ from histories import Timeline
 
 from torchchaos.errors import UsageError
 from torchchaos.explore import battery
+from torchchaos.explore.keywords import Keywords
 from torchchaos.harness import runner
 from torchchaos.report.model import Report
 from torchchaos.rundir.history import History
@@ -54,7 +55,7 @@ NAMES = ["kill rank 0 at step 12", "kill rank 1 at step 12", "kill node 0 at ste
     ("", [0, 1, 2, 3, 4]),  # no expression: every row, as pytest
 ])
 def test_k_selects_rows_by_name_as_pytest_does(expression, chosen):
-    keywords = battery.Keywords(expression)
+    keywords = Keywords(expression)
     assert [i for i, name in enumerate(NAMES) if keywords.selects(name)] == chosen
 
 
@@ -68,18 +69,18 @@ def test_k_selects_rows_by_name_as_pytest_does(expression, chosen):
 ])
 def test_an_expression_that_does_not_parse_is_refused(expression, says):
     with pytest.raises(UsageError, match=re.escape(f"-k {expression!r}: {says}")):
-        battery.Keywords(expression)
+        Keywords(expression)
 
 
 def test_a_number_in_k_may_select_an_outlined_row():
     """Outlined rows have `?` where the reference run puts a number: a word with a
     digit in it may or may not match there (None), one without is known."""
-    keywords = battery.Keywords("step and 12")
+    keywords = Keywords("step and 12")
     assert keywords.selects("kill rank 0 at step ?") is None
     assert keywords.selects("kill rank 0 mid-write in its 2nd save") is False
-    assert battery.Keywords("not 12").selects("kill rank ? at step ?") is None
-    assert battery.Keywords("kill and not node").selects("kill rank ? at step ?") is True
-    assert battery.Keywords("node or 7").selects("kill node 0 at step ?") is True
+    assert Keywords("not 12").selects("kill rank ? at step ?") is None
+    assert Keywords("kill and not node").selects("kill rank ? at step ?") is True
+    assert Keywords("node or 7").selects("kill node 0 at step ?") is True
 
 
 def _reference(*saves: list[tuple[str, str]]) -> History:
