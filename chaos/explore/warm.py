@@ -46,8 +46,7 @@ class HeldJob:
         slow both, on a machine whose cores the start-ups fill."""
         world = self.job.scenario.world_size
         beats = self.job.layout.beats_dir
-        while self._thread.is_alive() and len(list(beats.glob("rank-*.json"))) < world:
-            self._thread.join(STARTED_POLL_SECONDS)
+        self._join(until=lambda: len(list(beats.glob("rank-*.json"))) >= world)
 
     def outcome(self) -> JobOutcome:
         """Wait until the opened job ended."""
@@ -62,10 +61,11 @@ class HeldJob:
         self.gate.cancel()
         self._join()
 
-    def _join(self) -> None:
+    def _join(self, until: Callable[[], bool] = lambda: False) -> None:
+        """Wait until the job's thread ended, or `until()` holds."""
         try:
-            while self._thread.is_alive():
-                self._thread.join(0.1)
+            while self._thread.is_alive() and not until():
+                self._thread.join(STARTED_POLL_SECONDS)
         except BaseException:  # Ctrl-C here: the job stops, heals and reaps in its thread
             runner.cancel_all()
             self._thread.join()
