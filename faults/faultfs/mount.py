@@ -128,7 +128,7 @@ class Mount:
                                                 **lifeline.lock_env()})
         rel = self._inside(self.state)
         if rel is not None:  # under the mount: only the daemon's descriptor reaches it
-            self.socket_path = f"/proc/{self.daemon.pid}/fd/{root_fd}/{rel}/control.sock"
+            self.socket_path = str(self.backing() / rel / "control.sock")
 
     def _wait_mounted(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
