@@ -44,7 +44,8 @@ from typing import Any
 from torchchaos.faults.faultfs import client
 from torchchaos.faults.faultfs.armed import Armed, ArmedFaults
 from torchchaos.faults.faultfs.durability import DurabilityTracker
-from torchchaos.faults.faultfs.fs import FaultFS, Recorder
+from torchchaos.faults.faultfs.fs import FaultFS
+from torchchaos.faults.faultfs.recording import Recorder
 from torchchaos.faults.filebits import flip_file_bits, newest_big_file, seeded_bit_offsets
 from torchchaos.host import procs
 from torchchaos.rundir.history import HistoryWriter

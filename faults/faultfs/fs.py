@@ -38,6 +38,7 @@ import mfusepy
 
 from torchchaos.faults.faultfs.armed import ERRNO_MODES, Armed, ArmedFaults
 from torchchaos.faults.faultfs.durability import DurabilityTracker
+from torchchaos.faults.faultfs.recording import Recorder
 from torchchaos.rundir.history import HistoryWriter
 
 Crash = Callable[[Armed], None]  # start a crash of the job (runs in another thread)
@@ -81,27 +82,6 @@ class Untracked:
 UNTRACKED = Untracked()
 
 
-class Recorder:
-    """Recording mode: keeps the bytes of every write (appended to one blob file; the
-    `fs` event names their place) and notes each time the job looked at a path
-    (`fs_read`: stat, list or read), so that a crash state can be rebuilt from the
-    history and a recovery's view of the folder told apart from another's."""
-
-    def __init__(self, blobs: Path) -> None:
-        self.blobs = open(blobs, "ab")  # noqa: SIM115 - open for the mount's life
-        self.lock = threading.Lock()
-
-    def keep(self, data: bytes) -> list[int]:
-        with self.lock:
-            offset = self.blobs.tell()
-            self.blobs.write(data)
-            self.blobs.flush()
-        return [offset, len(data)]
-
-    def looked_at(self, op: str, path: str, log: HistoryWriter, pid: int) -> None:
-        log.record("fs_read", op=op, path=path, pid=pid)
-
-
 def _tgid(tid: int) -> int:
     """The process a thread belongs to (FUSE names the calling thread)."""
     try:
@@ -143,8 +123,12 @@ class FaultFS(mfusepy.Operations):
             # faults (Daemon refuses them), and every change to its files passes through
             # here: the kernel may keep their contents across opens, so a recovery that
             # hashes a GB checkpoint and then loads it reads it from the daemon once.
-            # Fault mounts keep it off: a power loss changes files under the kernel.
-            config.kernel_cache = 1
+            # Not `kernel_cache`: this path-based filesystem gives each name of a file its
+            # own kernel inode, and a write through a hard link must show through the
+            # other names: `auto_cache` drops the cache at an open that sees the size or
+            # mtime changed. Fault mounts cache nothing: a power loss changes files
+            # under the kernel.
+            config.auto_cache = 1
 
     # -- helpers -------------------------------------------------------------
     def _real(self, path: str) -> Path:
@@ -158,6 +142,10 @@ class FaultFS(mfusepy.Operations):
 
     def _private(self, path: str) -> bool:
         return path.lstrip("/").split("/", 1)[0] in self.private
+
+    def _recording(self, path: str) -> bool:
+        """Does this mount keep `path`'s written bytes in its blob file (`recording`)?"""
+        return self.recorder is not None and not self._private(path)
 
     def _same_side(self, old: str, new: str) -> None:
         if self._private(old) != self._private(new):
@@ -267,6 +255,8 @@ class FaultFS(mfusepy.Operations):
             if flags & os.O_TRUNC:
                 tracker.before_data_change(real)
             fd = os.open(real, flags)
+        if flags & os.O_TRUNC and self._recording(path):
+            self.recorder.truncated(os.fstat(fd).st_ino, 0)
         if writing:
             self._record("open", path, trunc=bool(flags & os.O_TRUNC),
                          excl=bool(flags & os.O_EXCL))
@@ -282,12 +272,19 @@ class FaultFS(mfusepy.Operations):
             fd = os.open(real, flags | os.O_CREAT, mode)
             if not existed:
                 tracker.created(real)
+        if self._recording(path):
+            if not existed:
+                self.recorder.created(os.fstat(fd).st_ino)
+            elif flags & os.O_TRUNC:
+                self.recorder.truncated(os.fstat(fd).st_ino, 0)
         self._record("create", path, trunc=bool(existed and flags & os.O_TRUNC),
                      excl=bool(flags & os.O_EXCL))
         return fd
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         self._gate("read", path)
+        if self._recording(path):
+            return self.recorder.read(fh, size, offset)
         return os.pread(fh, size, offset)
 
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
@@ -301,8 +298,11 @@ class FaultFS(mfusepy.Operations):
                 self.down.set()  # nothing else reaches the disk: the machine is going down
                 self.crash(fault)
                 raise mfusepy.FuseOSError(errno.EIO)
-            written = os.pwrite(fh, data, offset)
-        blob = self.recorder.keep(data[:written]) if self.recorder is not None else None
+            if self._recording(path):  # the bytes go to the blob file only
+                blob = self.recorder.write(fh, data, offset)
+                written = len(data)
+            else:
+                blob, written = None, os.pwrite(fh, data, offset)
         self._record("write", path, offset=offset, size=written,
                      **({"blob": blob} if blob is not None else {}))
         return written
@@ -313,6 +313,8 @@ class FaultFS(mfusepy.Operations):
             target: int | Path = fh if fh is not None else self._real(path)
             tracker.before_data_change(target)
             os.truncate(target, length)
+            if self._recording(path):
+                self.recorder.truncated(os.stat(target).st_ino, length)
         self._record("truncate", path, length=length)
         return 0
 
