@@ -44,9 +44,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from torchchaos.explore.extents import Blobs, Content
+from torchchaos.explore.extents import ZERO, Blobs, Content
 from torchchaos.rundir.history import Event
+
+if TYPE_CHECKING:
+    from torchchaos.faults.faultfs.mount import Mount
 
 # what a restarted job finds at a relative path: ("dir",), ("file", Content), ("link", target)
 ImageEntry = tuple
@@ -606,9 +610,7 @@ def view_key(image: Image, view: View) -> str:
 
 def materialise(image: Image, into: Path, order: dict[str, int] | None = None) -> None:
     """Write the image under `into` (created): each file copied from the blob file in
-    the kernel, once. Paths in `order` get modification times in that order, 1 ms
-    apart and in the past (a resume that takes the newest file by mtime finds what it
-    would after the crash); the others are older still."""
+    the kernel, once. Paths in `order` get modification times in that order (`_stamp`)."""
     into.mkdir(parents=True, exist_ok=True)
     for path, entry in sorted(image.items()):
         target = into / path
@@ -618,7 +620,51 @@ def materialise(image: Image, into: Path, order: dict[str, int] | None = None) -
             os.symlink(entry[1], target)
         else:
             entry[1].write_to(target)
-    order = order or {}
+    _stamp(image, into, order or {})
+
+
+def lay(image: Image, mount: Mount, blobs: Path, order: dict[str, int] | None = None) -> None:
+    """Lay the image out under a recording mount with no copy of its bytes: folders,
+    links and files of the right size (holes) behind the mount, then the daemon lays
+    each file's extents of the recording's blob file `blobs` over it
+    (`torchchaos.faults.faultfs.recording`). A recovery from a state of a GB checkpoint
+    reads it from the recording, as a copy would have been read."""
+    into = mount.backing()
+    files: dict[str, list[list[int]]] = {}
+    for path, entry in sorted(image.items()):
+        target = into / path
+        if entry[0] == "dir":
+            target.mkdir(exist_ok=True)
+        elif entry[0] == "link":
+            os.symlink(entry[1], target)
+        else:
+            os.truncate(_created(target), entry[1].size)
+            files[path] = _pieces(entry[1])
+    _stamp(image, into, order or {})
+    answer = mount.request({"cmd": "lay", "blobs": str(blobs), "files": files})
+    if not answer.get("ok"):
+        raise OSError(f"the recovery's mount would not lay out the state: {answer}")
+
+
+def _created(path: Path) -> Path:
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    return path
+
+
+def _pieces(content: Content) -> list[list[int]]:
+    """[offset in the file, length, offset in the blob file] of each extent with bytes."""
+    pieces, at = [], 0
+    for offset, length in content.extents():
+        if offset != ZERO:
+            pieces.append([at, length, offset])
+        at += length
+    return pieces
+
+
+def _stamp(image: Image, into: Path, order: dict[str, int]) -> None:
+    """Modification times: paths in `order` in that order, 1 ms apart and in the past (a
+    resume that takes the newest file by mtime finds what it would after the crash);
+    the others older still."""
     now = time.time_ns()
     last = max(order.values(), default=0)
     for path in sorted(image, key=lambda p: -p.count("/")):  # a folder after its entries

@@ -13,6 +13,8 @@
    a state's files are extents of the recording's blob file, never its bytes.
 3. **Recover once per view.** A state's recovery is a fresh start of the job
    on its folder image (what a restart finds), `--steps-after-resume` steps,
+   the image laid out under the recovery's recording mount with no copy of its
+   bytes (the daemon reads them from the recording's blob file),
    with the recording filesystem noting what the recovery looked at. A later
    state whose image shows the same things at those paths (same names, same
    bytes) recovers the same way: its recovery is not run again.
@@ -22,8 +24,8 @@
    pass gets a replay file with the nearest chaos-run fault (its rank's last file
    event before the crash), and its report lists the save's operations up to it;
    the recovery's folder keeps what rebuilds the image it started from
-   (`image.json`: `python -m torchchaos.explore.crashstates image.json DIR`), not the
-   checkpoint folder itself (GBs per recovery), which goes once it ended.
+   (`image.json`: `python -m torchchaos.explore.crashstates image.json DIR`): its
+   checkpoint folder holds only sizes, and goes once it ended.
 
 A recovery that dies is restarted once (`--max-restarts 1`, no relaunch): the
 same resume dying the same way twice is a certain failure; waiting for every
@@ -58,7 +60,7 @@ from torchchaos.explore.crashstates import (
     build_states,
     coverage,
     describe,
-    materialise,
+    lay,
     plan_states,
     recovery_view,
     sample_specs,
@@ -385,12 +387,12 @@ def _hold(scenario: Scenario, reference: Reference, run_dir: Path, folder: str,
 
 def _begin_recovery(held: HeldJob, state: CrashState, record: Record,
                     progress: Progress) -> HeldJob:
-    """Let the held job recover from the state's folder image (written once, straight
-    into its checkpoint folder)."""
+    """Let the held job recover from the state's folder image (laid out under its
+    recording mount: `crashstates.lay`)."""
     progress(f"recovery from the folder of: {state.detail}")
     chaos_dir = held.job.layout.run_dir
     (chaos_dir.parent / IMAGE_FILE).write_text(json.dumps(describe(state, record.blobs.path)))
-    held.open(lambda into: materialise(state.image, into, state.order))
+    held.open(lambda mount: lay(state.image, mount, record.blobs.path, state.order))
     return held
 
 
@@ -402,7 +404,8 @@ def _end_recovery(running: HeldJob, folder: str, state: CrashState) -> Recovery:
     view = recovery_view(history.of("fs", "fs_read"))
     checkpoints = chaos_dir / folder
     if folder != "." and checkpoints.is_dir() and not checkpoints.is_symlink():
-        # a copy of GBs per recovery; IMAGE_FILE rebuilds what it started from
+        # sizes and holes (the bytes were the recording's and the recovery's blob
+        # files'); IMAGE_FILE rebuilds what it started from
         shutil.rmtree(checkpoints)
     return Recovery(chaos_dir, outcome, history, view, view_key(state.image, view))
 

@@ -1,7 +1,7 @@
 """A file's content in a crash state, as pieces of the recording's blob file.
 
 The recording filesystem appends the bytes of every write to one blob file
-(`faults/faultfs/fs.py`, `Recorder`). A file as a crash left it is therefore a
+(`faults/faultfs/recording.py`, `Recorder`). A file as a crash left it is therefore a
 list of extents: (offset in the blob file, length), or (ZERO, length) for a
 hole, never a copy of the bytes. Checkpoints are hundreds of MB to GB per rank
 and a save has thousands of crash states: every state refers to the same blob

@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torchchaos.errors import ChaosError
 
-Fill = Callable[[Path], None]  # writes the folder a job starts from, given where it lies
+if TYPE_CHECKING:
+    from torchchaos.faults.faultfs.mount import Mount
+
+# lays out the folder a job starts from, given the recording mount over it: files written
+# behind it (`Mount.backing()`), or extents of a recording laid over them (`Mount.request`)
+Fill = Callable[["Mount"], None]
 
 
 class Gate:

@@ -292,7 +292,7 @@ class Job:
         fill = self.gate.wait(_CANCELLED) if self.gate is not None else None
         if fill is None:
             return False
-        fill(self._recording.mounts[0].backing())
+        fill(self._recording.mounts[0])
         self.layout.gate_file.touch()
         return True
 

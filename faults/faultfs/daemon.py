@@ -18,6 +18,9 @@ state folder, one JSON object per line:
 - `{"cmd": "bitrot", "file": GLOB, "seed": N, "bits": N, "crash": bool}`:
   flip bits in a committed file, or in any file where none is committed (then
   crash, so the job must read it back);
+- `{"cmd": "lay", "blobs": PATH, "files": {PATH: [[offset, length, blob offset],
+  ...]}}`: a recording mount only: serve those files' bytes from that blob file
+  (a crash state's recovery, `torchchaos.explore.crashstates.lay`);
 - `{"cmd": "settle"}`: answers once no crash is in progress;
 - `{"cmd": "ping"}`.
 
@@ -89,6 +92,8 @@ class Daemon:
                               str(request.get("fault_id", "")))
         if cmd == "bitrot":
             return self.bitrot(request)
+        if cmd == "lay":
+            return self.lay(request)
         return {"ok": False, "error": f"unknown command {cmd!r}"}
 
     def crash(self, lose_unsynced: bool, pids: list[int] | None = None,
@@ -107,6 +112,16 @@ class Daemon:
         self.log.record("fs_crash", lose_unsynced=lose_unsynced, killed=killed,
                         fault=fault_id, **dropped)
         return {"ok": True, "killed": killed, **dropped}
+
+    def lay(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Lay extents of a recording's blob file over files already there (sized, holes):
+        a crash state's image served with no copy of it (`Recorder.lay`)."""
+        if self.fs.recorder is None:
+            return {"ok": False, "error": "only a recording mount lays out an image"}
+        files = {os.stat(self.root / path).st_ino: [tuple(piece) for piece in pieces]
+                 for path, pieces in request["files"].items()}
+        self.fs.recorder.lay(Path(request["blobs"]), files)
+        return {"ok": True, "files": len(files)}
 
     def _crash_later(self, fault: Armed) -> None:
         threading.Thread(target=self.crash, args=(False, None, fault.fault_id),

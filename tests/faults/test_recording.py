@@ -12,6 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from torchchaos.explore.crashstates import lay
+from torchchaos.explore.extents import Blobs, Content
 from torchchaos.faults.faultfs.mount import Mount, unavailable_reason
 from torchchaos.faults.faultfs.recording import Extents
 from torchchaos.host.mounts import mounts_under
@@ -113,3 +115,45 @@ def test_files_under_a_recording_mount_read_as_written_and_their_bytes_are_kept_
         assert (backing / name).stat().st_size == len(content)
         assert (backing / name).stat().st_blocks == 0, name
     assert blobs.stat().st_size == written
+
+
+@needs_fuse
+def test_a_crash_state_is_laid_out_under_a_recovery_mount_with_no_copy_of_its_bytes(
+        tmp_path: Path):
+    """A recovery's folder: the state's files read as the state has them (extents of the
+    recording's blob file, a hole, a write at the end), with the state's order of
+    modification times, and a write by the recovery shows over them; the backing files
+    hold none of those bytes."""
+    rng = random.Random(7)
+    recording = tmp_path / "recording.blobs"
+    recorded = rng.randbytes(5 << 20)
+    recording.write_bytes(recorded)
+    blobs = Blobs(recording)
+    # a file of two writes, the second over the first's middle, a hole, then more at the end
+    model = Content.empty(blobs).write(0, 0, 2 << 20).write(1 << 20, 3 << 20, 4096)
+    model = model.truncate((3 << 20) + 10).write((3 << 20) + 10, 100, 777)
+    expected = bytearray(recorded[:2 << 20])
+    expected[1 << 20:(1 << 20) + 4096] = recorded[3 << 20:(3 << 20) + 4096]
+    expected += bytes((3 << 20) + 10 - len(expected)) + recorded[100:877]
+    image = {"ckpt": ("dir",), "ckpt/model.pt": ("file", model),
+             "ckpt/old.pt": ("file", Content.empty(blobs).write(0, 5, 10)),
+             "latest": ("link", "ckpt/model.pt")}
+    mount = Mount(tmp_path / "mnt", tmp_path / "state", tmp_path / "fs.jsonl",
+                  record=tmp_path / "own.blobs").start()
+    try:
+        lay(image, mount, recording, order={"ckpt/old.pt": 0, "ckpt/model.pt": 1})
+        root = mount.mountpoint
+        assert (root / "ckpt" / "model.pt").read_bytes() == bytes(expected)
+        assert (root / "latest").read_bytes() == bytes(expected)
+        assert (root / "ckpt" / "old.pt").read_bytes() == recorded[5:15]
+        newest = max((root / "ckpt").iterdir(), key=lambda p: p.stat().st_mtime_ns)
+        assert newest.name == "model.pt"
+        with open(root / "ckpt" / "old.pt", "r+b") as f:  # the recovery writes over it
+            f.seek(4)
+            f.write(b"RECOVERED")
+        assert (root / "ckpt" / "old.pt").read_bytes() == recorded[5:9] + b"RECOVERED"
+    finally:
+        mount.close()
+        assert mounts_under(tmp_path) == []
+    for name in ("model.pt", "old.pt"):
+        assert (tmp_path / "mnt" / "ckpt" / name).stat().st_blocks == 0, name

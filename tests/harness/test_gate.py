@@ -75,7 +75,7 @@ def test_a_held_job_runs_its_script_only_once_the_gate_opens(held: HeldJob) -> N
     _wait_until_held(run_dir)
     assert History.of_run(run_dir).of("boot") == []  # held: nothing of the script ran
     opened, opened_clock = time.time(), time.monotonic()  # histories use the monotonic clock
-    held.open(lambda folder: (folder / "given.txt").write_text("the chosen state"))
+    held.open(lambda mount: (mount.backing() / "given.txt").write_text("the chosen state"))
     outcome = held.outcome()
     assert outcome.completed, outcome
     logs = "".join(p.read_text() for p in held.job.layout.logs_dir.glob("*.log"))
