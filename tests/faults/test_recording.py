@@ -107,6 +107,8 @@ def test_files_under_a_recording_mount_read_as_written_and_their_bytes_are_kept_
             for each, content in model.items():
                 assert (root / each).read_bytes() == bytes(content), (step, action, each)
         assert sorted(os.listdir(root)) == sorted(model)
+        for name, content in model.items():  # not sparse to whoever looks: bytes are there
+            assert (root / name).stat().st_blocks * 512 >= len(content), name
     finally:
         mount.close()
         assert mounts_under(tmp_path) == []
