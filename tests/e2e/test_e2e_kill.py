@@ -155,7 +155,8 @@ def test_two_nodes_still_catch_a_resume_bug(chaos_run):
 def test_kill_at_a_time(chaos_run):
     """The time trigger counts from the harness's start: 10 s of training and a kill at
     9 s land mid-run whether start-up takes 2 s (a quiet machine; with 3 s of training
-    and a kill at 6 s the job was done before it fired) or 8 s (a loaded one)."""
+    and a kill at 6 s the job was done before it fired) or 8 s (a loaded one). Its
+    reference is test_cli.py's interrupted run's too."""
     report = chaos_run(TARGET, faults=["kill:rank=1,time=9"],
                        args=["--steps", "25", "--step-sleep", "0.4"], expect="pass")
     assert 1 <= report.faults[0]["fired_step"] < 30

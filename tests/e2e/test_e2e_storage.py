@@ -34,10 +34,12 @@ CORRECT = {
 }
 
 
-# crash points (tests/explore/test_crashpoints.py) and the battery cover the other power losses;
-# tests/faults/test_faultfs.py every errno fault on real files
+# crash points (tests/explore/test_crashpoints.py) and the battery cover the other power losses
+# (the battery's test, tests/cli/test_cli.py, runs "after rename, before dir fsync" as is, and
+# checks its durability); tests/faults/test_faultfs.py every errno fault on real files
 @pytest.mark.parametrize("fault", cases(CORRECT, slow=frozenset({
-    "power loss after manifest rename", "power loss after a finished save", "EIO on fsync"})))
+    "power loss after rename, before dir fsync", "power loss after manifest rename",
+    "power loss after a finished save", "EIO on fsync"})))
 def test_reference_target_survives_every_storage_fault(chaos_run, fault):
     report = chaos_run(TARGET, faults=[fault], args=STEPS, expect="pass")
     assert report.restarts >= 1 and report.faults[0]["fired"], report.table()

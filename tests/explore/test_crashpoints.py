@@ -72,17 +72,18 @@ def test_sampling_is_capped_seeded_and_keeps_order():
 
 
 @pytest.mark.skipif(bool(unavailable_reason()), reason=unavailable_reason())
-def test_capped_enumeration_finds_the_missing_fsync(tmp_path):
+def test_capped_enumeration_finds_the_missing_fsync(tmp_path, shared_cache):
     """Save 2 of the target without fsyncs: 6 file events, 12 points in two modes, a
     seeded sample of one each. A power loss in save 2 takes save 1 with it, though
     training had moved on from it. A kill keeps the page cache, so it passes; it
     starts from the reference's copy of the checkpoints after save 1 (step 5), the
-    power loss from step 0 (a copy cannot say what was fsynced)."""
+    power loss from step 0 (a copy cannot say what was fsynced). The reference is the
+    session's (the crash states test below, the doctor's and the storage tests' too)."""
     out = tmp_path / "points"
     done = subprocess.run(
         [sys.executable, "-m", "torchchaos.cli", "crashpoints", "--per-point", "--mode",
          "lose_unsynced", "--mode", "kill", "--cap", "2", "--seed", "1", "--out", str(out),
-         "--cache-dir", str(tmp_path / "c"), "--", str(TARGET), "--steps", "20",
+         "--cache-dir", str(shared_cache), "--", str(TARGET), "--steps", "20",
          "--ckpt-every", "5", "--bug", "no_fsync"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -131,14 +132,15 @@ def test_a_snapshot_that_records_its_own_folder_is_not_started_from(tmp_path):
     assert _holds_path(snapshot.parent, run) == "ckpt/last.ckpt"
 
 
-def _crash_states(tmp_path: Path, *job: str, mode: tuple[str, ...] | list[str] = (),
-                  cap: int | None = None) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def _crash_states(tmp_path: Path, cache: Path, *job: str,
+                  mode: tuple[str, ...] | list[str] = (), cap: int | None = None
+                  ) -> tuple[subprocess.CompletedProcess, list[dict]]:
     tmp_path.mkdir(exist_ok=True)
     out = tmp_path / "states"
     narrow = [*(a for m in mode for a in ("--mode", m)), *(["--cap", str(cap)] if cap else [])]
     done = subprocess.run(
         [sys.executable, "-m", "torchchaos.cli", "crashpoints", *narrow, "--out", str(out),
-         "--cache-dir", str(tmp_path / "c"), "--", str(TARGET), "--steps", "20",
+         "--cache-dir", str(cache), "--", str(TARGET), "--steps", "20",
          "--ckpt-every", "5", *job],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -146,24 +148,28 @@ def _crash_states(tmp_path: Path, *job: str, mode: tuple[str, ...] | list[str] =
 
 
 @pytest.mark.skipif(bool(unavailable_reason()), reason=unavailable_reason())
-def test_crash_states_catch_the_missing_fsync_and_the_in_place_write(tmp_path):
+def test_crash_states_catch_the_missing_fsync_and_the_in_place_write(tmp_path, shared_cache):
     """The planted bugs the per-point mode catches (test_capped_enumeration_finds_the_
     missing_fsync, the battery's in-place rows), caught from recordings: without fsync a
     power loss takes the finished checkpoint of step 5 (kills pass: the page cache
-    keeps it); written in place, a torn write leaves no checkpoint to resume."""
-    # 24 of its ~2000 states, seeded: 3 in 4 fail (the power losses), kills pass
-    done, reports = _crash_states(tmp_path / "a", "--bug", "no_fsync",
-                                  mode=["kill", "lose_unsynced"], cap=24)
+    keeps it); written in place, a torn write leaves no checkpoint to resume. The
+    references (and recordings) are the session's: the doctor's and the storage tests'
+    jobs are these."""
+    # 6 of its ~2000 states, seeded, the modes taking turns: 3 kills at cuts across the
+    # save (they pass) and 3 power losses of everything pending (they fail); 2 recoveries
+    done, reports = _crash_states(tmp_path / "a", shared_cache, "--bug", "no_fsync",
+                                  mode=["kill", "lose_unsynced"], cap=6)
     assert done.returncode == 1, done.stdout + done.stderr
     durable = [r for r in reports if r["checks"]["durable_checkpoints"]["ok"] is False]
     assert durable and all(r["crash_state"].startswith("power loss") for r in durable)
-    assert all(r["verdict"] == "pass" for r in reports if r["crash_state"].startswith("kill"))
+    kills = [r for r in reports if r["crash_state"].startswith("kill")]
+    assert kills and all(r["verdict"] == "pass" for r in kills), done.stdout
     assert "lose_unsynced" in durable[0]["faults"][0]["spec"]
     replay = Path(durable[0]["replay"])  # the nearest chaos run, for `torchchaos replay`
     assert replay.is_file() and "lose_unsynced" in replay.read_text()
     # every torn write of the in-place file leaves a cut checkpoint: 3 of them suffice
-    done, reports = _crash_states(tmp_path / "b", "--bug", "write_in_place", mode=["torn"],
-                                  cap=3)
+    done, reports = _crash_states(tmp_path / "b", shared_cache, "--bug", "write_in_place",
+                                  mode=["torn"], cap=3)
     assert done.returncode == 1, done.stdout + done.stderr
     assert len(reports) == 3 and all(r["verdict"] == "fail" for r in reports), done.stdout
     atomic = [r["checks"]["atomic_recovery"] for r in reports]

@@ -174,15 +174,15 @@ def test_a_merged_campaign_equals_the_unsharded_one(tmp_path, shared_cache) -> N
 
 
 @pytest.mark.skipif(bool(unavailable_reason()), reason=unavailable_reason())
-def test_merged_crash_states_equal_the_unsharded_sweep(tmp_path) -> None:
+def test_merged_crash_states_equal_the_unsharded_sweep(tmp_path, shared_cache) -> None:
     """Every kill, torn and power-loss state of save 2 of the bundled target, judged from
     one recording: dozens of states, a handful of recoveries (the resume reads the
     manifest and the step file it names; most states show it the same), all pass. Then
     the same as 2 shards on one cache (one recording) merged: the same table, grouped by
     recovery as one sweep groups it although the shards ran their own, the same
-    index.html and JUnit XML."""
+    index.html and JUnit XML. The reference is the battery's (the session's cache)."""
     job = ["--", str(REPO / "targets" / "ddp_lm.py"), "--steps", "20", "--ckpt-every", "5"]
-    common = ["crashpoints", "--quiet", "--cache-dir", str(tmp_path / "cache")]
+    common = ["crashpoints", "--quiet", "--cache-dir", str(shared_cache)]
     whole = _cli(*common, "--out", str(tmp_path / "whole"), "--junitxml",
                  str(tmp_path / "whole.xml"), *job, cwd=tmp_path)
     assert whole.returncode == 0, whole.stdout + whole.stderr

@@ -146,13 +146,15 @@ def _properties(xml: Path) -> dict[str, dict[str, str]]:
             for case in cases}
 
 
-def test_a_case_passes_on_the_bundled_target_and_fails_with_a_planted_bug(pytester, shared_cache):
-    """Two chaos runs; the references are those of the kill and plugin tests."""
+def test_a_case_fails_once_a_recovery_bug_is_planted(pytester, shared_cache):
+    """One chaos run; the reference is that of the kill and plugin tests. The same case
+    passes on the bundled target in the pytest-xdist test below, with its JUnit XML."""
     _pyproject(pytester, f'script = "{TARGET}"\nargs = {json.dumps(STEPS)}')
     common = ["--pyargs", "torchchaos.suites", "-k", "test_kill and last", "-p", "no:cacheprovider",
               f"--chaos-cache-dir={shared_cache}", f"--chaos-dir={pytester.path / 'runs'}"]
-    good = pytester.runpytest_subprocess(*common, f"--junitxml={pytester.path / 'good.xml'}")
-    good.assert_outcomes(passed=1)
+    # an earlier session's run of the case, kept in --chaos-dir: this one takes the next name
+    earlier = pytester.path / "runs" / "test_kills.py_test_kill_kill_last_rank_mid-interval_-0"
+    (earlier / "chaos").mkdir(parents=True)
     bad = pytester.runpytest_subprocess(*common, f"--junitxml={pytester.path / 'bad.xml'}",
                                         f"--chaos-args={' '.join(STEPS)} --bug skip_optim")
     bad.assert_outcomes(failed=1)
@@ -167,7 +169,6 @@ def test_a_case_passes_on_the_bundled_target_and_fails_with_a_planted_bug(pytest
         "               *test_kill_kill_last_rank_mid-interval_-1",
     ])
     case = "test_kill[kill last rank mid-interval]"
-    assert _properties(pytester.path / "good.xml")[case]["chaos_verdict"] == "pass"
     props = _properties(pytester.path / "bad.xml")[case]
     assert props["chaos_verdict"] == "fail"
     assert props["chaos_check_deterministic_resume"] == "FAIL"
@@ -177,6 +178,8 @@ def test_a_case_passes_on_the_bundled_target_and_fails_with_a_planted_bug(pytest
     command, replay = props["chaos_replay"].split(" replay ")
     assert command == "torchchaos" and Path(replay).is_file()
     assert "kill:rank=1,step=12" in Path(replay).read_text()
+    assert Path(props["chaos_run_dir"]).parent.name.endswith("_-1")
+    assert list(earlier.iterdir()) == [earlier / "chaos"]  # left as it was
 
 
 INCIDENT = f"""\
@@ -246,22 +249,33 @@ def test_every_suite_passes_on_the_bundled_target(pytester, shared_cache, marker
 
 def test_the_kills_suite_under_pytest_xdist_makes_one_reference_and_one_table(pytester,
                                                                              monkeypatch):
-    """`pytest -n 2 --pyargs torchchaos.suites -m chaos_kills`: the workers share the
-    plugin's reference cache (the command line's, $XDG_CACHE_HOME/torchchaos: here a new
-    one; one reference made, under its lock), the controller shows the table of every
-    worker's runs, and JUnit XML carries each run's properties."""
+    """`pytest -n 2 --pyargs torchchaos.suites -m chaos_kills -k ...`: the workers share
+    the plugin's reference cache (the command line's, $XDG_CACHE_HOME/torchchaos: here a
+    new one; one reference made, under its lock), the controller shows the table of every
+    worker's runs, and JUnit XML carries each run's properties. Two cases, so that each
+    worker runs one (xdist deals fewer tests than 2 per worker round robin) and both ask
+    for the reference at once. That a case passes on the bundled target is shown here
+    (the planted bug's test below runs the last rank's case too); every kill of the suite
+    passing on it is the battery's test (tests/cli/test_cli.py: the same faults, same job)."""
     _pyproject(pytester, f'script = "{TARGET}"\nargs = {json.dumps(STEPS)}')
     monkeypatch.setenv("XDG_CACHE_HOME", str(pytester.path / "xdg"))
     xml = pytester.path / "kills.xml"
     result = pytester.runpytest_subprocess("--pyargs", "torchchaos.suites", "-m", "chaos_kills",
-                                           "-n", "2", "-p", "no:cacheprovider",
-                                           f"--junitxml={xml}")
-    cases = listed_cases("kills")
+                                           "-k", "mid-interval and not node", "-n", "2", "-v",
+                                           "-p", "no:cacheprovider", f"--junitxml={xml}")
+    cases = ["kill rank 0 mid-interval", "kill last rank mid-interval"]
+    assert set(cases) < set(listed_cases("kills"))
     result.assert_outcomes(passed=len(cases))
     result.stdout.fnmatch_lines(["*torchchaos verdicts*", "verdict  lost  test*"])
     rows = [line for line in result.stdout.lines if line.startswith("PASS ")]
     assert len(rows) == len(cases), result.stdout.str()
+    assert all(any(case in row for row in rows) for case in cases), result.stdout.str()
+    # each worker ran one of them: the table is the controller's, of both workers' runs
+    workers = {line.split()[0] for line in result.stdout.lines
+               if re.match(r"\[gw[01]\] .*PASSED", line)}
+    assert workers == {"[gw0]", "[gw1]"}, result.stdout.str()
     assert all(p["chaos_verdict"] == "pass" for p in _properties(xml).values())
+    assert len(_properties(xml)) == len(cases)
     # one cache for both workers, where XDG_CACHE_HOME says, with one reference in it
     assert len(list((pytester.path / "xdg" / "torchchaos").glob("ref-*/"))) == 1
     assert not list(pytester.path.rglob("torchchaos-cache"))

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -98,7 +99,14 @@ def _half(text: str) -> str:
     return "".join(lines[:len(lines) // 2])
 
 
-def test_two_reference_runs_prove_or_disprove_determinism(tmp_path):
+@pytest.fixture(scope="module")
+def nondeterministic_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache for the two tests of a job that is not deterministic: its two disagreeing
+    reference runs are made once, by whichever test comes first."""
+    return tmp_path_factory.mktemp("nondeterministic-cache")
+
+
+def test_two_reference_runs_prove_or_disprove_determinism(tmp_path, nondeterministic_cache):
     args = ["--steps", "6", "--ckpt-every", "3"]
     good = get_reference(Scenario(script=str(TARGET), args=args, reference_runs=2), tmp_path,
                          lambda _: None)
@@ -107,20 +115,21 @@ def test_two_reference_runs_prove_or_disprove_determinism(tmp_path):
                    reference_runs=2)
     with pytest.raises(CannotJudge, match="^the target is not deterministic without faults:"
                                           " two fault-free runs differ at step 1 on rank"):
-        get_reference(bad, tmp_path, lambda _: None)
+        get_reference(bad, nondeterministic_cache, lambda _: None)
     said: list[str] = []
     with pytest.raises(CannotJudge, match="differ at step 1"):  # cached: said again at once
-        get_reference(bad, tmp_path, said.append)
+        get_reference(bad, nondeterministic_cache, said.append)
     assert any("reusing cached run" in line for line in said)
 
 
-def test_disagreeing_references_stop_the_command_before_any_run_with_faults(tmp_path):
+def test_disagreeing_references_stop_the_command_before_any_run_with_faults(
+        tmp_path, nondeterministic_cache):
     """`--reference-runs 2` on a job that is not deterministic: exit 2 after the two
-    references, no chaos run."""
+    references (made, or cached by the test above), no chaos run."""
     out = tmp_path / "out"
     result = subprocess.run(
         [sys.executable, "-m", "torchchaos.cli", "run", "--reference-runs", "2", "--fault",
-         "kill:rank=1,step=4", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+         "kill:rank=1,step=4", "--out", str(out), "--cache-dir", str(nondeterministic_cache),
          "--", str(TARGET), "--steps", "6", "--ckpt-every", "3", "--bug", "nondeterministic"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import cases
 
 from torchchaos.engine import run_scenario
 from torchchaos.scenario import files as scenario_file
@@ -31,7 +32,11 @@ def test_every_shipped_incident_has_a_planted_bug_and_a_story():
         assert loaded.expect is not None and loaded.expect.verdict == "pass"
 
 
-@pytest.mark.parametrize("name", sorted(PLANTED))
+# torn_checkpoint's and replayed_data's faults (a kill mid-write in the 2nd save, a
+# preemption at step 12) on this very job are rows of the battery, whose test
+# (tests/cli/test_cli.py) checks what these files expect of them: only with -m slow
+@pytest.mark.parametrize("name", cases({name: name for name in sorted(PLANTED)},
+                                       slow=frozenset({"torn_checkpoint", "replayed_data"})))
 def test_the_incident_passes_on_the_reference_target(name, tmp_path, shared_cache):
     loaded = scenario_file.load(INCIDENTS / f"{name}.chaos.yaml")
     report = run_scenario(loaded.scenario, tmp_path / "run", shared_cache)
