@@ -41,7 +41,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -612,14 +612,7 @@ def materialise(image: Image, into: Path, order: dict[str, int] | None = None) -
     """Write the image under `into` (created): each file copied from the blob file in
     the kernel, once. Paths in `order` get modification times in that order (`_stamp`)."""
     into.mkdir(parents=True, exist_ok=True)
-    for path, entry in sorted(image.items()):
-        target = into / path
-        if entry[0] == "dir":
-            target.mkdir(exist_ok=True)
-        elif entry[0] == "link":
-            os.symlink(entry[1], target)
-        else:
-            entry[1].write_to(target)
+    _tree(image, into, lambda target, content: content.write_to(target))
     _stamp(image, into, order or {})
 
 
@@ -631,6 +624,21 @@ def lay(image: Image, mount: Mount, blobs: Path, order: dict[str, int] | None = 
     reads it from the recording, as a copy would have been read."""
     into = mount.backing()
     files: dict[str, list[list[int]]] = {}
+
+    def hole(target: Path, content: Content) -> None:
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        os.truncate(target, content.size)
+        files[str(target.relative_to(into))] = _pieces(content)
+
+    _tree(image, into, hole)
+    _stamp(image, into, order or {})
+    answer = mount.request({"cmd": "lay", "blobs": str(blobs), "files": files})
+    if not answer.get("ok"):
+        raise OSError(f"the recovery's mount would not lay out the state: {answer}")
+
+
+def _tree(image: Image, into: Path, write: Callable[[Path, Content], None]) -> None:
+    """The image's folders and links under `into`, and each file as `write` makes it."""
     for path, entry in sorted(image.items()):
         target = into / path
         if entry[0] == "dir":
@@ -638,17 +646,7 @@ def lay(image: Image, mount: Mount, blobs: Path, order: dict[str, int] | None = 
         elif entry[0] == "link":
             os.symlink(entry[1], target)
         else:
-            os.truncate(_created(target), entry[1].size)
-            files[path] = _pieces(entry[1])
-    _stamp(image, into, order or {})
-    answer = mount.request({"cmd": "lay", "blobs": str(blobs), "files": files})
-    if not answer.get("ok"):
-        raise OSError(f"the recovery's mount would not lay out the state: {answer}")
-
-
-def _created(path: Path) -> Path:
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-    return path
+            write(target, entry[1])
 
 
 def _pieces(content: Content) -> list[list[int]]:
