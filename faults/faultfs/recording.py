@@ -129,11 +129,10 @@ class Recorder:
         if not pieces:
             return os.pread(fd, size, offset)
         if sum(stop - start for start, stop, _, _ in pieces) == length:
-            if len(pieces) == 1:  # one write's bytes: how a load reads a checkpoint
-                return self._read(*pieces[0])
-            out = bytearray(length)  # all in the overlay: the backing file is a hole here
-        else:
-            out = bytearray(os.pread(fd, length, offset).ljust(length, b"\0"))
+            # all in the overlay (the backing file is a hole here): a load's read of a
+            # checkpoint spans one or two writes' bytes, joined with one copy
+            return b"".join(self._read(*piece) for piece in pieces)
+        out = bytearray(os.pread(fd, length, offset).ljust(length, b"\0"))
         for piece in pieces:
             out[piece[0] - offset:piece[1] - offset] = self._read(*piece)
         return bytes(out)
