@@ -142,6 +142,51 @@ def sweep(base: Scenario, out_dir: Path, cache_dir: Path, progress: Progress, sa
     reference = get_reference(base, cache_dir, progress)
     folder = _folder(reference.history(), save)
     prepare_out_dir(out_dir)
+    scenario = dataclasses.replace(base, stop_after=steps_after, max_restarts=1,
+                                   max_relaunches=0, faults=[],
+                                   env={**base.env, env.RECOVERY: "1"})
+    # The first recovery warms up while the recording is made or read and the states
+    # are planned: an unsharded sweep's first state is state 1 (a shard learns its own
+    # from the plan). Its start-up is then no part of the first recovery's seconds.
+    first = _hold(scenario, reference, out_dir / "recoveries" / "001", folder, progress) if (
+        shard is None and _warm_early(reference, cache_dir, folder, save)) else None
+    try:
+        record, specs, crashes, result = _plan(base, reference, cache_dir, out_dir, folder,
+                                               save, modes, cap, shard, progress)
+    except BaseException:
+        if first is not None:
+            _drop(first)
+        raise
+    try:
+        _judge_states(base, reference, record, specs, crashes, scenario, folder, out_dir,
+                      result, progress, first)
+    except KeyboardInterrupt as exc:  # the recovery's processes are reaped by now
+        result.seconds = time.monotonic() - started
+        done = sorted(n for n in result.numbers if result.entries[n - 1].report is not None
+                      or result.entries[n - 1].error)
+        raise Interrupted(result, done) from exc
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _warm_early(reference: Reference, cache_dir: Path, folder: str, save: int) -> bool:
+    """Start the first recovery before the recording? Where the recording is still to be
+    made and the checkpoints are big, a recovery warming up beside it costs the
+    recording more than it saves (at 1 GB per rank the sweep took 1.17x as long, pairs
+    of cold runs on 2 cores); where it is cached, or the checkpoints small (1 MB per
+    rank: 0.93x), its start-up is hidden."""
+    if (cache_dir / f"{reference.run_dir.parent.name}-save{save}" / DONE).exists():
+        return True
+    saved = sum(p.stat().st_size for p in (reference.run_dir / folder).rglob("*")
+                if p.is_file() and not p.is_symlink())
+    return saved < BUSY_LOAD_BYTES
+
+
+def _plan(base: Scenario, reference: Reference, cache_dir: Path, out_dir: Path, folder: str,
+          save: int, modes: list[str], cap: int | None, shard: Shard | None,
+          progress: Progress) -> tuple[Record, list[StateSpec], list[Crash], Sweep]:
+    """The recording (made or reused), the states planned from it and where each crash
+    falls; the sweep's result, with nothing judged yet."""
     record = _recording(base, reference, cache_dir, out_dir, folder, save, progress)
     found, specs = planned_states(record, modes, base.seed, cap)
     covers = coverage(specs, found.specs)
@@ -154,19 +199,7 @@ def sweep(base: Scenario, out_dir: Path, cache_dir: Path, progress: Progress, sa
     crashes = [places.crash(spec) for spec in specs]
     plan = [Entry(spec.detail, crash.spec) for spec, crash in zip(specs, crashes)]
     result = Sweep(plan, numbers, found.total, len(found.specs), covers=covers)
-    scenario = dataclasses.replace(base, stop_after=steps_after, max_restarts=1,
-                                   max_relaunches=0, faults=[],
-                                   env={**base.env, env.RECOVERY: "1"})
-    try:
-        _judge_states(base, reference, record, specs, crashes, scenario, folder, out_dir,
-                      result, progress)
-    except KeyboardInterrupt as exc:  # the recovery's processes are reaped by now
-        result.seconds = time.monotonic() - started
-        done = sorted(n for n in numbers if result.entries[n - 1].report is not None
-                      or result.entries[n - 1].error)
-        raise Interrupted(result, done) from exc
-    result.seconds = time.monotonic() - started
-    return result
+    return record, specs, crashes, result
 
 
 class Interrupted(KeyboardInterrupt):
@@ -181,9 +214,11 @@ class Interrupted(KeyboardInterrupt):
 
 def _judge_states(base: Scenario, reference: Reference, record: Record,
                   specs: list[StateSpec], crashes: list[Crash], scenario: Scenario,
-                  folder: str, out_dir: Path, result: Sweep, progress: Progress) -> None:
+                  folder: str, out_dir: Path, result: Sweep, progress: Progress,
+                  first: HeldJob | None = None) -> None:
     """Build each planned state, recover (or reuse a recovery that read the same
-    bytes) and judge it; into `result` as it goes."""
+    bytes) and judge it; into `result` as it goes. `first`: the recovery held for the
+    first state, if one was started already."""
     numbers = result.numbers
     judged, digests = set(numbers), set()
 
@@ -194,7 +229,7 @@ def _judge_states(base: Scenario, reference: Reference, record: Record,
         return _hold(scenario, reference, out_dir / "recoveries" / f"{following[0]:03d}",
                      folder, progress) if following else None
 
-    held = held_for(0)
+    held = first if first is not None else held_for(0)
     try:
         for number, state in enumerate(states_of(record, specs), 1):
             digests.add(state.digest)  # every shard builds every state: they agree on the count
@@ -221,9 +256,14 @@ def _judge_states(base: Scenario, reference: Reference, record: Record,
                      f" ({len(result.recoveries)} recoveries run)")
     finally:
         if held is not None:  # no state needed it: gone before its script ran
-            held.cancel()
-            shutil.rmtree(held.job.layout.run_dir.parent, ignore_errors=True)
+            _drop(held)
     result.distinct_images = len(digests)
+
+
+def _drop(held: HeldJob) -> None:
+    """A held recovery no state needs: cancelled before its script ran, its folder gone."""
+    held.cancel()
+    shutil.rmtree(held.job.layout.run_dir.parent, ignore_errors=True)
 
 
 def planned_states(record: Record, modes: list[str], seed: int,
