@@ -175,7 +175,7 @@ def _warm_early(reference: Reference, cache_dir: Path, folder: str, save: int) -
     recording more than it saves (at 1 GB per rank the sweep took 1.17x as long, pairs
     of cold runs on 2 cores); where it is cached, or the checkpoints small (1 MB per
     rank: 0.93x), its start-up is hidden."""
-    if (cache_dir / f"{reference.run_dir.parent.name}-save{save}" / DONE).exists():
+    if (_cache_entry(cache_dir, reference, save) / DONE).exists():
         return True
     saved = sum(p.stat().st_size for p in (reference.run_dir / folder).rglob("*")
                 if p.is_file() and not p.is_symlink())
@@ -316,13 +316,18 @@ def record_only(base: Scenario, cache_dir: Path, progress: Progress, save: int) 
     return _cached_recording(base, reference, cache_dir, folder, save, progress)
 
 
+def _cache_entry(cache_dir: Path, reference: Reference, save: int) -> Path:
+    """Where the cache keeps the recording of save `save`, beside its reference."""
+    return cache_dir / f"{reference.run_dir.parent.name}-save{save}"
+
+
 def _cached_recording(base: Scenario, reference: Reference, cache_dir: Path, folder: str,
                       save: int, progress: Progress) -> Path:
     """The recording run of save `save`, made once per job and save and kept in the cache
     beside the reference: two recordings of one save differ (a temporary file's random
     name, the ranks' interleaving), and the shards of one sweep, or a sweep run again,
     must judge the same states."""
-    entry = cache_dir / f"{reference.run_dir.parent.name}-save{save}"
+    entry = _cache_entry(cache_dir, reference, save)
     with open(entry.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two shards on one cache record it once
         if _whole(entry, progress):
