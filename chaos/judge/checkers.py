@@ -105,7 +105,10 @@ def _failed_resume(ev: Evidence) -> str | None:
 
     A failed resume is a worker, started after a fault, that died before its
     first step, in an attempt where no fault fired and no harness fault (a
-    partition) was in force: a fault there would explain the death. Whatever
+    partition) was in force: a fault there would explain the death; and after
+    which no restart resumed training: one that did means the job got past a
+    transient death on its own (a port still held, a rendezvous timeout), and
+    the recovery it delayed is what is judged. Whatever
     it read, or did not read: a framework may inspect a half-written folder
     and reject it before opening a file. Its exception is in the history when
     the agent saw it; a target that prints its traceback and exits with
@@ -118,6 +121,8 @@ def _failed_resume(ev: Evidence) -> str | None:
     last = max(((e["launch"], e["attempt"]) for e in ev.chaos.events if "launch" in e
                 and "rank" in e), default=None)
     final = ev.reference.final_step()
+    began = [key for key, events in ev.attempts.items()
+             if any(e["ev"] in ("restore", "step") for e in events)]
     dead = []
     for pid, events in ev.processes().items():
         head = events[0]
@@ -125,6 +130,8 @@ def _failed_resume(ev: Evidence) -> str | None:
         if (head["t"] < first or key in faulted or hangs.cuts_in_force(ev.chaos, head["t"])
                 or {e["ev"] for e in events} & {"restore", "step"}):
             continue
+        if any(later > key for later in began):
+            continue  # the job got past it on its own: a later restart resumed training
         if ev.steps_done_by(head["t"]) >= final:
             continue  # restarted once training was over (a death at exit): nothing to resume
         if key == last and (ev.hang is not None or ev.deadline_hit):
@@ -250,7 +257,20 @@ def atomic_recovery(ev: Evidence) -> CheckResult:
     steps = [r.restored_step for r in recoveries]
     also = f"; {', '.join(own)}, saved after it diverged from the reference" if own else ""
     return CheckResult(True, f"{len(recoveries)} recovery(ies), each restored a consistent"
-                             f" checkpoint (steps {steps}){also}", {"restored_steps": steps})
+                             f" checkpoint (steps {steps}){also}{_false_starts(ev)}",
+                       {"restored_steps": steps})
+
+
+def _false_starts(ev: Evidence) -> str:
+    """The restarts that died before their first step and were followed by one that
+    resumed, with the first error one of them raised: said, not failed."""
+    keys = sorted(k for rec in ev.recoveries for k in rec.false_starts)
+    if not keys:
+        return ""
+    raised = [e for key in keys for e in ev.attempts[key] if e["ev"] == "exception"]
+    why = f" ({raised[0]['type']}: {_first_line(raised[0]['message'])})" if raised else ""
+    return (f"; {len(keys)} restart(s) died before their first step{why}, and the job"
+            " resumed on the next")
 
 
 def _own_state(ev: Evidence, rec: Recovery, rank: int) -> int | None:

@@ -27,6 +27,9 @@ class Recovery:
     restored: dict[int, int | None] = field(default_factory=dict)  # rank -> restored step
     first_step_at: float | None = None
     caught_up_at: float | None = None  # when failed_step was completed again
+    # restarts before this one that died before any rank's first step (a port still
+    # held, a rendezvous timeout): part of this recovery, which they delayed
+    false_starts: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def restored_step(self) -> int | None:
@@ -107,13 +110,30 @@ class Evidence:
         return faults[0]["t"] if faults else None
 
     @cached_property
-    def recoveries(self) -> list[Recovery]:
-        """Every attempt after the first, with where it failed and what it restored."""
+    def attempts(self) -> dict[tuple[int, int], list[Event]]:
+        """The ranks' events of each (launch, attempt) of the job, in order."""
         attempts: dict[tuple[int, int], list[Event]] = {}
         for event in self.chaos.events:
             if "rank" in event and "launch" in event:
                 attempts.setdefault((event["launch"], event["attempt"]), []).append(event)
-        keys = sorted(attempts)
+        return dict(sorted(attempts.items()))
+
+    def false_starts(self) -> set[tuple[int, int]]:
+        """Restarts in which no rank reached its first step, followed by one in which a
+        rank did: the job got past them on its own, so they are part of that next
+        recovery rather than recoveries of their own. (A restart that dies the same way
+        until the job gives up has no such successor: it stays a failed recovery.)"""
+        keys = list(self.attempts)
+        began = [any(e["ev"] in ("restore", "step") for e in self.attempts[key]) for key in keys]
+        return {key for i, key in enumerate(keys[1:], start=1)
+                if not began[i] and any(began[i + 1:])}
+
+    @cached_property
+    def recoveries(self) -> list[Recovery]:
+        """Every attempt after the first, with where it failed and what it restored."""
+        attempts = self.attempts
+        skipped = self.false_starts()
+        keys = [key for key in attempts if key not in skipped]
         result = []
         for previous, key in zip(keys, keys[1:]):
             events = attempts[key]
@@ -122,7 +142,8 @@ class Evidence:
             faults = [e for e in before if e["ev"] == "fault"
                       and (e["launch"], e["attempt"]) == previous]
             failed_at = faults[-1]["t"] if faults else max(e["t"] for e in attempts[previous])
-            recovery = Recovery(key[0], key[1], started, failed_at, self.steps_done_by(started))
+            recovery = Recovery(key[0], key[1], started, failed_at, self.steps_done_by(started),
+                                false_starts=[k for k in skipped if previous < k < key])
             for e in events:
                 if e["ev"] == "restore":
                     recovery.restored[e["rank"]] = e["restored"]

@@ -90,8 +90,8 @@ def judge(evidence: Evidence, faults: list[ResolvedFault], checks: list[str] | N
     """Run the checks over the evidence and come to a verdict; `fields` go into the report."""
     results = run_checks(evidence, checks)
     summary = fault_summary(faults, evidence.chaos)
-    report = Report.from_checks(results, faults=summary, restarts=len(evidence.recoveries),
-                                **fields)
+    restarts = max(len(evidence.attempts) - 1, 0)  # false starts too: torchrun paid them
+    report = Report.from_checks(results, faults=summary, restarts=restarts, **fields)
     reason = (_never_fired(summary) or _touched_nothing(faults, evidence.chaos)
               or _undecided_by_nondeterminism(results))
     if reason and report.verdict == "pass":  # a pass that tested nothing is no pass

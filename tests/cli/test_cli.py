@@ -246,9 +246,10 @@ def test_the_battery_passes_the_reference_target_and_prints_one_table(tmp_path, 
     assert len(reports) == 8, sorted(reports)
     for spec, report in reports.items():
         assert report["faults"][0]["fired"] and report["restarts"] >= 1, spec
-        assert all(report["checks"][name]["ok"] is True for name in (
+        undecided = {name: report["checks"][name] for name in (
             "completes", "atomic_recovery", "deterministic_resume", "bounded_lost_work",
-            "no_orphans")), (spec, report["checks"])
+            "no_orphans") if report["checks"][name]["ok"] is not True}
+        assert not undecided, (spec, report["run_dir"], undecided)
     assert {"kill:rank=0,phase=checkpoint_save,save=2,event=2",
             "kill:rank=0,step=12,signal=SIGTERM,grace=30"} < set(reports)
     power = reports["storage:mode=lose_unsynced,rank=0,phase=checkpoint_save,save=2,event=4"]

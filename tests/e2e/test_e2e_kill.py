@@ -118,6 +118,21 @@ def test_deterministic_resume_names_the_first_divergent_step(chaos_run):
     assert check["divergent_step"] == 11 and check["component"] == "optimizer"
 
 
+def test_a_restart_that_dies_at_start_up_once_is_not_blamed(chaos_run):
+    """Rank 1 of the first restart exits before it loads anything (a transient start-up
+    failure); the next restart resumes from step 10. The job recovered on its own: no
+    failed resume, lost work judged on the recovery that resumed, the death said."""
+    script = Path(__file__).parents[1] / "scripts" / "flaky_restart.py"
+    report = chaos_run(script, faults=["kill:rank=1,step=12"], args=STEPS, expect="pass")
+    assert report.restarts == 2, report.table()  # the kill's restart, then the one that resumed
+    checks = report.checks
+    assert all(checks[name]["ok"] is True for name in (
+        "completes", "atomic_recovery", "deterministic_resume", "bounded_lost_work",
+        "no_orphans")), report.table()
+    assert "1 restart(s) died before their first step" in checks["atomic_recovery"]["detail"]
+    assert report.lost_steps == [2], report.table()
+
+
 def test_a_nondeterministic_target_is_reported_not_blamed(chaos_run):
     report = chaos_run(TARGET, faults=["kill:rank=1,step=12"],
                        args=[*STEPS, "--bug", "nondeterministic"])
