@@ -105,10 +105,10 @@ def _failed_resume(ev: Evidence) -> str | None:
 
     A failed resume is a worker, started after a fault, that died before its
     first step, in an attempt where no fault fired and no harness fault (a
-    partition) was in force: a fault there would explain the death; and after
-    which no restart resumed training: one that did means the job got past a
-    transient death on its own (a port still held, a rendezvous timeout), and
-    the recovery it delayed is what is judged. Whatever
+    partition) was in force: a fault there would explain the death; and not in a
+    false start (`Evidence.false_starts`: a restart that died before any rank
+    read a checkpoint, followed by one that trained; the recovery it delayed is
+    what is judged). Whatever
     it read, or did not read: a framework may inspect a half-written folder
     and reject it before opening a file. Its exception is in the history when
     the agent saw it; a target that prints its traceback and exits with
@@ -121,8 +121,7 @@ def _failed_resume(ev: Evidence) -> str | None:
     last = max(((e["launch"], e["attempt"]) for e in ev.chaos.events if "launch" in e
                 and "rank" in e), default=None)
     final = ev.reference.final_step()
-    began = [key for key, events in ev.attempts.items()
-             if any(e["ev"] in ("restore", "step") for e in events)]
+    false_starts = ev.false_starts()
     dead = []
     for pid, events in ev.processes().items():
         head = events[0]
@@ -130,8 +129,8 @@ def _failed_resume(ev: Evidence) -> str | None:
         if (head["t"] < first or key in faulted or hangs.cuts_in_force(ev.chaos, head["t"])
                 or {e["ev"] for e in events} & {"restore", "step"}):
             continue
-        if any(later > key for later in began):
-            continue  # the job got past it on its own: a later restart resumed training
+        if key in false_starts:
+            continue  # the job got past it on its own: a later restart trained
         if ev.steps_done_by(head["t"]) >= final:
             continue  # restarted once training was over (a death at exit): nothing to resume
         if key == last and (ev.hang is not None or ev.deadline_hit):

@@ -119,14 +119,19 @@ class Evidence:
         return dict(sorted(attempts.items()))
 
     def false_starts(self) -> set[tuple[int, int]]:
-        """Restarts in which no rank reached its first step, followed by one in which a
-        rank did: the job got past them on its own, so they are part of that next
-        recovery rather than recoveries of their own. (A restart that dies the same way
-        until the job gives up has no such successor: it stays a failed recovery.)"""
+        """Restarts that died at start-up, before any rank read a checkpoint, followed by
+        one in which ranks trained: the job got past them on its own (a port still held,
+        a rendezvous timeout), so they are part of that next recovery rather than
+        recoveries of their own.
+
+        Only a restart that read nothing: one that loaded a checkpoint and died of it
+        is a failed resume even if a later restart trains (it may have deleted what it
+        could not load and fallen back). A restart that dies the same way until the
+        job gives up has no successor that trains: it stays a failed recovery."""
         keys = list(self.attempts)
-        began = [any(e["ev"] in ("restore", "step") for e in self.attempts[key]) for key in keys]
+        trained = [any(e["ev"] == "step" for e in self.attempts[key]) for key in keys]
         return {key for i, key in enumerate(keys[1:], start=1)
-                if not began[i] and any(began[i + 1:])}
+                if _died_before_reading(self.attempts[key]) and any(trained[i + 1:])}
 
     @cached_property
     def recoveries(self) -> list[Recovery]:
@@ -154,3 +159,9 @@ class Evidence:
                 recovery.caught_up_at = min(again) if again else None
             result.append(recovery)
         return result
+
+
+def _died_before_reading(events: list[Event]) -> bool:
+    """No rank of this attempt restored, trained, loaded a file or raised after a load."""
+    return not any(e["ev"] in ("restore", "step", "load")
+                   or (e["ev"] == "exception" and e.get("after_load")) for e in events)

@@ -98,6 +98,71 @@ def test_a_failed_resume_of_a_checkpoint_written_in_place_says_so():
                                      " middle of the write left no loadable checkpoint")
 
 
+def killed_then_restarted(first_restart: list[tuple[str, dict]], then_trains: bool = True
+                          ) -> Timeline:
+    """Rank 1 dies after step 12; in the first restart rank 1 records `first_restart`'s
+    events and dies; the second restart resumes from step 10 if `then_trains`."""
+    timeline = Timeline()
+    timeline.train(2, range(1, 13))
+    timeline.fault(1, 12)
+    for rank in (0, 1):
+        timeline.add("boot", **timeline.proc(rank, attempt=1))
+    for ev, fields in first_restart:
+        timeline.add(ev, **fields, **timeline.proc(1, attempt=1))
+    if then_trains:
+        timeline.train(2, range(11, 21), attempt=2, restored=10)
+    return timeline
+
+
+def test_a_restart_that_dies_before_reading_anything_is_a_false_start_of_the_next():
+    """A transient start-up death (a port still held, a rendezvous timeout) that the
+    job's next restart gets past: not a failed resume, and lost work is decided."""
+    timeline = killed_then_restarted([("exception", {"type": "RuntimeError",
+                                                     "message": "Connection reset by peer",
+                                                     "before_first_step": True})])
+    results = run_checks(evidence(timeline.history()))
+    assert results["atomic_recovery"].ok is True, results["atomic_recovery"].detail
+    assert ("1 restart(s) died before their first step (RuntimeError: Connection reset by"
+            " peer), and the job resumed on the next") in results["atomic_recovery"].detail
+    assert results["bounded_lost_work"].ok is True
+    assert results["bounded_lost_work"].data["lost_steps"] == [2]
+
+
+@pytest.mark.parametrize("first_restart", [
+    # it loaded a checkpoint and died of it, then the next restart trained from another
+    [("load", {"path": "ckpt/step-10.pt"}),
+     ("exception", {"type": "UnpicklingError", "message": "invalid load key",
+                    "after_load": True})],
+    # rank 0 restored, rank 1 raised reading its shard: a partly begun attempt
+    [("load", {"path": "ckpt/step-10/shard-1.pt"}),
+     ("exception", {"type": "RuntimeError", "message": "shard 1 is short",
+                    "after_load": True})],
+], ids=["loaded and died", "one rank restored"])
+def test_a_restart_that_read_a_checkpoint_and_died_is_a_failed_resume(first_restart):
+    timeline = killed_then_restarted(first_restart)
+    if first_restart[0][1]["path"].endswith("shard-1.pt"):
+        timeline.add("restore", restored=10, match="exact", **timeline.proc(0, attempt=1))
+    result = checkers.atomic_recovery(evidence(timeline.history()))
+    assert result.ok is False and "resume failed on rank 1" in result.detail, result.detail
+
+
+def test_a_start_up_death_with_no_restart_that_trains_stays_a_failed_resume():
+    """The last restart dies too (the job gave up), or the next one restored and died
+    before its first step: nothing trained after, so the first death is the cause."""
+    died = [("exception", {"type": "RuntimeError", "message": "cannot start",
+                           "before_first_step": True})]
+    gave_up = killed_then_restarted(died, then_trains=False)
+    result = checkers.atomic_recovery(evidence(gave_up.history(), completed=False))
+    assert result.ok is False and "RuntimeError: cannot start" in result.detail
+    restored_then_died = killed_then_restarted(died, then_trains=False)
+    for rank in (0, 1):
+        restored_then_died.add("boot", **restored_then_died.proc(rank, attempt=2))
+        restored_then_died.add("restore", restored=10, match="exact",
+                               **restored_then_died.proc(rank, attempt=2))
+    result = checkers.atomic_recovery(evidence(restored_then_died.history(), completed=False))
+    assert result.ok is False and "RuntimeError: cannot start" in result.detail, result.detail
+
+
 def test_atomic_recovery_does_not_blame_a_resume_cut_short_by_another_fault():
     timeline = killed_then_reading(0)
     timeline.fault(1, 0, attempt=1)  # e.g. a kill during checkpoint_load on the peer
