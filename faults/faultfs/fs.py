@@ -254,12 +254,14 @@ class FaultFS(mfusepy.Operations):
         writing = flags & (os.O_WRONLY | os.O_RDWR)
         if not writing or flags & os.O_RDWR:
             self._looked_at("read", path)
+        # The recording's extents change under the same lock as the file: a truncate
+        # noted after another rank's write to the same file would drop that write.
         with self._changing(path) as tracker:
             if flags & os.O_TRUNC:
                 tracker.before_data_change(real)
             fd = os.open(real, flags)
-        if flags & os.O_TRUNC and self._recording(path):
-            self.recorder.truncated(os.fstat(fd).st_ino, 0)
+            if flags & os.O_TRUNC and self._recording(path):
+                self.recorder.truncated(os.fstat(fd).st_ino, 0)
         if writing:
             self._record("open", path, trunc=bool(flags & os.O_TRUNC),
                          excl=bool(flags & os.O_EXCL))
@@ -275,11 +277,11 @@ class FaultFS(mfusepy.Operations):
             fd = os.open(real, flags | os.O_CREAT, mode)
             if not existed:
                 tracker.created(real)
-        if self._recording(path):
-            if not existed:
-                self.recorder.created(os.fstat(fd).st_ino)
-            elif flags & os.O_TRUNC:
-                self.recorder.truncated(os.fstat(fd).st_ino, 0)
+            if self._recording(path):  # under the lock, as in open()
+                if not existed:
+                    self.recorder.created(os.fstat(fd).st_ino)
+                elif flags & os.O_TRUNC:
+                    self.recorder.truncated(os.fstat(fd).st_ino, 0)
         self._record("create", path, trunc=bool(existed and flags & os.O_TRUNC),
                      excl=bool(flags & os.O_EXCL))
         return fd
