@@ -41,7 +41,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -60,6 +60,13 @@ Kept = frozenset  # of ("data", inode) / ("entries", inode): pending changes a p
 MUTATIONS = ("create", "open", "write", "truncate", "fsync", "fsyncdir", "mkdir", "unlink",
              "rmdir", "rename", "link", "symlink")
 MODES = ("kill", "torn", "lose_unsynced")
+
+
+def replayable(events: Iterable[Event]) -> list[Event]:
+    """The recorded operations that change the folder, in order: a file unlinked while
+    open is in no folder any more, so what is done to it after (`unlinked`) is in no
+    crash state's image."""
+    return [e for e in events if e.get("op") in MUTATIONS and not e.get("unlinked")]
 
 
 class Unsupported(Exception):

@@ -50,7 +50,6 @@ from torchchaos.errors import CannotJudge, UsageError
 from torchchaos.explore.battery import Entry, dir_param
 from torchchaos.explore.crashpoints import holds_bytes
 from torchchaos.explore.crashstates import (
-    MUTATIONS,
     CrashState,
     Enumeration,
     Ranks,
@@ -63,6 +62,7 @@ from torchchaos.explore.crashstates import (
     lay,
     plan_states,
     recovery_view,
+    replayable,
     sample_specs,
     view_key,
 )
@@ -383,7 +383,7 @@ def _record(base: Scenario, reference: Reference, run_dir: Path, folder: str, sa
 def load_record(run_dir: Path, save: int) -> Record:
     """A recording run's record, from its folder (a merge reads a shard's)."""
     history = History.of_run(run_dir)
-    ops = [e for e in history.of("fs") if e.get("op") in MUTATIONS]
+    ops = replayable(history.of("fs"))
     saved = [e["t"] for e in history.of("save_begin") if e.get("save") == save]
     if not saved:
         raise CannotJudge(f"the recording run made no save {save}")

@@ -239,9 +239,19 @@ def main(argv: list[str] | None = None) -> None:
                     frozenset(args.private), record)
     daemon.serve_control(args.socket)
     log.record("fs_mount", pid=os.getpid())
+    class Fuse(mfusepy.FUSE):
+        """mfusepy 3.1 drops the file handle that libfuse 3 passes to truncate: an
+        ftruncate of a file unlinked while open (no path under hard_remove) could not
+        name its file. This passes it on, as it does for read and write."""
+
+        def truncate_fuse_3(self, path: bytes | None, length: int, fip: Any) -> int:
+            fh = fip.contents.fh if fip else None
+            name = None if path is None else path.decode(self.encoding, self.errors)
+            return self.operations.truncate(name, length, fh)
+
     try:
-        mfusepy.FUSE(daemon.fs, str(args.mountpoint), foreground=True, auto_unmount=True,
-                     fsname="torchchaos-faultfs", allow_other=True)
+        Fuse(daemon.fs, str(args.mountpoint), foreground=True, auto_unmount=True,
+             fsname="torchchaos-faultfs", allow_other=True)
     except RuntimeError as exc:  # libfuse's non-zero status, e.g. after SIGTERM
         log.record("fs_unmount", status=str(exc))
         return

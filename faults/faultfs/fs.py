@@ -109,6 +109,11 @@ class FaultFS(mfusepy.Operations):
         self.private = private
         self.mutex = threading.RLock()  # one mutation (and tracker update) at a time
         self.down = threading.Event()
+        # The name each open file was opened by: libfuse passes no path to operations on
+        # a file unlinked while open (hard_remove), which a job may still read, write and
+        # fsync, as on any disk (a rotation that deletes a checkpoint another rank has
+        # open, an mmap of a deleted file, a TemporaryFile in the checkpoint folder).
+        self.opened_as: dict[int, str] = {}
 
     def init_with_config(self, _conn: Any, config: Any) -> None:
         # no kernel caching of names or attributes: after a simulated power loss the
@@ -131,6 +136,14 @@ class FaultFS(mfusepy.Operations):
             config.auto_cache = 1
 
     # -- helpers -------------------------------------------------------------
+    def _named(self, path: str | None, fh: int | None) -> tuple[str, dict[str, bool]]:
+        """The path of an operation on an open file, and the fields that log it: a file
+        unlinked while open goes by the name it was opened with, logged `unlinked` (no
+        folder holds it any more: the crash-state replay leaves it out)."""
+        if path is not None:
+            return path, {}
+        return self.opened_as.get(fh, "") if fh is not None else "", {"unlinked": True}
+
     def _real(self, path: str) -> Path:
         return self.root / path.lstrip("/")
 
@@ -197,7 +210,12 @@ class FaultFS(mfusepy.Operations):
                                     mfusepy.fuse_get_context()[2])
 
     # -- metadata ------------------------------------------------------------
-    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+    def getattr(self, path: str | None, fh: int | None = None) -> dict[str, Any]:
+        if path is None:  # an open file unlinked (hard_remove): only its descriptor is left,
+            # and the kernel passes it for an lseek, not for an fstat (known-limits.md)
+            if fh is None:
+                raise mfusepy.FuseOSError(errno.ESTALE)
+            return _attrs(os.fstat(fh))
         if self.down.is_set() and not self._private(path):
             raise mfusepy.FuseOSError(errno.EIO)
         self._looked_at("stat", path)
@@ -260,6 +278,7 @@ class FaultFS(mfusepy.Operations):
             if flags & os.O_TRUNC:
                 tracker.before_data_change(real)
             fd = os.open(real, flags)
+            self.opened_as[fd] = path
             if flags & os.O_TRUNC and self._recording(path):
                 self.recorder.truncated(os.fstat(fd).st_ino, 0)
         if writing:
@@ -275,6 +294,7 @@ class FaultFS(mfusepy.Operations):
             if existed and flags & os.O_TRUNC:
                 tracker.before_data_change(real)
             fd = os.open(real, flags | os.O_CREAT, mode)
+            self.opened_as[fd] = path
             if not existed:
                 tracker.created(real)
             if self._recording(path):  # under the lock, as in open()
@@ -286,20 +306,22 @@ class FaultFS(mfusepy.Operations):
                      excl=bool(flags & os.O_EXCL))
         return fd
 
-    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+    def read(self, path: str | None, size: int, offset: int, fh: int) -> bytes:
+        path, _ = self._named(path, fh)
         self._gate("read", path)
         if self._recording(path):
             return self.recorder.read(fh, size, offset)
         return os.pread(fh, size, offset)
 
-    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+    def write(self, path: str | None, data: bytes, offset: int, fh: int) -> int:
+        path, unlinked = self._named(path, fh)
         fault = self._gate("write", path)
         with self._changing(path) as tracker:
             tracker.before_data_change(fh)
             if fault is not None and fault.mode == "torn":
                 kept = os.pwrite(fh, data[: int(len(data) * fault.keep)], offset)
                 self._record("write", path, offset=offset, size=len(data), torn=kept,
-                             fault=fault.fault_id)
+                             fault=fault.fault_id, **unlinked)
                 self.down.set()  # nothing else reaches the disk: the machine is going down
                 self.crash(fault)
                 raise mfusepy.FuseOSError(errno.EIO)
@@ -309,10 +331,11 @@ class FaultFS(mfusepy.Operations):
             else:
                 blob, written = None, os.pwrite(fh, data, offset)
         self._record("write", path, offset=offset, size=written,
-                     **({"blob": blob} if blob is not None else {}))
+                     **({"blob": blob} if blob is not None else {}), **unlinked)
         return written
 
-    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+    def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
+        path, unlinked = self._named(path, fh)
         self._gate("truncate", path)
         with self._changing(path) as tracker:
             target: int | Path = fh if fh is not None else self._real(path)
@@ -320,14 +343,15 @@ class FaultFS(mfusepy.Operations):
             os.truncate(target, length)
             if self._recording(path):
                 self.recorder.truncated(os.stat(target).st_ino, length)
-        self._record("truncate", path, length=length)
+        self._record("truncate", path, length=length, **unlinked)
         return 0
 
-    def fsync(self, path: str, datasync: int, fh: int) -> int:
+    def fsync(self, path: str | None, datasync: int, fh: int) -> int:
+        path, unlinked = self._named(path, fh)
         self._gate("fsync", path)
         with self._changing(path) as tracker:
             tracker.file_synced(fh)
-        self._record("fsync", path)
+        self._record("fsync", path, **unlinked)
         return 0
 
     def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
@@ -337,10 +361,11 @@ class FaultFS(mfusepy.Operations):
         self._record("fsyncdir", path)
         return 0
 
-    def flush(self, path: str, fh: int) -> int:
+    def flush(self, path: str | None, fh: int) -> int:
         return 0
 
-    def release(self, path: str, fh: int) -> int:
+    def release(self, path: str | None, fh: int) -> int:
+        self.opened_as.pop(fh, None)
         os.close(fh)  # also while down: the descriptors of killed processes must close
         return 0
 

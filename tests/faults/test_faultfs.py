@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+from torchchaos.explore.crashstates import plan_states, replayable
 from torchchaos.faults.faultfs.mount import Mount, unavailable_reason
 from torchchaos.host.mounts import mounts_under
 
@@ -174,6 +176,38 @@ def test_files_written_while_mounted_are_at_their_paths_after_unmount(tmp_path):
     assert mounts_under(tmp_path) == []
     assert (tmp_path / "mnt" / "sub" / "ckpt.pt").read_bytes() == b"saved"
     assert (tmp_path / "mnt" / "scratch").read_bytes() == b"unsynced"
+
+
+@pytest.mark.parametrize("recording", [False, True], ids=["faults", "recording"])
+def test_a_file_unlinked_while_open_is_read_written_and_synced_as_on_a_disk(tmp_path,
+                                                                            recording):
+    """libfuse gives no path for a file unlinked while open (hard_remove): a rotation
+    that deletes a checkpoint another rank still has open, or a TemporaryFile, must
+    go on working (it failed with EINVAL). Its writes are logged `unlinked`: no folder
+    holds the file any more, and the crash-state replay leaves them out."""
+    record = {"record": tmp_path / "blobs"} if recording else {}
+    with Mount(tmp_path / "mnt", tmp_path / "state", tmp_path / "fs.jsonl", **record) as mount:
+        path = mount.mountpoint / "old-step.pt"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, b"a" * 100)
+            os.unlink(path)
+            os.pwrite(fd, b"b" * 50, 100)
+            os.fsync(fd)
+            os.ftruncate(fd, 120)
+            assert os.pread(fd, 200, 0) == b"a" * 100 + b"b" * 20
+            assert os.lseek(fd, 0, os.SEEK_END) == 120  # the size, from its descriptor
+        finally:
+            os.close(fd)
+        assert not path.exists()
+    logged = [json.loads(line) for line in (tmp_path / "fs.jsonl").read_text().splitlines()]
+    after = [e for e in logged if e.get("op") in ("write", "fsync", "truncate")][1:]
+    assert after and all(e["unlinked"] and e["path"] == "old-step.pt" for e in after), after
+    ops = replayable(e for e in logged if e["ev"] == "fs")
+    assert [e["op"] for e in ops] == ["create", "write", "unlink"]
+    if recording:  # its crash states replay (the write after the unlink named no file
+        # the model knew: it refused the record before)
+        assert plan_states(ops, 0, ["kill", "lose_unsynced"], seed=0).specs
 
 
 # -- over a whole run directory, with the harness's _chaos/ inside ---------------
