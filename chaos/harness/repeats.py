@@ -14,6 +14,13 @@ agent saw leave the script, or, for a script that catches it, prints it and
 exits (most launchers do), the newest error line its launch printed since the
 attempt before; a peer's lost connection is the echo of a death, never its
 cause, and does not count.
+
+A crash state's recovery stops sooner: it resumes from a folder nothing changes, and
+the judge calls a resume that read the checkpoint and died before its first step a
+failed resume whatever a restart does next (`Evidence.false_starts` excuses only a
+death before any read). So there the first such death stops the job; a death before
+any read (a port still held) is restarted as before. A sweep whose resumes fail
+starts each of them once instead of twice.
 """
 
 from __future__ import annotations
@@ -33,8 +40,10 @@ Attempt = tuple[int, int]  # (launch, attempt)
 class RepeatWatch:
     """How each attempt of a run died, noted as its ranks exit."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, resumes_at_start: bool = False) -> None:
         self.layout = RunLayout(run_dir)
+        # a crash state's recovery: every attempt, the first too, resumes a checkpoint
+        self.resumes_at_start = resumes_at_start
         self.deaths: dict[Attempt, str | None] = {}  # None: it stepped, or a fault fired
         self.errors_seen: dict[int, int] = {}  # launch -> error lines its logs had
 
@@ -48,6 +57,10 @@ class RepeatWatch:
             self.deaths[attempt] = self._death(history, attempt)
         attempts = sorted({(e["launch"], e["attempt"]) for e in history.of("boot")})
         last = ended[-1]
+        if self.resumes_at_start and (how := self.deaths.get(last)) and _read(history, last):
+            return (f"the resume read the checkpoint and died before its first step ({how}),"
+                    " no fault in it: a failed resume whatever a restart does, and the"
+                    " harness stopped the job instead of restarting it")
         if last not in attempts or attempts.index(last) == 0:
             return None
         before = attempts[attempts.index(last) - 1]
@@ -84,6 +97,13 @@ class RepeatWatch:
                 if ERROR_LINE.search(line) and "ChildFailedError" not in line:
                     found.append(line.strip()[:300])
         return found
+
+
+def _read(history: History, attempt: Attempt) -> bool:
+    """Did a rank of `attempt` load a file of the checkpoint, or raise after it did?"""
+    return any((e.get("launch"), e.get("attempt")) == attempt and "rank" in e
+               and (e["ev"] == "load" or (e["ev"] == "exception" and e.get("after_load")))
+               for e in history.events)
 
 
 def _first_line(message: str) -> str:

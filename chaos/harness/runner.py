@@ -214,7 +214,8 @@ class Job:
         log = self._harness_log()
         t0 = time.monotonic()
         deadline = t0 + self.scenario.timeout
-        self.repeats = RepeatWatch(self.layout.run_dir)
+        # a job held at a gate is a crash state's recovery: its first attempt resumes
+        self.repeats = RepeatWatch(self.layout.run_dir, resumes_at_start=self.gate is not None)
         self._starting = RunCpu(self.run_id)  # a slow restart is busy, a stalled one idle
         try:
             if self.start_from is not None:  # before a mount moves it into its backing store

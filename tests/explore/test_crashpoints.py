@@ -174,6 +174,11 @@ def test_crash_states_catch_the_missing_fsync_and_the_in_place_write(tmp_path, s
     assert len(reports) == 3 and all(r["verdict"] == "fail" for r in reports), done.stdout
     atomic = [r["checks"]["atomic_recovery"] for r in reports]
     assert all(c["ok"] is False and "written in place" in c["detail"] for c in atomic)
+    # each recovery started once: its resume read the torn file and died, which no
+    # restart changes (the crash is the run's one restart)
+    assert all(r["restarts"] == 1 and "the resume read the checkpoint and died before its"
+               " first step" in r["checks"]["completes"]["detail"] for r in reports), [
+        (r["restarts"], r["checks"]["completes"]["detail"][:120]) for r in reports]
     for report in reports:  # the save's operations up to the tear: the in-place file's
         ops = report["operations"]  # (the last 40, after a line that counts the rest)
         shown = ops[1:] if ops[0].endswith("earlier operation(s) of the save") else ops
