@@ -27,9 +27,11 @@
    (`image.json`: `python -m torchchaos.explore.crashstates image.json DIR`): its
    checkpoint folder holds only sizes, and goes once it ended.
 
-A recovery that dies is restarted once (`--max-restarts 1`, no relaunch): the
-same resume dying the same way twice is a certain failure; waiting for every
-requeue would only cost time.
+A recovery whose resume read the checkpoint and died before its first step is
+stopped at that death (`torchchaos.harness.repeats`): the judge calls it a failed
+resume whatever a restart does. One that died before it read anything is restarted
+once (`--max-restarts 1`, no relaunch): a restart that trains makes it a false
+start (`Evidence.false_starts`); waiting for every requeue would only cost time.
 """
 
 from __future__ import annotations
