@@ -239,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
                     frozenset(args.private), record)
     daemon.serve_control(args.socket)
     log.record("fs_mount", pid=os.getpid())
+
     class Fuse(mfusepy.FUSE):
         """mfusepy 3.1 drops the file handle that libfuse 3 passes to truncate: an
         ftruncate of a file unlinked while open (no path under hard_remove) could not
