@@ -14,6 +14,14 @@
 #   5. bench/crashstates_scale.py on the CPU (gloo) with this machine's cores: how far
 #      warm recoveries hide start-up when cores are not the limit
 #
+# The wheels and packages, made here before the call (git ignores .whl/ through
+# .git/info/exclude; name it in the device call's `carry`):
+#
+#     pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#         --platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 -d .whl \
+#         mfusepy py-spy jsonschema jsonschema-specifications referencing rpds-py
+#     mkdir -p .whl/deb && (cd .whl/deb && apt-get download libfuse3-3 fuse3)
+#
 #     OUT=/tmp/gpu-check DEADLINE_S=540 [ONLY="pytest-gpu crashstates"] bash bench/gpu_check.sh
 set -u
 OUT=${OUT:-/tmp/gpu-check}
