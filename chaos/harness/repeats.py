@@ -29,7 +29,7 @@ import re
 from pathlib import Path
 
 from torchchaos.rundir.heartbeat import Beat
-from torchchaos.rundir.history import History
+from torchchaos.rundir.history import Event, History, read_a_checkpoint
 from torchchaos.rundir.layout import RunLayout
 
 ERROR_LINE = re.compile(r"\b\w+(Error|Exception)\b: ")
@@ -57,7 +57,8 @@ class RepeatWatch:
             self.deaths[attempt] = self._death(history, attempt)
         attempts = sorted({(e["launch"], e["attempt"]) for e in history.of("boot")})
         last = ended[-1]
-        if self.resumes_at_start and (how := self.deaths.get(last)) and _read(history, last):
+        if (self.resumes_at_start and (how := self.deaths.get(last))
+                and read_a_checkpoint(_events_of(history, last))):
             return (f"the resume read the checkpoint and died before its first step ({how}),"
                     " no fault in it: a failed resume whatever a restart does, and the"
                     " harness stopped the job instead of restarting it")
@@ -74,8 +75,7 @@ class RepeatWatch:
     def _death(self, history: History, attempt: Attempt) -> str | None:
         """How `attempt` died before its first step: its error, or None where it stepped,
         a fault fired in it, or no new error was printed."""
-        mine = [e for e in history.events if (e.get("launch"), e.get("attempt")) == attempt
-                and "rank" in e]
+        mine = _events_of(history, attempt)
         if any(e["ev"] in ("step", "fault") for e in mine):
             return None
         raised = sorted(f"{e['type']}: {_first_line(e.get('message', ''))}" for e in mine
@@ -99,11 +99,10 @@ class RepeatWatch:
         return found
 
 
-def _read(history: History, attempt: Attempt) -> bool:
-    """Did a rank of `attempt` load a file of the checkpoint, or raise after it did?"""
-    return any((e.get("launch"), e.get("attempt")) == attempt and "rank" in e
-               and (e["ev"] == "load" or (e["ev"] == "exception" and e.get("after_load")))
-               for e in history.events)
+def _events_of(history: History, attempt: Attempt) -> list[Event]:
+    """The ranks' events of `attempt`."""
+    return [e for e in history.events
+            if (e.get("launch"), e.get("attempt")) == attempt and "rank" in e]
 
 
 def _first_line(message: str) -> str:

@@ -12,7 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from torchchaos.rundir.history import Event, History
+from torchchaos.rundir.history import Event, History, read_a_checkpoint
 
 
 @dataclass
@@ -163,5 +163,5 @@ class Evidence:
 
 def _died_before_reading(events: list[Event]) -> bool:
     """No rank of this attempt restored, trained, loaded a file or raised after a load."""
-    return not any(e["ev"] in ("restore", "step", "load")
-                   or (e["ev"] == "exception" and e.get("after_load")) for e in events)
+    return not read_a_checkpoint(events) and not any(e["ev"] in ("restore", "step")
+                                                     for e in events)

@@ -92,7 +92,8 @@ EVENTS: dict[str, EventSpec] = {
     "fs_unmount": _e("faultfs", "the fault filesystem is unmounted", "status"),
     "fs_armed": _e("faultfs", "a storage fault is armed", "the fault's parameters"),
     "fs": _e("faultfs", "a changing operation reached the filesystem",
-             "op, path, pid, tgid, blob=[offset, size] (recording), trunc, excl, ..."),
+             "op, path, pid, tgid, blob=[offset, size] (recording), trunc, excl,"
+             " unlinked (a file unlinked while open, by the name it was opened with), ..."),
     "fs_read": _e("faultfs", "a lookup, listing or read (recording runs only)", "op, path, pid"),
     "fs_crash": _e("faultfs", "a power loss: what was not durable is gone",
                    "fault, killed, lose_unsynced, removed, reverted_files, restored, source"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,13 @@ class HistoryWriter:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def read_a_checkpoint(events: Iterable[Event]) -> bool:
+    """Do these events (an attempt's ranks') show a checkpoint read: a file loaded, or an
+    exception raised after a load?"""
+    return any(e["ev"] == "load" or (e["ev"] == "exception" and e.get("after_load"))
+               for e in events)
 
 
 def read_stream(path: Path) -> list[Event]:
