@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import gc
 import hashlib
 import os
 import random
@@ -239,6 +240,8 @@ class Agent:
         self._end_save(self.save_tracker.finish(), "exception" if self.raised else "exit")
         self.history.record("exit", step=self.global_step())
         self._exiting()
+        if not self.forked:
+            _lighten_teardown()
 
     def _exiting(self) -> None:
         """The script returned: what is left is the interpreter's own teardown (a hang
@@ -687,3 +690,15 @@ def _wait_at_gate(gate: Path) -> None:
         if os.getppid() != parent:
             os._exit(1)
         time.sleep(GATE_POLL_SECONDS)
+
+
+def _lighten_teardown() -> None:
+    """Collect once what is garbage now (its finalisers run as they would), then freeze
+    what is still alive. The interpreter's teardown collects the whole heap several times
+    over, and a rank's heap holds all of torch and dynamo: 0.65 s of CPU a rank after
+    every run and every failure on 2 cores, 0.26 s with this. Runs last of the atexit
+    handlers a script registers (the agent's was registered before the script ran); what
+    it changes is that a reference cycle freed only by the module teardown after it is
+    not collected, which CPython does not promise either."""
+    gc.collect()
+    gc.freeze()
