@@ -93,6 +93,8 @@ IMAGE_FILE = "image.json"  # in a recovery's folder: what rebuilds the image it 
 # ended, not beside it (bench/warm_recoveries.py: at 1 GB per rank beside it cost 7%,
 # after it saved 13%; at 1 MB beside it saved 9%, after it nothing).
 BUSY_LOAD_BYTES = 64 << 20
+# recoveries kept held while small ones run: a warm one is over before a cold one starts
+WARM_AHEAD = 2
 SHOWN_OPERATIONS = 40  # a report lists at most the last this many operations before a crash
 
 
@@ -147,21 +149,22 @@ def sweep(base: Scenario, out_dir: Path, cache_dir: Path, progress: Progress, sa
     scenario = dataclasses.replace(base, stop_after=steps_after, max_restarts=1,
                                    max_relaunches=0, faults=[],
                                    env={**base.env, env.RECOVERY: "1"})
-    # The first recovery warms up while the recording is made or read and the states
+    # The first recoveries warm up while the recording is made or read and the states
     # are planned: an unsharded sweep's first state is state 1 (a shard learns its own
     # from the plan). Its start-up is then no part of the first recovery's seconds.
-    first = _hold(scenario, reference, out_dir / "recoveries" / "001", folder, progress) if (
-        shard is None and _warm_early(reference, cache_dir, folder, save)) else None
+    early = [_hold(scenario, reference, out_dir / "recoveries" / f"{n:03d}", folder, progress)
+             for n in range(1, WARM_AHEAD + 1)] if (
+        shard is None and _warm_early(reference, cache_dir, folder, save)) else []
     try:
         record, specs, crashes, result = _plan(base, reference, cache_dir, out_dir, folder,
                                                save, modes, cap, shard, progress)
     except BaseException:
-        if first is not None:
-            _drop(first)
+        for job in early:
+            _drop(job)
         raise
     try:
         _judge_states(base, reference, record, specs, crashes, scenario, folder, out_dir,
-                      result, progress, first)
+                      result, progress, early)
     except KeyboardInterrupt as exc:  # the recovery's processes are reaped by now
         result.seconds = time.monotonic() - started
         done = sorted(n for n in result.numbers if result.entries[n - 1].report is not None
@@ -217,21 +220,27 @@ class Interrupted(KeyboardInterrupt):
 def _judge_states(base: Scenario, reference: Reference, record: Record,
                   specs: list[StateSpec], crashes: list[Crash], scenario: Scenario,
                   folder: str, out_dir: Path, result: Sweep, progress: Progress,
-                  first: HeldJob | None = None) -> None:
+                  early: list[HeldJob] | None = None) -> None:
     """Build each planned state, recover (or reuse a recovery that read the same
-    bytes) and judge it; into `result` as it goes. `first`: the recovery held for the
-    first state, if one was started already."""
+    bytes) and judge it; into `result` as it goes. `early`: the recoveries held for the
+    first states, if started already."""
     numbers = result.numbers
     judged, digests = set(numbers), set()
+    held: list[HeldJob] = list(early or [])
 
-    def held_for(after: int) -> HeldJob | None:
-        """The next recovery, started now, for a state judged after state `after`. Named
-        by the first state it could serve: unique across shards, which judge apart."""
+    def hold_ahead(after: int, ahead: int) -> None:
+        """Keep `ahead` recoveries held for states judged after state `after`, each named
+        by a state it could serve (unique across shards, which judge apart)."""
         following = numbers[bisect.bisect_right(numbers, after):]
-        return _hold(scenario, reference, out_dir / "recoveries" / f"{following[0]:03d}",
-                     folder, progress) if following else None
+        names = (out_dir / "recoveries" / f"{n:03d}" for n in following)
+        free = (path for path in names if not path.exists())
+        while len(held) < min(ahead, len(following)):
+            path = next(free, None)
+            if path is None:
+                return
+            held.append(_hold(scenario, reference, path, folder, progress))
 
-    held = first if first is not None else held_for(0)
+    hold_ahead(0, 1)
     try:
         for number, state in enumerate(states_of(record, specs), 1):
             digests.add(state.digest)  # every shard builds every state: they agree on the count
@@ -239,14 +248,17 @@ def _judge_states(base: Scenario, reference: Reference, record: Record,
                 continue
             recovery = _matching(result.recoveries, state)
             if recovery is None:
-                assert held is not None, "a state to recover with no recovery held for it"
-                running, held = _begin_recovery(held, state, record, progress), None
-                if _image_bytes(state) < BUSY_LOAD_BYTES:
+                assert held, "a state to recover with no recovery held for it"
+                running = _begin_recovery(held.pop(0), state, record, progress)
+                small = _image_bytes(state) < BUSY_LOAD_BYTES
+                if small:
+                    # a small recovery is over in a fraction of a second once warm: the
+                    # next two warm up while it runs and its states are judged
                     running.wait_started()
-                    held = held_for(number)  # warms up while this one runs
+                    hold_ahead(number, WARM_AHEAD)
                 recovery = _end_recovery(running, folder, state)
-                if held is None:  # after a big load: while the states it covers are judged
-                    held = held_for(number)
+                if not small:  # after a big load: while the states it covers are judged
+                    hold_ahead(number, 1)
                 result.recoveries.append(recovery)
             recovery.states += 1
             result.recovery_of[number] = recovery
@@ -257,8 +269,8 @@ def _judge_states(base: Scenario, reference: Reference, record: Record,
             progress(f"[{number}/{len(specs)}] {verdict:<5} {entry.name}"
                      f" ({len(result.recoveries)} recoveries run)")
     finally:
-        if held is not None:  # no state needed it: gone before its script ran
-            _drop(held)
+        for job in held:  # no state needed them: gone before their script ran
+            _drop(job)
     result.distinct_images = len(digests)
 
 

@@ -1,12 +1,13 @@
-"""A recovery started before it is needed: one job held at its gate, in a thread.
+"""A recovery started before it is needed: a job held at its gate, in a thread.
 
 A crash-state sweep knows which state its next recovery starts from only once the
 current one ended (its view decides which states it already covers). So the next
 recovery's torchrun starts early and its ranks warm up (`torchchaos.harness.gate`):
-once the current one's ranks are past their start-up, or, where the current one
-loads a large folder through the fault filesystem and keeps the cores busy, once it
-ended, while the sweep judges the states it covers. The state that needs it opens
-the gate; a held job no state needed is cancelled before its script runs.
+once the current one's ranks are past their start-up (the sweep keeps two held
+then), or, where the current one loads a large folder through the fault filesystem
+and keeps the cores busy, once it ended, while the sweep judges the states it covers.
+The state that needs it opens the gate; a held job no state needed is cancelled
+before its script runs.
 """
 
 from __future__ import annotations

@@ -34,6 +34,9 @@ from torchchaos.rundir.layout import RunLayout
 
 ERROR_LINE = re.compile(r"\b\w+(Error|Exception)\b: ")
 COLLATERAL = re.compile(r"Connection (reset|closed|refused)|Broken pipe|DistNetworkError")
+# torchrun's own report that a rank failed (a command's, or a forked rank's: warmrun):
+# an echo of the rank's error, never its cause
+LAUNCHER_ECHO = re.compile(r"ChildFailedError|Process(Exited|Raised)Exception")
 Attempt = tuple[int, int]  # (launch, attempt)
 
 
@@ -94,7 +97,7 @@ class RepeatWatch:
         found = []
         for log in sorted(self.layout.logs_dir.glob(f"launch-{launch}-node-*.log")):
             for line in log.read_text(errors="replace").splitlines():
-                if ERROR_LINE.search(line) and "ChildFailedError" not in line:
+                if ERROR_LINE.search(line) and not LAUNCHER_ECHO.search(line):
                     found.append(line.strip()[:300])
         return found
 

@@ -31,7 +31,7 @@ from torchchaos.faults.registry import get_kind
 from torchchaos.harness.gate import Gate, GateError
 from torchchaos.harness.hangwatch import STATE_ORDER, Hang, HangWatch
 from torchchaos.harness.nemesis import Nemesis
-from torchchaos.harness.repeats import COLLATERAL, ERROR_LINE, RepeatWatch
+from torchchaos.harness.repeats import COLLATERAL, ERROR_LINE, LAUNCHER_ECHO, RepeatWatch
 from torchchaos.host import lifeline, netns, procs, stacks
 from torchchaos.host.busy import RunCpu
 from torchchaos.host.mounts import mounts_under
@@ -98,7 +98,7 @@ class JobOutcome:
             return ""
         lines = [ln.strip() for ln in logs[-1].read_text(errors="replace").splitlines()
                  if ln.strip()]
-        errors = [ln for ln in lines if ERROR_LINE.search(ln) and "ChildFailedError" not in ln]
+        errors = [ln for ln in lines if ERROR_LINE.search(ln) and not LAUNCHER_ECHO.search(ln)]
         # a peer's lost connection is the echo of a death, not its cause; with ranks
         # printing at once it can come first
         causes = [ln for ln in errors if not COLLATERAL.search(ln)] or errors
@@ -119,12 +119,15 @@ def substitute(args: list[str], run_dir: Path) -> list[str]:
 
 def torchrun_command(scenario: Scenario, node: int, run_id: str, port: int,
                      run_dir: Path, network: Network | None = None,
-                     proxied: str | None = None, endpoint: str | None = None) -> list[str]:
+                     proxied: str | None = None, endpoint: str | None = None,
+                     warm: bool = False) -> list[str]:
     """One node's torchrun. Node 0's agent hosts the c10d rendezvous store; on a
     simulated network each node runs inside its namespace and the store is at node 0's
     address; `proxied` is where nodes 1.. reach the store instead (a Toxiproxy);
-    `endpoint` is where every node reaches it on a real network (HOST:PORT)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run",
+    `endpoint` is where every node reaches it on a real network (HOST:PORT). `warm`:
+    torchrun forks the ranks from a launcher with torch imported (`torchchaos.rank.warmrun`)."""
+    launcher = "torchchaos.rank.warmrun" if warm else "torch.distributed.run"
+    cmd = [sys.executable, "-m", launcher,
            "--nproc-per-node", str(scenario.nproc),
            "--max-restarts", str(scenario.max_restarts),
            "--monitor-interval", str(POLL_SECONDS)]
@@ -339,8 +342,11 @@ class Job:
         self.nodes = []
         for node in range(self.scenario.nodes):
             log_path = self.layout.logs_dir / f"launch-{launch}-node-{node}.log"
+            # a crash state's recovery (held at a gate) is one of many short fault-free
+            # runs of one script: its ranks are forked warm, start-up being most of it
             command = torchrun_command(self.scenario, node, self.run_id, port,
-                                       self.layout.run_dir, self.network, proxied)
+                                       self.layout.run_dir, self.network, proxied,
+                                       warm=self.gate is not None)
             node_environ = environ
             if self.network is not None:  # gloo and NCCL: the node's own interface
                 node_environ = {"GLOO_SOCKET_IFNAME": netns.INTERFACE,

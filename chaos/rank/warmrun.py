@@ -1,0 +1,117 @@
+"""torchrun whose ranks are forked from a launcher that has torch imported already.
+
+`python -m torchchaos.rank.warmrun <torchrun options> script.py args` is torchrun
+itself (`torch.distributed.run.main`: its elastic agent, rendezvous, monitoring and
+restarts) in torchrun's own `--run-path --start-method fork` mode, which runs the
+script with `runpy.run_path` in workers forked from the launcher. The launcher imports
+what a rank's start-up needs first (torch, and torch._dynamo that
+DistributedDataParallel imports), so each rank, and each restart, starts with it
+imported: on 2 cores that is 2.3 s of CPU a rank less, per run.
+
+A crash-state sweep runs its recoveries this way (`Job(..., gate=...)`): many short
+fault-free runs of the same script, where start-up is most of the cost. A forked rank is
+made to start as a fresh `python -u script.py` would (`_rank`): default signal
+handlers, no death signal from the launcher, torch's and numpy's global generators
+seeded anew,
+the script's folder first on sys.path, the agent armed, an uncaught exception printed
+by sys.excepthook and the exit code and atexit handlers as the interpreter's own. What
+it cannot renew: the ranks share the launcher's str-hash seed (a fresh interpreter
+draws its own), so a job whose ranks disagree only through the iteration order of a
+set of strings agrees here (docs/reference/known-limits.md).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import gc
+import importlib
+import os
+import signal
+import sys
+import threading
+
+import torch
+import torch.distributed.run as torchrun
+
+from torchchaos import env
+from torchchaos.rank import agent
+
+PR_SET_PDEATHSIG = 1
+_run_script_path = torchrun.run_script_path  # torchrun's: sys.argv, then runpy.run_path
+
+
+def main(argv: list[str]) -> None:
+    atexit.register(gc.freeze)  # the launcher runs no user code (see sitecustomize)
+    for name in agent.WARM_IMPORTS:
+        importlib.import_module(name)
+    torchrun.run_script_path = _rank  # looked up when torchrun builds its entry point
+    torchrun.main(["--run-path", "--start-method", "fork", *argv])
+
+
+def _rank(script: str, *args: str) -> None:
+    """One rank, in a process just forked from the launcher: run the script as a fresh
+    interpreter would, and end as one would."""
+    _as_a_fresh_interpreter(script)
+    armed = os.environ.get(env.RUN_DIR) and "LOCAL_RANK" in os.environ
+    if armed and env.AGENT_PID not in os.environ:
+        agent.boot()  # what sitecustomize does in a rank torchrun started with exec
+    code: object = 0
+    try:
+        _run_script_path(script, *args)
+    except SystemExit as exc:
+        code = exc.code
+    except KeyboardInterrupt as exc:
+        _print_uncaught(exc, script)
+        code = signal.SIGINT
+    except BaseException as exc:  # noqa: BLE001 - printed, then exit code 1, as python does
+        _print_uncaught(exc, script)
+        code = 1
+    _shut_down()
+    if code is signal.SIGINT:  # python ends by the signal after a KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    if code not in (0, None):
+        raise SystemExit(code)  # torchrun's worker wrapper exits with it
+
+
+def _as_a_fresh_interpreter(script: str) -> None:
+    # the launcher's handlers (torchrun's: raise in the agent) are not a rank's
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # torch.multiprocessing asks for SIGINT when the launcher dies; an exec'd rank lives on
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)
+    # a fresh interpreter seeds torch's and numpy's global generators from the OS (each
+    # rank its own); `random` reseeds itself at fork; CUDA's are made in the rank
+    torch.default_generator.seed()
+    numpy = sys.modules.get("numpy")  # torch imports it
+    if numpy is not None:
+        numpy.random.seed()
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+
+
+def _print_uncaught(exc: BaseException, script: str) -> None:
+    """sys.excepthook on the traceback from the script's first frame on, as `python
+    script.py` prints it (not from this module's and runpy's frames)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != script:
+        tb = tb.tb_next
+    tb = tb or exc.__traceback__
+    sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+
+
+def _shut_down() -> None:
+    """The interpreter's own end, which a forked worker skips (it leaves by os._exit):
+    join the threads the script left, then the atexit handlers, then flush."""
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,83 @@
+"""A rank forked by warmrun starts and ends as one torchrun starts with exec.
+
+Each property a script could tell apart is printed by a probe under both launchers,
+side by side: the script's arguments, name and folder on sys.path, signal handlers,
+its own seeds of torch's and numpy's global generators, threads joined before the
+atexit handlers run, and how it ends (the exit code, a traceback that starts in the
+script).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PROBE = textwrap.dedent("""
+    import atexit, json, os, signal, sys, threading, time
+    import numpy, torch
+    rank = int(os.environ["RANK"])
+    seen = {"argv": sys.argv[2:], "script": sys.argv[0], "name": __name__, "path0": sys.path[0],
+            "sigterm": str(signal.getsignal(signal.SIGTERM)),
+            "sigint": str(signal.getsignal(signal.SIGINT)),
+            "torch": torch.initial_seed(), "numpy": float(numpy.random.rand())}
+    out = os.path.join(sys.argv[1], f"rank-{rank}.json")
+    def late_thread():
+        time.sleep(0.3)
+        seen["thread_done"] = True
+    threading.Thread(target=late_thread).start()   # not a daemon: joined before atexit
+    def at_exit():
+        seen["thread_joined_first"] = seen.get("thread_done", False)
+        with open(out, "w") as f:
+            json.dump(seen, f)
+    atexit.register(at_exit)
+    if sys.argv[2] == "raise" and rank == 1:
+        raise FileNotFoundError("no checkpoint here")
+    if sys.argv[2] == "exit3":
+        sys.exit(3)
+""")
+
+LAUNCHERS = {"torchrun": "torch.distributed.run", "warmrun": "torchchaos.rank.warmrun"}
+
+
+def _run(tmp_path: Path, launcher: str, how: str) -> tuple[int, str, list[dict]]:
+    folder = tmp_path / f"{launcher}-{how}"
+    folder.mkdir()
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    done = subprocess.run(
+        [sys.executable, "-m", LAUNCHERS[launcher], "--standalone", "--nproc-per-node", "2",
+         "--max-restarts", "0", str(script), str(folder), how],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TMPDIR": str(folder)})  # torchrun's torchelastic_* folders
+    ranks = [json.loads((folder / f"rank-{r}.json").read_text()) for r in range(2)]
+    return done.returncode, done.stderr, ranks
+
+
+@pytest.mark.parametrize("how", ["end", "raise", "exit3"])
+def test_a_forked_rank_starts_and_ends_as_an_execd_one(tmp_path: Path, how: str):
+    code, log, ranks = _run(tmp_path, "torchrun", how)
+    warm_code, warm_log, warm_ranks = _run(tmp_path, "warmrun", how)
+    assert warm_code == code == (0 if how == "end" else 1)
+    for plain, warm in zip(ranks, warm_ranks):
+        for key in ("argv", "name", "path0", "sigterm", "sigint", "thread_joined_first"):
+            assert warm[key] == plain[key], key
+        assert warm["argv"] == [how] and warm["name"] == "__main__"
+        assert warm["script"] == plain["script"] == str(tmp_path / "probe.py")
+        assert warm["thread_joined_first"] is True
+    # each rank draws its own seeds, as a fresh interpreter does
+    assert warm_ranks[0]["torch"] != warm_ranks[1]["torch"]
+    assert warm_ranks[0]["numpy"] != warm_ranks[1]["numpy"]
+    if how == "raise":
+        for text in (log, warm_log):
+            lines = text.splitlines()
+            first = lines.index("Traceback (most recent call last):") + 1
+            assert lines[first].startswith(f'  File "{tmp_path / "probe.py"}"'), lines[first]
+            assert "FileNotFoundError: no checkpoint here" in lines
+    if how == "exit3":
+        assert "exitcode: 3" in warm_log and "exitcode: 3" in log
