@@ -9,15 +9,15 @@ DistributedDataParallel imports), so each rank, and each restart, starts with it
 imported: on 2 cores that is 2.3 s of CPU a rank less, per run.
 
 A crash-state sweep runs its recoveries this way (`Job(..., gate=...)`): many short
-fault-free runs of the same script, where start-up is most of the cost. A forked rank is
-made to start as a fresh `python -u script.py` would (`_rank`): default signal
+fault-free runs of the same script, where start-up is most of the cost. A forked rank
+is made to start as a fresh `python -u script.py` would (`_rank`): default signal
 handlers, no death signal from the launcher, torch's and numpy's global generators
-seeded anew,
-the script's folder first on sys.path, the agent armed, an uncaught exception printed
-by sys.excepthook and the exit code and atexit handlers as the interpreter's own. What
-it cannot renew: the ranks share the launcher's str-hash seed (a fresh interpreter
-draws its own), so a job whose ranks disagree only through the iteration order of a
-set of strings agrees here (docs/reference/known-limits.md).
+seeded anew, the script's folder first on sys.path, the agent armed, an uncaught
+exception printed by sys.excepthook from the script's first frame, and the exit code
+and atexit handlers as the interpreter's own. What it cannot renew: the ranks share
+the launcher's str-hash seed (a fresh interpreter draws its own), so a job whose ranks
+disagree only through the iteration order of a set of strings agrees here
+(docs/explanation/known-limits.md).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from torchchaos import env
 from torchchaos.rank import agent
 
 PR_SET_PDEATHSIG = 1
+_INTERRUPTED = object()  # the script ended with an uncaught KeyboardInterrupt
 _run_script_path = torchrun.run_script_path  # torchrun's: sys.argv, then runpy.run_path
 
 
@@ -63,12 +64,12 @@ def _rank(script: str, *args: str) -> None:
         code = exc.code
     except KeyboardInterrupt as exc:
         _print_uncaught(exc, script)
-        code = signal.SIGINT
+        code = _INTERRUPTED
     except BaseException as exc:  # noqa: BLE001 - printed, then exit code 1, as python does
         _print_uncaught(exc, script)
         code = 1
     _shut_down()
-    if code is signal.SIGINT:  # python ends by the signal after a KeyboardInterrupt
+    if code is _INTERRUPTED:  # python ends by the signal after a KeyboardInterrupt
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     if code not in (0, None):
