@@ -387,7 +387,7 @@ def _record(base: Scenario, reference: Reference, run_dir: Path, folder: str, sa
              f" over {folder}/")
     run_dir.mkdir(parents=True)
     outcome = Job(scenario, run_dir, [], reference.run_dir, progress,
-                  default_timeout(reference.history()), record=folder).run()
+                  default_timeout(reference.history()), record=folder, warm=True).run()
     if not outcome.stopped:
         raise CannotJudge(f"the recording run did not reach step {after + 1}:"
                           f" {outcome.log_tail() or 'no error printed'}")
@@ -441,7 +441,7 @@ def _hold(scenario: Scenario, reference: Reference, run_dir: Path, folder: str,
     chaos_dir.mkdir(parents=True)
     return HeldJob(lambda gate: Job(scenario, chaos_dir, [], reference.run_dir, progress,
                                     default_timeout(reference.history()), record=folder,
-                                    gate=gate))
+                                    gate=gate, warm=True))
 
 
 def _begin_recovery(held: HeldJob, state: CrashState, record: Record,

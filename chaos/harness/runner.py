@@ -184,7 +184,8 @@ class Job:
     def __init__(self, scenario: Scenario, run_dir: Path, faults: list[ResolvedFault],
                  reference: Path | None = None, progress: Progress | None = None,
                  hang_timeout: float = 60.0, start_from: Path | None = None,
-                 record: str | None = None, gate: Gate | None = None) -> None:
+                 record: str | None = None, gate: Gate | None = None,
+                 warm: bool = False) -> None:
         self.scenario = scenario
         self.layout = RunLayout(run_dir)
         self.hangs = HangWatch(self.layout.beats_dir, hang_timeout)
@@ -206,6 +207,12 @@ class Job:
         self.gate = gate
         if gate is not None and (record is None or faults):
             raise GateError("a job held at a gate records one folder and takes no faults")
+        # ranks forked from a launcher with torch imported (torchchaos.rank.warmrun): for
+        # a crash-state sweep's many short fault-free runs of one script, where start-up
+        # is most of each (its recording run and its recoveries)
+        self.warm = warm
+        if warm and faults:
+            raise ValueError("a job whose ranks are forked warm takes no faults")
         self._recording: Any = None  # the recording's mounts (storage.FaultFSMounts)
         self._final_step: int | None = None  # the reference's, read once it is asked for
 
@@ -342,11 +349,9 @@ class Job:
         self.nodes = []
         for node in range(self.scenario.nodes):
             log_path = self.layout.logs_dir / f"launch-{launch}-node-{node}.log"
-            # a crash state's recovery (held at a gate) is one of many short fault-free
-            # runs of one script: its ranks are forked warm, start-up being most of it
             command = torchrun_command(self.scenario, node, self.run_id, port,
                                        self.layout.run_dir, self.network, proxied,
-                                       warm=self.gate is not None)
+                                       warm=self.warm)
             node_environ = environ
             if self.network is not None:  # gloo and NCCL: the node's own interface
                 node_environ = {"GLOO_SOCKET_IFNAME": netns.INTERFACE,

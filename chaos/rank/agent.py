@@ -240,7 +240,7 @@ class Agent:
         self._end_save(self.save_tracker.finish(), "exception" if self.raised else "exit")
         self.history.record("exit", step=self.global_step())
         self._exiting()
-        if not self.forked:
+        if not self.forked and TEARDOWN_FOLLOWS:
             _lighten_teardown()
 
     def _exiting(self) -> None:
@@ -664,6 +664,9 @@ def _initialising_optimizer_state() -> bool:
 # has the time. Modules only: importing runs none of the script.
 WARM_IMPORTS = ("torch.distributed", "torch._dynamo")
 GATE_POLL_SECONDS = 0.005
+# Does the interpreter's teardown follow the atexit handlers? Not in a rank forked by
+# torchchaos.rank.warmrun, which leaves by os._exit (as every forked worker does).
+TEARDOWN_FOLLOWS = True
 
 
 def boot() -> None:

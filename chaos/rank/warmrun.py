@@ -8,8 +8,9 @@ what a rank's start-up needs first (torch, and torch._dynamo that
 DistributedDataParallel imports), so each rank, and each restart, starts with it
 imported: on 2 cores that is 2.3 s of CPU a rank less, per run.
 
-A crash-state sweep runs its recoveries this way (`Job(..., gate=...)`): many short
-fault-free runs of the same script, where start-up is most of the cost. A forked rank
+A crash-state sweep runs its recording run and its recoveries this way (`Job(...,
+warm=True)`): short fault-free runs of the same script, where start-up is most of the
+cost. A forked rank
 is made to start as a fresh `python -u script.py` would (`_rank`): default signal
 handlers, no death signal from the launcher, torch's and numpy's global generators
 seeded anew, the script's folder first on sys.path, the agent armed, an uncaught
@@ -56,6 +57,7 @@ def _rank(script: str, *args: str) -> None:
     _as_a_fresh_interpreter(script)
     armed = os.environ.get(env.RUN_DIR) and "LOCAL_RANK" in os.environ
     if armed and env.AGENT_PID not in os.environ:
+        agent.TEARDOWN_FOLLOWS = False  # this process leaves by os._exit: nothing to lighten
         agent.boot()  # what sitecustomize does in a rank torchrun started with exec
     code: object = 0
     try:
