@@ -10,22 +10,21 @@ imported: on 2 cores that is 2.3 s of CPU a rank less, per run.
 
 A crash-state sweep runs its recording run and its recoveries this way (`Job(...,
 warm=True)`): short fault-free runs of the same script, where start-up is most of the
-cost. A forked rank
-is made to start as a fresh `python -u script.py` would (`_rank`): default signal
-handlers, no death signal from the launcher, torch's and numpy's global generators
-seeded anew, the script's folder first on sys.path, the agent armed, an uncaught
-exception printed by sys.excepthook from the script's first frame, and the exit code
-and atexit handlers as the interpreter's own. What it cannot renew: the ranks share
-the launcher's str-hash seed (a fresh interpreter draws its own), so a job whose ranks
-disagree only through the iteration order of a set of strings agrees here
-(docs/explanation/known-limits.md).
+cost. A forked rank is made to start as a fresh `python -u script.py` would (`_rank`):
+default signal handlers, no death signal from the launcher, torch's and numpy's global
+generators seeded anew, the script's folder first on sys.path, the agent armed, an
+uncaught exception printed by sys.excepthook from the script's first frame, and the
+exit code and atexit handlers as the interpreter's own. What it cannot renew: the ranks
+share the launcher's str-hash seed (a fresh interpreter draws its own), so a job whose
+ranks disagree only through the iteration order of a set of strings agrees here
+(docs/explanation/known-limits.md). Its exit, like torchrun's, freezes the heap
+(sitecustomize).
 """
 
 from __future__ import annotations
 
 import atexit
 import ctypes
-import gc
 import importlib
 import os
 import signal
@@ -44,7 +43,6 @@ _run_script_path = torchrun.run_script_path  # torchrun's: sys.argv, then runpy.
 
 
 def main(argv: list[str]) -> None:
-    atexit.register(gc.freeze)  # the launcher runs no user code (see sitecustomize)
     for name in agent.WARM_IMPORTS:
         importlib.import_module(name)
     torchrun.run_script_path = _rank  # looked up when torchrun builds its entry point

@@ -18,10 +18,10 @@ if (
     from torchchaos.rank.agent import boot
 
     boot()
-elif os.environ.get("TORCHCHAOS_RUN_DIR") and sys.orig_argv[1:3] == [
-    "-m",
-    "torch.distributed.run",
-]:
+elif os.environ.get("TORCHCHAOS_RUN_DIR") and sys.orig_argv[1:3] in (
+    ["-m", "torch.distributed.run"],
+    ["-m", "torchchaos.rank.warmrun"],
+):
     # A harness run's torchrun runs no user code: its exit need not collect all of torch's
     # objects again and again (0.35 s of CPU after every run; the harness waits for it).
     import atexit
