@@ -28,6 +28,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("torchchaos.harness",),
     ("torchchaos.engine",),
     ("torchchaos.explore",),
+    ("torchchaos.incident",),
     ("torchchaos.cli", "torchchaos.plugin", "torchchaos"),
 ]
 # The repository's folders and the import names they are installed under (pyproject.toml).

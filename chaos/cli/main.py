@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchchaos.cli import multinode
+from torchchaos.cli.incident import cmd_incident
 from torchchaos.cli.output import print_report, progress_printer
 from torchchaos.cli.parser import build_parser
 from torchchaos.errors import CannotJudge, ChaosError, UsageError
@@ -403,7 +404,15 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     mismatches = expect.mismatches(report)
     verdict = f"expected {expect.verdict}" + (" and got it" if not mismatches
                                               else f", but: {'; '.join(mismatches)}")
-    return print_report(report, out, f"replay of {ns.file}: {verdict}")
+    code = print_report(report, out, f"replay of {ns.file}: {verdict}")
+    if loaded.incident is not None:
+        from torchchaos.incident.importing import judge_replay
+
+        line, page = judge_replay(loaded.incident, out, loaded.name or str(ns.file),
+                                  report.verdict, report.failing())
+        print(line)
+        print(f"postmortem: {page}")
+    return code
 
 
 def _save_minimal(base: Scenario, schedule: list[str], out: Path, runs: Any) -> Path:
@@ -635,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
                     "campaign": cmd_campaign, "report": cmd_report, "replay": cmd_replay,
                     "search": cmd_search, "shrink": cmd_shrink,
                     "faults": cmd_faults, "export": cmd_export, "doctor": cmd_doctor,
-                    "clean": cmd_clean, "merge": cmd_merge,
+                    "clean": cmd_clean, "merge": cmd_merge, "incident": cmd_incident,
                     **multinode.COMMANDS}
         return commands[ns.command](ns)
     except ChaosError as exc:

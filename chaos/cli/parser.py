@@ -237,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_exploration_commands(sub)
     multinode.add_commands(sub, _positive_int, _positive_seconds)
     _add_export_command(sub)
+    _add_incident_command(sub)
     merge = sub.add_parser(
         "merge", help="join the --out folders of a sharded battery, crashpoints, campaign"
         " or search",
@@ -272,6 +273,40 @@ def build_parser() -> argparse.ArgumentParser:
                         " [PYTEST ARGS] (--chaos-script PATH --chaos-args '...',"
                         " -m chaos_kills, ...)")
     return parser
+
+
+def _add_incident_command(sub: Any) -> None:
+    incident = sub.add_parser(
+        "incident", help="turn what a failed job left into a scenario that replays it",
+        description="Incident postmortems: `torchchaos incident import` reads what a"
+        " failed job left and writes a scenario file that `torchchaos replay` runs and"
+        " pytest collects.")
+    actions = incident.add_subparsers(dest="incident_command", parser_class=_Parser)
+    imp = actions.add_parser(
+        "import", help="read a failed job's artefacts and write an incident file",
+        description="Reads every named file and folder (launcher logs, torchelastic error"
+        " files, gloo/NCCL errors, flight-recorder dumps, py-spy and faulthandler stacks,"
+        " dmesg OOM lines, the training log, kubectl's pod JSON, a PyTorchJob, sacct,"
+        " the checkpoint folder, a torchchaos report.json), tells which fault started the"
+        " incident, on which rank, in which phase, with the rule and the lines for each,"
+        " and writes it as a *.chaos.yaml file with the faults that replay it on --script."
+        " Formats are told by content. Exit 2, writing nothing, when a file cannot be read.")
+    imp.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                     help="artefact files and folders")
+    imp.add_argument("-o", "--out", type=Path, default=Path("incident.chaos.yaml"),
+                     metavar="FILE", help="the incident file to write (a new file; default"
+                     " ./incident.chaos.yaml; name it *.chaos.yaml for pytest to collect it)")
+    imp.add_argument("--script", type=Path, default=None, metavar="SCRIPT",
+                     help="the training script to replay on (default: the bundled target);"
+                     " on the script the incident came from, the incident's own steps place"
+                     " the faults, on another its fault-free reference run does")
+    imp.add_argument("--args", default=None, metavar="'ARGS'",
+                     help="the script's arguments, as one quoted string")
+    imp.add_argument("--nproc", type=_positive_int, default=None, metavar="N",
+                     help="ranks to replay on (default: 2)")
+    imp.add_argument("--cache-dir", type=Path, default=None, metavar="DIR",
+                     help="where fault-free reference runs are cached")
+    imp.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
 def _add_run_command(sub: Any) -> None:

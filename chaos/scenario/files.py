@@ -53,7 +53,7 @@ BOUND_KEYS = ("max_lost_steps", "max_lost_seconds", "max_detect_steps", "hang_ti
               "timeout", "max_restarts", "max_relaunches", "reference_runs", "stop_after",
               "mtbf_hours")
 TOP_KEYS = ("torchchaos", "name", "summary", "source", "job", "seed", "faults", "checks",
-            "bounds", "expect", "resolved")
+            "bounds", "expect", "resolved", "incident")
 VERDICTS = ("pass", "fail")
 
 
@@ -92,6 +92,9 @@ class ScenarioFile:
     expect: Expectation | None = None
     resolved: list[dict[str, Any]] | None = None
     path: Path | None = None
+    # what `torchchaos incident import` read from a failed job: its signature (what a
+    # replay must show to reproduce it), timeline and rules (torchchaos.incident)
+    incident: dict[str, Any] | None = None
 
     def to_dict(self, base_dir: Path | None = None) -> dict[str, Any]:
         """The file's content; the script path is relative to base_dir where it can be."""
@@ -122,6 +125,8 @@ class ScenarioFile:
             doc["expect"] = self.expect.to_dict()
         if self.resolved is not None:
             doc["resolved"] = self.resolved
+        if self.incident is not None:
+            doc["incident"] = self.incident
         return doc
 
     def _notes(self) -> list[str]:
@@ -219,7 +224,8 @@ def _from_doc(doc: Any, path: Path, script: str | None,
     return ScenarioFile(scenario, name=_text(doc.get("name", ""), "name"),
                         summary=_text(doc.get("summary", ""), "summary"),
                         source=_text(doc.get("source", ""), "source"), notes=list(notes),
-                        expect=_expectation(doc.get("expect")), resolved=resolved, path=path)
+                        expect=_expectation(doc.get("expect")), resolved=resolved, path=path,
+                        incident=_incident(doc.get("incident")))
 
 
 def _mapping(value: Any, where: str, known: tuple[str, ...],
@@ -318,6 +324,19 @@ def _fault(item: Any, where: str) -> tuple[str, str]:
     except UsageError as exc:
         raise UsageError(f"{where}: {exc}") from None
     return spec, _text(note, f"{where}.note")
+
+
+def _incident(value: Any) -> dict[str, Any] | None:
+    """The imported incident: a mapping whose signature: is a mapping (the rest is read
+    by people, and by the postmortem page)."""
+    if value is None:
+        return None
+    _mapping(value, "incident", ("signature", "finding", "ranks", "restarts", "recovery",
+                                 "resumed", "checkpoints", "unknowns", "artefacts",
+                                 "passed_over", "world_size", "script"))
+    _mapping(value.get("signature", {}), "incident.signature",
+             ("kind", "role", "phase", "how", "collective", "recovery"))
+    return value
 
 
 def _expectation(value: Any) -> Expectation | None:

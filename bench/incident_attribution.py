@@ -1,0 +1,158 @@
+"""Blind attribution: inject each fault kind, keep only what the job left, import, compare.
+
+    python bench/incident_attribution.py --make /tmp/corpus      # run the jobs (minutes)
+    python bench/incident_attribution.py --score /tmp/corpus     # import each, print the table
+
+`--make` runs, for each script (the bundled target, and tests/scripts/plain_ddp.py,
+a DDP script written apart that prints almost nothing), the battery's rows as the
+reference run places them (kills of rank 0 and the last rank between saves, a node
+kill, kills inside the 2nd save, a torn write, a power loss, a preemption) plus a
+stopped rank, a rank held in a collective and a SIGSEGV. Each run's folder keeps
+only what a failed job leaves an engineer: the launcher's logs, torchelastic's
+error files, the stacks a hang watchdog took, and the checkpoint folders. The
+harness's report and the agent's history stay out; `injected.json` beside the
+copy says what was injected, for the scoring only.
+
+`--score` imports each copy with `torchchaos.incident` and compares kind, rank
+(or node), phase and the step window with what was injected. A miss that the
+import said it could not tell is counted apart from a wrong guess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = {
+    "bundled": (REPO / "targets" / "ddp_lm.py", ["--steps", "20", "--ckpt-every", "5"]),
+    "plain_ddp": (REPO / "tests" / "scripts" / "plain_ddp.py", []),
+}
+
+
+def expected(spec: str) -> dict:
+    """What the import should find for an injected spec."""
+    from torchchaos.scenario.spec import parse_fault_spec
+
+    fault = parse_fault_spec(spec)
+    params, trig = fault.params, fault.trigger
+    kind = {"hang": "hang"}.get(fault.kind, fault.kind)
+    if fault.kind == "kill":
+        kind = {"SIGTERM": "preempt", "SIGSEGV": "crash"}.get(str(params.get("signal")), "kill")
+        if fault.target_type == "node":
+            kind = "node"
+    elif fault.kind == "storage":
+        kind = {"torn": "torn_write", "lose_unsynced": "power_loss"}[str(params["mode"])]
+    phase = "mid_save" if trig.phase == "checkpoint_save" else \
+        "between_saves"
+    return {"kind": kind, "rank": int(fault.target) if fault.target_type == "rank" else None,
+            "node": int(fault.target) if fault.target_type == "node" else None,
+            "phase": phase, "step": trig.step}
+
+
+def make(corpus: Path) -> None:
+    from torchchaos.engine import run_scenario
+    from torchchaos.explore import battery
+    from torchchaos.scenario.model import Scenario
+
+    cache = corpus / "cache"
+    for name, (script, args) in SCRIPTS.items():
+        base = Scenario.build(str(script), args=args, hang_timeout=6.0)
+        entries = battery.plan(base, cache, lambda m: None)
+        mid = next(int(e.fault.split("step=")[1].split(",")[0]) for e in entries
+                   if e.fault.startswith("kill:rank=0,step="))
+        specs = [e.fault for e in entries] + [
+            f"hang:rank=1,step={mid},mode=stop", f"hang:rank=1,step={mid},mode=collective",
+            f"kill:rank=1,step={mid},signal=SIGSEGV"]
+        for i, spec in enumerate(specs):
+            case = corpus / name / f"{i:02d}"
+            if (case / "injected.json").exists():
+                continue
+            print(f"[{name} {i}] {spec}", flush=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                scenario = Scenario.build(str(script), faults=[spec], args=args,
+                                          hang_timeout=6.0)
+                report = run_scenario(scenario, Path(tmp) / "run", cache)
+                keep(Path(tmp) / "run" / "chaos", case / "left")
+                fired = [f.get("fired_step") for f in report.faults]
+            (case / "injected.json").write_text(json.dumps(
+                {"spec": spec, "fired_step": fired[0] if fired else None,
+                 "verdict": report.verdict, **expected(spec)}, indent=1))
+
+
+def keep(run_dir: Path, dest: Path) -> None:
+    """What the job and its launcher left: logs, error files, stacks, checkpoints."""
+    chaos = run_dir / "_chaos"
+    for log in sorted((chaos / "logs").glob("*.log")):
+        _copy(log, dest / "logs" / log.name)
+    for stack in sorted((chaos / "stacks").glob("*.txt")):
+        if stack.stat().st_size:
+            _copy(stack, dest / "stacks" / stack.name)
+    for error in sorted((chaos / "tmp").glob("torchelastic_*/*/attempt_*/*/error.json")):
+        rel = error.relative_to(chaos / "tmp")
+        _copy(error, dest / "errors" / Path(*rel.parts[2:]))
+    for folder in sorted(p for p in run_dir.iterdir() if p.is_dir() and p.name != "_chaos"):
+        shutil.copytree(folder, dest / folder.name, dirs_exist_ok=True)
+
+
+def _copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src, dst)
+
+
+def score(corpus: Path) -> int:
+    from torchchaos.errors import UsageError
+    from torchchaos.incident.attribute import attribute
+    from torchchaos.incident.gather import gather
+
+    rows, exact = [], 0
+    for case in sorted(corpus.glob("*/[0-9][0-9]")):
+        want = json.loads((case / "injected.json").read_text())
+        try:
+            found = attribute(gather([case / "left"]).observations)
+        except UsageError as exc:
+            rows.append((case, want, None, f"error: {exc}"))
+            continue
+        f = found.finding
+        rank_ok = f.rank == want["rank"] if want["rank"] is not None else \
+            (f.role == "node" or f.rank is None)
+        step = want.get("fired_step") or want.get("step")
+        lo, hi = f.step_window
+        window = "-" if step is None else "unknown" if lo is None else \
+            "yes" if lo <= step and (hi is None or step <= hi) else f"no ({lo}-{hi})"
+        ok = f.kind == want["kind"] and rank_ok and f.phase == want["phase"]
+        exact += ok
+        said_unknown = f.kind == "unknown" or f.rank is None and want["rank"] is not None or \
+            f.phase == "unknown" or not f.phase_seen and f.phase != want["phase"] or \
+            want["kind"] in f.alternatives
+        verdict = "exact" if ok else "said unknown" if said_unknown else "WRONG"
+        rows.append((case, want, f, f"{verdict}; step in window: {window}"))
+    print(f"{'case':<14} {'injected':<62} {'imported (kind rank phase)':<36} result")
+    for case, want, f, result in rows:
+        got = "-" if f is None else f"{f.kind} {f.rank if f.rank is not None else f.role}" \
+            f" {f.phase}{'' if f is None or f.phase_seen else '*'}"
+        print(f"{case.parent.name + '/' + case.name:<14} {want['spec'][:62]:<62} {got:<36}"
+              f" {result}")
+    print(f"exact on kind + rank + phase: {exact}/{len(rows)}"
+          " (* = phase placed by rule, not seen)")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--make", type=Path, help="run the jobs and keep their artefacts here")
+    parser.add_argument("--score", type=Path, help="import every kept case and compare")
+    ns = parser.parse_args()
+    if ns.make:
+        make(ns.make)
+    if ns.score:
+        return score(ns.score)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

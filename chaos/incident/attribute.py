@@ -1,0 +1,560 @@
+"""Observations to an incident: what each rank did, which fault started it, in which phase.
+
+Every conclusion names its rule and the lines it stands on. The rules, in the
+order they are tried for the first failure (the first that applies wins):
+
+1. **oom**: the kernel, Kubernetes (OOMKilled) or Slurm (OUT_OF_MEMORY) says a
+   process was killed for memory; its pid gives the rank where the launcher
+   named that pid.
+2. **crash**: a rank died of a fatal signal of its own (SIGSEGV, SIGABRT,
+   SIGBUS, SIGFPE, SIGILL), from its exit status or faulthandler's dump.
+3. **exception**: a rank raised an error that is not the echo of another's
+   failure (a peer that closed its connection, a collective timeout, a SIGTERM
+   the launcher sent, torchrun's own ChildFailedError).
+4. **hang**: a collective timed out (gloo's receive timeout, NCCL's watchdog), or
+   a watchdog took every rank's stack before the job was killed. The rank waited
+   for is the one behind in the flight recorder, else the one whose stack is
+   outside every collective, else, in a job of two ranks, the other one.
+5. **preempt**: a rank ended by SIGTERM (or exit 143) that the launcher did not
+   send, or a scheduler says the job was preempted.
+6. **kill**: a rank ended by SIGKILL that the launcher did not send.
+7. **node**: a scheduler says the node failed, or a launcher's log ends with no
+   failure and no success while a later launch resumed: the node (its launcher
+   and every rank on it) went down.
+8. **torn_write** / **power_loss**: only the checkpoint folder shows it: a file
+   that does not load.
+
+The phase: the failing rank's own frames first (a save, a load, a collective);
+else a temporary file in the checkpoint folder (a save under way); else the
+log (a resume line with no step after it: the load; a save begun and not
+ended); else between saves, said as placed by rule, not seen.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchchaos.incident.observations import Observation
+
+KINDS = ("oom", "crash", "exception", "hang", "preempt", "kill", "node", "torn_write",
+         "power_loss", "unknown")
+PHASES = ("startup", "between_saves", "mid_save", "load", "after_resume", "exit", "unknown")
+FATAL = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL")
+ECHO = re.compile(r"Connection (closed|reset) by peer|Timed out waiting|Watchdog caught|"
+                  r"Signal \d+ \(SIG\w+\) received|ChildFailedError|ProcessExitedException|"
+                  r"SignalException|KeyboardInterrupt|NCCL communicator was aborted|"
+                  r"DistBackendError|DistNetworkError|ncclRemoteError|the remote worker",
+                  re.I)
+LOAD_ERROR = re.compile(r"PytorchStreamReader|central directory|Ran out of input|"
+                        r"invalid load key|unpickling|checksum|sha256|corrupt|truncated|"
+                        r"safetensors|UnpicklingError|EOFError", re.I)
+
+
+@dataclass
+class RankStory:
+    """One rank as the artefacts tell it."""
+
+    rank: int
+    last_step: int | None = None
+    end: str = ""              # "SIGKILL", "exit 1", "stopped by the launcher", "OOM-killed"
+    error: str = ""            # its own last error line
+    frame: str = ""            # where it was: the innermost frame that says
+    phase: str | None = None   # what that frame says (save, load, collective, ...)
+    sources: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v not in (None, "", [])}
+
+
+@dataclass
+class Finding:
+    """The fault the artefacts point to."""
+
+    kind: str = "unknown"
+    rank: int | None = None
+    node: int | None = None
+    role: str = "unknown"       # writer | other | node | job | unknown
+    phase: str = "unknown"
+    phase_seen: bool = False    # False: placed by rule, not seen in a frame or a file
+    how: str = ""               # SIGKILL, SIGTERM, SIGSEGV, "RuntimeError: ...", OOM
+    collective: str | None = None
+    step_window: tuple[int | None, int | None] = (None, None)
+    # other kinds the same artefacts fit, said rather than chosen between
+    alternatives: list[str] = field(default_factory=list)
+    rules: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        found = {k: v for k, v in self.__dict__.items() if v not in (None, "", [])}
+        found["step_window"] = list(self.step_window)
+        return found
+
+
+@dataclass
+class Incident:
+    finding: Finding
+    ranks: dict[int, RankStory]
+    restarts: int = 0
+    resumed: list[str] = field(default_factory=list)   # what the logs say it resumed from
+    checkpoints: list[str] = field(default_factory=list)  # checkpoint files that do not load
+    unknowns: list[str] = field(default_factory=list)
+    script: str | None = None
+    world_size: int | None = None
+    recovery: str = "not seen"  # what the restart after the first failure did
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"finding": self.finding.to_dict(),
+                "ranks": {str(r): s.to_dict() for r, s in sorted(self.ranks.items())},
+                "restarts": self.restarts, "resumed": self.resumed,
+                "checkpoints": self.checkpoints, "unknowns": self.unknowns,
+                "recovery": self.recovery,
+                **({"world_size": self.world_size} if self.world_size else {})}
+
+
+def attribute(observations: list[Observation]) -> Incident:
+    everything = _with_ranks(observations)
+    stopped = {o.pid for o in everything if o.reason == "stopped by the launcher" and o.pid}
+    obs, later = _first_failure(everything, stopped)
+    obs = _complete_pids(obs)
+    ranks = _stories(obs, stopped)
+    for rank in {o.rank for o in everything if o.rank is not None} - set(ranks):
+        ranks[rank] = RankStory(rank)  # seen only later: still a rank of the job
+    finding = Finding()
+    for rule in (_oom, _crash, _exception, _hang, _preempt, _kill, _silent_peer, _node,
+                 _checkpoint_only):
+        if rule(obs, stopped, ranks, finding):
+            break
+    incident = Incident(finding, ranks)
+    incident.recovery = _recovery(later, stopped)
+    incident.restarts = sum(1 for o in obs if o.what == "restart" and "attempts left" in o.detail)
+    incident.resumed = [f"{o.detail} ({o.source})" for o in obs if o.what == "resume"]
+    incident.checkpoints = [f"{o.source}: {o.detail}" for o in obs if o.what == "checkpoint"
+                            and o.extra.get("loads") is False or o.extra.get("temp")]
+    incident.world_size = max(ranks) + 1 if ranks else None
+    incident.script = _script(obs)
+    _place(obs, incident, later)
+    return incident
+
+
+# -- which part of the logs is the first failure ----------------------------------------
+
+def _segments(obs: list[Observation]) -> dict[int, int]:
+    """Each line-sourced observation's launch: log files in name order (one per launch or
+    requeue), each cut where its launcher restarted the workers."""
+    files = sorted({o.source.file for o in obs if o.source.line is not None})
+    cuts = {f: _cuts(f, obs) for f in files}
+    order, seg = {}, 0
+    for f in files:
+        for n in range(len(cuts[f]) + 1):
+            order[(f, n)] = seg
+            seg += 1
+    found = {}
+    for i, o in enumerate(obs):
+        if o.source.line is not None:
+            before = sum(1 for c in cuts[o.source.file] if c < o.source.line)
+            found[i] = order[(o.source.file, before)]
+    return found
+
+
+def _cuts(file: str, obs: list[Observation]) -> list[int]:
+    """Where a log moves to the next attempt: a restart line, or a worker failure after
+    which the log shows training again (torchrun's restart lines are INFO, often unseen)."""
+    lines = [o for o in obs if o.source.file == file and o.source.line is not None]
+    restarts = [o.source.line for o in lines if o.what == "restart"]
+    failures = sorted(o.source.line for o in lines if o.what == "exit" and "local_rank"
+                      in o.extra and not o.extra.get("root_cause") and o.rank is not None
+                      and o.reason is None and "root_cause" not in o.extra)
+    went_on = [n for n in failures if any(o.what in ("step", "resume") and o.source.line > n
+                                          for o in lines)]
+    return sorted(set(restarts) | set(went_on))  # type: ignore[arg-type]
+
+
+def _is_failure(o: Observation, stopped: set[int | None]) -> bool:
+    if o.what in ("collective_timeout", "peer_lost", "oom_kill"):
+        return True
+    if o.what == "exit":
+        return o.reason != "stopped by the launcher" and o.pid not in stopped and \
+            (o.signal is not None or bool(o.exitcode))
+    return o.what == "error" and not ECHO.search(o.detail)
+
+
+def _first_failure(obs: list[Observation], stopped: set[int | None]):
+    """(what the rules look at: the launch where the first failure shows and everything
+    not tied to a launch, what came after it)."""
+    seg = _segments(obs)
+    failing = [seg[i] for i, o in enumerate(obs) if i in seg and _is_failure(o, stopped)]
+    if not failing:
+        return obs, []
+    first = min(failing)
+    now = [o for i, o in enumerate(obs) if seg.get(i, first) <= first]
+    return now, [o for i, o in enumerate(obs) if seg.get(i, first) > first]
+
+
+def _recovery(later: list[Observation], stopped: set[int | None]) -> str:
+    errors = [o for o in _own_errors(later)]
+    resumed = [o for o in later if o.what == "resume"]
+    if errors:
+        e = errors[0]
+        where = " while loading a checkpoint" if LOAD_ERROR.search(e.detail) \
+            or e.phase == "load" else ""
+        return f"failed{where}: {e.detail[:120]} ({e.source})"
+    if resumed:
+        return f"resumed: {resumed[0].detail[:120]} ({resumed[0].source})"
+    if later:
+        return "restarted; no resume line in the logs"
+    return "not seen"
+
+
+# -- who is who ---------------------------------------------------------------------------
+
+def _with_ranks(observations: list[Observation]) -> list[Observation]:
+    """Observations that name a pid the launcher tied to a rank get that rank."""
+    import dataclasses
+
+    pid_rank = {o.pid: o.rank for o in observations if o.pid and o.rank is not None}
+    return [dataclasses.replace(o, rank=pid_rank[o.pid]) if o.rank is None and o.pid in pid_rank
+            else o for o in observations]
+
+
+def _complete_pids(obs: list[Observation]) -> list[Observation]:
+    """One launch's workers are its local ranks 0..n-1: where the launcher names n pids
+    and n-1 of them are tied to a rank, the last pid is the missing rank."""
+    import dataclasses
+
+    pids = {o.pid for o in obs if o.what == "exit" and o.pid and o.source.line is not None
+            and "root_cause" not in o.extra}
+    known = {o.pid: o.rank for o in obs if o.pid in pids and o.rank is not None}
+    loose = pids - set(known)
+    missing = set(range(len(pids))) - set(known.values())
+    if len(loose) != 1 or len(missing) != 1:
+        return obs
+    pid, rank = loose.pop(), missing.pop()
+    return [dataclasses.replace(o, rank=rank, extra={**o.extra, "rank_by": "the launcher's"
+                                                     " other worker"})
+            if o.pid == pid and o.rank is None else o for o in obs]
+
+
+def _stories(obs: list[Observation], stopped: set[int | None]) -> dict[int, RankStory]:
+    ranks: dict[int, RankStory] = {}
+    for o in obs:
+        if o.rank is None or o.what in ("checkpoint", "injected", "job_state"):
+            continue
+        story = ranks.setdefault(o.rank, RankStory(o.rank))
+        if o.what == "step" and o.step is not None:
+            story.last_step = max(story.last_step or 0, o.step)
+        elif o.what == "exit" and not story.end:
+            story.end = "stopped by the launcher" if o.pid in stopped and o.signal == "SIGTERM" \
+                else o.signal or (f"exit {o.exitcode}" if o.exitcode is not None else "")
+            story.sources.append(str(o.source))
+        elif o.what == "oom_kill":
+            story.end = "OOM-killed"
+            story.sources.append(str(o.source))
+        if o.what in ("error", "exit") and o.detail and not ECHO.search(o.detail) \
+                and not story.error and not o.detail.startswith("faulthandler"):
+            story.error = o.detail[:200]
+        if o.frames and (not story.frame or o.what == "stack"):
+            story.frame, story.phase = o.frames[-1], o.phase or story.phase
+    return ranks
+
+
+def _own_errors(obs: list[Observation]) -> list[Observation]:
+    return [o for o in obs if o.what in ("error", "exit") and o.detail
+            and not ECHO.search(o.detail) and not o.detail.startswith(("faulthandler", "Signal"))
+            and ":" in o.detail and o.reason != "stopped by the launcher"]
+
+
+def _say(finding: Finding, rule: str, *sources: Observation) -> None:
+    finding.rules.append(rule)
+    finding.sources += [str(o.source) for o in sources if str(o.source) not in finding.sources]
+
+
+# -- the rules, in order ------------------------------------------------------------------
+
+def _oom(obs, stopped, ranks, f: Finding) -> bool:
+    kills = [o for o in obs if o.what == "oom_kill"]
+    if not kills:
+        return False
+    first = next((o for o in kills if o.rank is not None), kills[0])
+    f.kind, f.rank, f.how = "oom", first.rank, "OOM"
+    f.node = first.extra.get("node")
+    who = f"rank {first.rank}" if first.rank is not None else \
+        f"pid {first.pid}" if first.pid else "a process"
+    _say(f, f"oom: {first.reason or 'the OOM killer'} killed {who} ({first.source})", first)
+    if first.rank is None:
+        f.rules.append(f"no launcher line names pid {first.pid}: the rank is not known")
+    return True
+
+
+def _crash(obs, stopped, ranks, f: Finding) -> bool:
+    fatal = [o for o in obs if o.what == "exit" and o.signal in FATAL and o.pid not in stopped]
+    if not fatal:
+        return False
+    first = next((o for o in fatal if o.rank is not None), fatal[0])
+    f.kind, f.rank, f.how = "crash", first.rank, first.signal or ""
+    _say(f, f"crash: rank {first.rank} died of {first.signal} ({first.source})", first)
+    return True
+
+
+def _exception(obs, stopped, ranks, f: Finding) -> bool:
+    errors = _own_errors(obs)
+    if not errors:
+        return False
+    roots = [o for o in errors if o.extra.get("root_cause")]
+    first = next((o for o in roots + errors if o.rank is not None), errors[0])
+    f.kind, f.rank, f.how = "exception", first.rank, first.detail[:160]
+    if first.rank is None:  # an untagged traceback: the summary's entry with its message
+        same = [o for o in obs if o.rank is not None and o.detail == first.detail]
+        f.rank = same[0].rank if same else None
+    _say(f, f"exception: rank {f.rank} raised {first.detail[:100]!r} ({first.source}),"
+            " not the echo of a peer's failure", first)
+    if LOAD_ERROR.search(first.detail):
+        f.phase, f.phase_seen = "load", True
+        f.rules.append("phase load: the error is one a checkpoint that does not load raises")
+    return True
+
+
+def _hang(obs, stopped, ranks, f: Finding) -> bool:
+    timeouts = [o for o in obs if o.what == "collective_timeout"]
+    stacks = [o for o in obs if o.what == "stack" and o.rank is not None]
+    killed_all = stacks and not _own_errors(obs) and not any(
+        o.what == "exit" and o.signal in FATAL for o in obs)
+    if not timeouts and not (killed_all and len({o.rank for o in stacks}) > 1):
+        return False
+    f.kind, f.how = "hang", "collective timeout" if timeouts else "stacks taken, job killed"
+    waiting = {o.rank for o in timeouts if o.rank is not None}
+    for o in timeouts[:3]:
+        _say(f, f"hang: rank {o.rank} {o.detail} ({o.source})", o)
+    flights = [o for o in obs if o.what == "flight" and o.rank is not None and o.seq is not None]
+    if len(flights) > 1 and len({o.seq for o in flights}) > 1:
+        behind = min(flights, key=lambda o: o.seq or 0)
+        f.rank, f.collective = behind.rank, behind.collective
+        _say(f, f"rank {behind.rank} is behind in the flight recorder: its last collective is"
+                f" #{behind.seq}, the others reached #{max(o.seq or 0 for o in flights)}",
+             behind)
+        return True
+    outside = [o for o in stacks if o.phase != "collective"]
+    inside = [o for o in stacks if o.phase == "collective"]
+    if inside and len({o.rank for o in outside}) == 1:
+        f.rank = outside[0].rank
+        f.collective = next((o.collective for o in inside if o.collective), None)
+        _say(f, f"rank {f.rank}'s stack is outside every collective ({outside[0].frames[-1:]})"
+                " while the others wait in one", outside[0])
+        return True
+    alive = sorted({o.rank for o in obs if o.reason == "stopped by the launcher"
+                    and o.rank is not None} - waiting)
+    if len(alive) == 1:
+        f.rank = alive[0]
+        f.rules.append(f"rank {f.rank} was still running when the launcher stopped the job"
+                       " after the timeout: it is the one waited for")
+        return True
+    known = set(ranks) | waiting
+    if len(known) == 2 and len(waiting) == 1:
+        f.rank = (known - waiting).pop()
+        f.rules.append(f"rank {f.rank}: the only other rank of a job of two waited for")
+        return True
+    f.rules.append("the rank waited for is not known: no flight-recorder dump or stack"
+                   " tells it")
+    return True
+
+
+def _signal_death(obs, stopped, kinds: tuple[str, ...]) -> list[Observation]:
+    return [o for o in obs if o.what == "exit" and o.pid not in stopped
+            and o.reason != "stopped by the launcher"
+            and (o.signal in kinds or "SIGTERM" in kinds and o.exitcode == 143)]
+
+
+def _preempt(obs, stopped, ranks, f: Finding) -> bool:
+    deaths = _signal_death(obs, stopped, ("SIGTERM",))
+    said = [o for o in obs if o.what == "node_lost" and o.reason in ("PREEMPTED",
+                                                                       "PreemptionByScheduler")]
+    if not deaths and not said:
+        return False
+    first = (deaths or said)[0]
+    f.kind, f.rank, f.how, f.node = "preempt", first.rank, "SIGTERM", first.extra.get("node")
+    _say(f, f"preempt: {'rank ' + str(first.rank) if first.rank is not None else 'the job'}"
+            f" ended by SIGTERM the launcher did not send ({first.source})", first)
+    return True
+
+
+def _kill(obs, stopped, ranks, f: Finding) -> bool:
+    deaths = _signal_death(obs, stopped, ("SIGKILL",))
+    if not deaths:
+        return False
+    first = next((o for o in deaths if o.rank is not None), deaths[0])
+    f.kind, f.rank, f.how = "kill", first.rank, "SIGKILL"
+    _say(f, f"kill: rank {first.rank} ended by SIGKILL the launcher did not send"
+            f" ({first.source})", first)
+    return True
+
+
+def _silent_peer(obs, stopped, ranks, f: Finding) -> bool:
+    """Ranks that saw a peer close its connection, and one rank that said nothing at all:
+    it died by a signal that leaves no traceback (SIGKILL, the OOM killer)."""
+    echoes = [o for o in obs if o.what == "peer_lost"]
+    if not echoes:
+        return False
+    spoke = {o.rank for o in obs if o.what in ("peer_lost", "error", "exit", "stack",
+                                                "collective_timeout") and o.rank is not None}
+    exits = [o for o in obs if o.what == "exit" and o.rank is not None]
+    spoke |= {o.rank for o in exits}
+    silent = sorted(set(ranks) - spoke)
+    _say(f, f"a peer closed its connection ({echoes[0].source}): the rank that died did so"
+            " without a traceback", echoes[0])
+    f.kind, f.how = "kill", "SIGKILL (no traceback, no exit line)"
+    if len(silent) == 1:
+        f.rank = silent[0]
+        f.rules.append(f"kill: rank {f.rank} is the only rank with no word in the logs; a"
+                       " death that leaves none is a SIGKILL or the OOM killer (no kernel log"
+                       " says which)")
+    else:
+        f.rules.append("the rank that died is not known: more than one rank left no word")
+    return True
+
+
+def _node(obs, stopped, ranks, f: Finding) -> bool:
+    said = [o for o in obs if o.what == "node_lost"]
+    if said:
+        f.kind, f.how, f.node = "node", said[0].reason or "node lost", said[0].extra.get("node")
+        f.alternatives = ["power_loss"] if said[0].reason == "NODE_FAIL" else []
+        _say(f, f"node: {said[0].detail or said[0].reason} ({said[0].source})", said[0])
+        return True
+    files = sorted({o.source.file for o in obs if o.source.line is not None})
+    ended_silent = [name for i, name in enumerate(files[:-1]) if not any(
+        o.source.file == name and o.what in ("exit", "error", "restart") for o in obs)]
+    later_resume = [o for o in obs if o.what == "resume" and ended_silent
+                    and o.source.file > ended_silent[0]]
+    if ended_silent and later_resume:
+        f.kind, f.how, f.node = "node", "the launcher and its ranks vanished", None
+        f.alternatives = ["power_loss"]
+        f.rules.append(f"node: {ended_silent[0]} ends with no failure and no success, and"
+                       f" {later_resume[0].source} resumed: the node went down")
+        f.sources.append(f"{ended_silent[0]}:end")
+        return True
+    return False
+
+
+def _checkpoint_only(obs, stopped, ranks, f: Finding) -> bool:
+    bad = [o for o in obs if o.what == "checkpoint" and o.extra.get("loads") is False]
+    if not bad:
+        return False
+    f.kind, f.how = "torn_write", bad[0].detail
+    _say(f, f"torn_write: {bad[0].source} {bad[0].detail}; no death is in the artefacts",
+         bad[0])
+    return True
+
+
+# -- where in the job ---------------------------------------------------------------------
+
+def _place(obs: list[Observation], incident: Incident, later: list[Observation]) -> None:
+    """The phase, the step window and the role of the finding, each with its rule."""
+    f = incident.finding
+    story = incident.ranks.get(f.rank) if f.rank is not None else None
+    steps = sorted({o.step for o in obs if o.what == "step" and o.step is not None})
+    last = story.last_step if story and story.last_step is not None else \
+        (steps[-1] if steps else None)
+    failed_at = _first_failure_line(obs, f)
+    before = [s for o in obs if o.what == "step" and o.step is not None
+              and (failed_at is None or _earlier(o, failed_at)) for s in (o.step,)]
+    if before:
+        last = max(before)
+    next_steps = [s for s in steps if last is not None and s > last]
+    f.step_window = (last, next_steps[0] if next_steps else None)
+    if f.phase == "unknown":
+        _phase(obs, incident, story, failed_at, later)
+    if f.kind == "node" or f.node is not None and f.rank is None:
+        f.role = "node"
+    elif f.rank is not None:
+        writers = {o.rank for o in obs if o.what == "save" and o.rank is not None}
+        writer = min(writers) if writers else 0
+        f.role = "writer" if f.rank == writer else "other"
+        if not writers:
+            f.rules.append("rank 0 is taken as the rank that writes checkpoints: the log"
+                           " names no other")
+    if f.kind == "node" and f.phase == "mid_save":
+        f.alternatives.append("torn_write")
+    if f.alternatives:
+        incident.unknowns.append(f"{f.kind} or {' or '.join(f.alternatives)}: the artefacts"
+                                 " fit each (a power loss that drops nothing fsynced, and a"
+                                 " write cut short by the death, leave what a node loss"
+                                 " leaves)")
+    if f.step_window[0] is None:
+        incident.unknowns.append(f"no step is known for the {f.kind}: the log names none"
+                                 " before it")
+
+
+def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later) -> None:
+    f = incident.finding
+    if story and story.phase in ("save", "load"):
+        f.phase, f.phase_seen = {"save": "mid_save", "load": "load"}[story.phase], True
+        f.rules.append(f"phase {f.phase}: rank {story.rank} was in {story.frame}")
+        return
+    temp = [o for o in obs if o.what == "checkpoint" and o.extra.get("temp")]
+    if temp:
+        f.phase, f.phase_seen = "mid_save", True
+        f.rules.append(f"phase mid_save: {temp[0].source} is {temp[0].detail}")
+        return
+    torn = [o for o in obs if o.what == "checkpoint" and o.extra.get("loads") is False]
+    if torn and f.kind not in ("hang",):
+        f.phase, f.phase_seen = "mid_save", True
+        f.rules.append(f"phase mid_save: {torn[0].source} does not load ({torn[0].detail})")
+        return
+    first_resume = next((o for o in later + obs if o.what == "resume" and o.step is not None
+                         and (o in later or failed_at is not None
+                              and not _earlier(o, failed_at))), None)
+    reached = f.step_window[0]
+    if first_resume is not None and reached is not None and first_resume.step < reached \
+            and f.kind != "hang":
+        f.phase, f.phase_seen = "mid_save", True
+        f.rules.append(f"phase mid_save: the log reached step {reached} but the restart"
+                       f" resumed from step {first_resume.step} ({first_resume.source}):"
+                       f" the save after step {first_resume.step} never finished")
+        return
+    resumes = [o for o in obs if o.what == "resume" and (failed_at is None
+                                                         or _earlier(o, failed_at))]
+    if resumes:
+        after = [o for o in obs if o.what == "step" and _earlier(resumes[-1], o.source)
+                 and (failed_at is None or _earlier(o, failed_at))]
+        if not after:
+            f.phase, f.phase_seen = "after_resume", True
+            f.rules.append(f"phase after_resume: it failed after {resumes[-1].source}"
+                           " resumed and before any step was logged")
+            return
+    if story and story.phase == "collective" or f.kind == "hang":
+        f.phase, f.phase_seen = "between_saves", story is not None and story.phase is not None
+        f.rules.append("phase between_saves: in a collective of a training step"
+                       if f.phase_seen else "phase between_saves: a hang in a training step")
+        return
+    if f.step_window[0] is None and not any(o.what == "step" for o in obs):
+        f.phase = "unknown"
+        incident.unknowns.append(f"the phase of the {f.kind} is not known: no frame, no"
+                                 " checkpoint leftover and no step in the artefacts")
+        return
+    f.phase, f.phase_seen = "between_saves", False
+    f.rules.append(f"phase between_saves by rule: no frame of the {f.kind} is known, no"
+                   " save was left unfinished, and the log shows steps before it")
+
+
+def _first_failure_line(obs: list[Observation], f: Finding):
+    from torchchaos.incident.observations import Source
+
+    for src in f.sources:
+        if src.endswith(":end"):  # a log that ends where the failure is
+            return Source(src[:-4], 10**9)
+        for o in obs:
+            if str(o.source) == src and o.source.line is not None:
+                return o.source
+    return None
+
+
+def _earlier(o: Any, where: Any) -> bool:
+    src = o.source if isinstance(o, Observation) else o
+    if src.line is None or where.line is None or src.file != where.file:
+        return src.file < where.file if src.file != where.file else True
+    return src.line < where.line
+
+
+def _script(obs: list[Observation]) -> str | None:
+    """The script's file name, as torchrun's summary heads it ("train.py FAILED")."""
+    return next((o.extra["script"] for o in obs if o.extra.get("script")), None)

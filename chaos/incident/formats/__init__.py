@@ -1,0 +1,1 @@
+"""One module per artefact format; each holds a `Reader` (see `torchchaos.incident.readers`)."""

@@ -1,0 +1,106 @@
+"""The checkpoint folder as it was found: which files would load, what a save left behind.
+
+Not a reader of one file but of a folder: `gather` hands it every folder that
+holds checkpoint-like files. Nothing is loaded with torch (a dump may be
+gigabytes, and unpickling runs code): a torch.save file is a zip whose central
+directory sits at its end, so a file cut short has none; a safetensors file
+says its own length in its header. A temporary file (`*.tmp`, `tmp*`,
+`*.partial`) left beside them is a save that never finished, and a DCP folder
+with `.distcp` shards and no `.metadata` is one that never committed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import zipfile
+from pathlib import Path
+
+from torchchaos.incident.observations import Observation, Source
+
+WEIGHTS = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".distcp", ".tar")
+TEMP = re.compile(r"(\.tmp\b|^tmp|\.partial$|\.incomplete$|\.inprogress$|~$)")
+STEP_IN_NAME = re.compile(r"(\d+)(?!.*\d)")
+
+
+def looks_like_checkpoint(path: Path) -> bool:
+    name = path.name
+    return name.endswith(WEIGHTS) or name == ".metadata" or TEMP.search(name) is not None \
+        and any(name.split(".tmp")[0].endswith(w) or w in name for w in WEIGHTS)
+
+
+def is_checkpoint_folder(folder: Path) -> bool:
+    try:
+        return any(p.is_file() and looks_like_checkpoint(p) for p in folder.iterdir())
+    except OSError:
+        return False
+
+
+def read_folder(folder: Path, shown: str) -> list[Observation]:
+    """One observation per checkpoint-like file (does it load, is it a leftover) and
+    one for a DCP folder that never committed."""
+    found = []
+    files = sorted(p for p in folder.iterdir() if p.is_file() and looks_like_checkpoint(p))
+    for path in files:
+        name = f"{shown}/{path.name}"
+        step = STEP_IN_NAME.search(path.stem)
+        if TEMP.search(path.name):
+            found.append(Observation("checkpoint", Source(name), detail="a temporary file left:"
+                                     " a save that never finished",
+                                     step=int(step.group(1)) if step else None,
+                                     extra={"temp": True, "loads": None}))
+            continue
+        problem = _problem(path)
+        found.append(Observation("checkpoint", Source(name), step=int(step.group(1)) if step
+                                 else None, detail=problem or "loads",
+                                 extra={"temp": False, "loads": problem is None}))
+    if any(p.suffix == ".distcp" for p in files) and not (folder / ".metadata").exists():
+        found.append(Observation("checkpoint", Source(shown), detail="DCP shards without"
+                                 " .metadata: a save that never committed",
+                                 extra={"temp": True, "loads": False}))
+    return found
+
+
+def _problem(path: Path) -> str | None:
+    """Why the file would not load, or None."""
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            return "empty"
+        with path.open("rb") as f:
+            head = f.read(8)
+        if path.suffix == ".safetensors":
+            return _safetensors_problem(path, size, head)
+        if head[:2] == b"PK":  # torch.save's zip format
+            with zipfile.ZipFile(path) as z:
+                z.infolist()
+            return None
+        if path.suffix in (".distcp", ".bin", ".tar") or path.name == ".metadata":
+            return None  # formats without a trailer to check: taken as they are
+        if head[:1] == b"\x80":  # torch.save's legacy (pickle) format
+            return None
+        return "neither a zip (torch.save) nor a pickle: not a checkpoint torch.load reads"
+    except zipfile.BadZipFile:
+        return "cut short or overwritten: its zip directory is missing (torch.load fails)"
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}"
+
+
+def _safetensors_problem(path: Path, size: int, head: bytes) -> str | None:
+    if len(head) < 8:
+        return "cut short: no header"
+    length = struct.unpack("<Q", head)[0]
+    if 8 + length > size:
+        return "cut short: the header runs past the end"
+    with path.open("rb") as f:
+        f.seek(8)
+        try:
+            header = json.loads(f.read(length))
+        except ValueError:
+            return "the header is not JSON"
+    ends = [v["data_offsets"][1] for k, v in header.items()
+            if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v]
+    if ends and 8 + length + max(ends) > size:
+        return "cut short: tensors run past the end"
+    return None

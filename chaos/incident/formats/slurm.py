@@ -1,0 +1,69 @@
+"""Slurm's accounting: `sacct` output, parsable (`-P`, `|` between fields) or in columns.
+
+    JobID|JobName|State|ExitCode|NodeList
+    4242|train|NODE_FAIL|0:0|gpu[01-02]
+    4242.0|python|CANCELLED|0:9|gpu01
+
+`State` (NODE_FAIL, OUT_OF_MEMORY, TIMEOUT, PREEMPTED, FAILED, CANCELLED,
+COMPLETED) and `ExitCode` (`code:signal`) are what is read.
+"""
+
+from __future__ import annotations
+
+import re
+
+from torchchaos.incident.formats import text
+from torchchaos.incident.observations import SIGNALS, Observation, Source
+from torchchaos.incident.readers import BadArtefact, Reader
+
+STATES = {"NODE_FAIL": "node_lost", "PREEMPTED": "node_lost", "OUT_OF_MEMORY": "oom_kill",
+          "TIMEOUT": "job_state", "FAILED": "job_state", "CANCELLED": "job_state",
+          "COMPLETED": "job_state", "BOOT_FAIL": "node_lost", "DEADLINE": "job_state"}
+EXIT = re.compile(r"^(\d+):(\d+)$")
+
+
+class Sacct(Reader):
+    name = "slurm"
+    summary = "Slurm's sacct output (parsable with -P, or in columns)"
+    structured = True
+
+    def sniff(self, data: bytes, name: str) -> bool:
+        if not text.is_text(data):
+            return False
+        first = data.decode("utf-8", errors="replace").lstrip().split("\n", 1)[0]
+        return bool(re.match(r"^\s*JobID\b", first)) and "State" in first
+
+    def read(self, data: bytes, name: str) -> list[Observation]:
+        lines = text.decode(data).splitlines()
+        header_at = next(i for i, line in enumerate(lines) if line.strip())
+        header = lines[header_at]
+        if "|" in header:
+            names = header.split("|")
+            rows = [(i, line.split("|")) for i, line in enumerate(lines) if i > header_at
+                    and line.strip()]
+        else:
+            names = header.split()
+            rows = [(i, line.split()) for i, line in enumerate(lines) if i > header_at
+                    and line.strip() and not set(line.strip()) <= {"-", " "}]
+        if "State" not in names:
+            raise BadArtefact("sacct output without a State column")
+        found = []
+        for i, cells in rows:
+            if len(cells) < len(names) and "|" in header:
+                raise BadArtefact(f"line {i + 1} has {len(cells)} fields, the header"
+                                  f" {len(names)}: cut off?")
+            row = dict(zip(names, cells))
+            state = row.get("State", "").split()[0] if row.get("State") else ""
+            state = state.rstrip("+")
+            if state not in STATES:
+                continue
+            code = signal = None
+            if m := EXIT.match(row.get("ExitCode", "")):
+                code = int(m.group(1))
+                signal = SIGNALS.get(int(m.group(2))) if int(m.group(2)) else None
+            found.append(Observation(STATES[state], Source(name, i + 1), reason=state,
+                                     exitcode=code, signal=signal,
+                                     host=row.get("NodeList") or None,
+                                     detail=f"job {row.get('JobID', '?')}: {state}",
+                                     extra={"job_step": "." in row.get("JobID", "")}))
+        return found

@@ -1,0 +1,125 @@
+"""Where a rank was: py-spy dumps and Python's faulthandler tracebacks.
+
+py-spy (`py-spy dump --pid N`):
+
+    Process 3233: python train.py
+    Python v3.11.7 (/usr/bin/python3.11)
+
+    Thread 3233 (active): "MainThread"
+        all_reduce (torch/distributed/distributed_c10d.py:3252)
+        main (train.py:16)
+
+faulthandler (a fatal signal, or `faulthandler.dump_traceback`):
+
+    Fatal Python error: Segmentation fault
+
+    Current thread 0x00007f... (most recent call first):
+      File "/tmp/t.py", line 14 in main
+
+The rank is the file name's (`rank-1...`, `rank1`, `_1.txt`) or the lines' tag.
+"""
+
+from __future__ import annotations
+
+import re
+
+from torchchaos.incident.formats import text
+from torchchaos.incident.observations import (
+    Observation,
+    Source,
+    collective_of_frames,
+    phase_of_frames,
+)
+from torchchaos.incident.readers import Reader
+
+PYSPY_PROCESS = re.compile(r"^Process (\d+): (.*)$")
+PYSPY_THREAD = re.compile(r'^Thread (?:0x)?[0-9a-fA-F]+ \((\w+)[^)]*\): "([^"]*)"')
+PYSPY_FRAME = re.compile(r"^\s+(\S+) \(([^)]+)\)\s*$")
+FATAL = re.compile(r"^Fatal Python error: (.*)$")
+FH_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):")
+FH_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)')
+RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)|[-_.](\d+)\.(?:txt|log|dump)$")
+SIGNAL_OF_FATAL = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
+                   "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
+
+
+class Stacks(Reader):
+    name = "stacks"
+    summary = "py-spy dumps and faulthandler tracebacks: where each rank was stuck or crashed"
+
+    def sniff(self, data: bytes, name: str) -> bool:
+        if not text.is_text(data):
+            return False
+        body = data.decode("utf-8", errors="replace")
+        return bool(re.search(r"^Process \d+: .*\nPython v", body, re.M)
+                    or re.search(r"\(most recent call first\):", body))
+
+    def read(self, data: bytes, name: str) -> list[Observation]:
+        base = name.rsplit("/", 1)[-1]
+        m = RANK_IN_NAME.search(base)
+        file_rank = int(m.group(1) or m.group(2)) if m else None
+        streams: dict[int | None, list[tuple[int, str]]] = {}
+        for number, line in enumerate(text.decode(data).splitlines(), 1):
+            rank, body, _ = text.split_tag(line)
+            streams.setdefault(rank if rank is not None else file_rank, []).append((number, body))
+        found: list[Observation] = []
+        for rank, stream in streams.items():
+            found += _pyspy(stream, rank, name) + _faulthandler(stream, rank, name)
+        return found
+
+
+def _pyspy(stream: list[tuple[int, str]], rank: int | None, name: str) -> list[Observation]:
+    """The main thread's (or else the first active thread's) stack of each process."""
+    found: list[Observation] = []
+    pid, i = None, 0
+    while i < len(stream):
+        number, line = stream[i]
+        if m := PYSPY_PROCESS.match(line):
+            pid = int(m.group(1))
+        elif m := PYSPY_THREAD.match(line):
+            frames, j = [], i + 1
+            while j < len(stream) and (f := PYSPY_FRAME.match(stream[j][1])):
+                frames.append(f"{f.group(1)} ({f.group(2)})")
+                j += 1
+            frames.reverse()  # py-spy prints the innermost first
+            if m.group(2) == "MainThread" or not any(o.pid == pid for o in found):
+                found = [o for o in found if o.pid != pid or m.group(2) != "MainThread"]
+                found.append(Observation("stack", Source(name, number), rank=rank, pid=pid,
+                                         frames=tuple(frames), phase=phase_of_frames(frames),
+                                         collective=collective_of_frames(frames),
+                                         detail=f"py-spy: thread {m.group(2)!r} {m.group(1)}"))
+            i = j
+            continue
+        i += 1
+    return found
+
+
+def _faulthandler(stream: list[tuple[int, str]], rank: int | None,
+                  name: str) -> list[Observation]:
+    found: list[Observation] = []
+    fatal: tuple[int, str] | None = None
+    i = 0
+    while i < len(stream):
+        number, line = stream[i]
+        if m := FATAL.match(line):
+            fatal = (number, m.group(1).strip())
+        elif m := FH_THREAD.match(line):
+            frames, j = [], i + 1
+            while j < len(stream) and (f := FH_FRAME.match(stream[j][1])):
+                short = f.group(1).split("/")[-1]
+                frames.append(f"{f.group(3)} ({short}:{f.group(2)})")
+                j += 1
+            frames.reverse()
+            if m.group(1) == "Current thread" or not found:
+                signal = SIGNAL_OF_FATAL.get(fatal[1]) if fatal else None
+                what = "exit" if signal else "stack"
+                detail = f"faulthandler: {fatal[1]}" if fatal else "faulthandler: stacks dumped"
+                found.append(Observation(what, Source(name, fatal[0] if fatal else number),
+                                         rank=rank, signal=signal, frames=tuple(frames),
+                                         phase=phase_of_frames(frames), detail=detail,
+                                         collective=collective_of_frames(frames)))
+                fatal = None
+            i = j
+            continue
+        i += 1
+    return found

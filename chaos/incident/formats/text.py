@@ -1,0 +1,69 @@
+"""What the log readers share: decoding, the rank a line is tagged with, tracebacks."""
+
+from __future__ import annotations
+
+import re
+
+from torchchaos.incident.readers import BadArtefact
+
+# torch prefixes a rank's stderr with "[rank1]:"; torchrun --tee/--log-dir with
+# "[default1]:" (the role's local rank); many launch wrappers with "rank 1:".
+RANK_TAG = re.compile(r"^\s*\[(?:rank|Rank )(\d+)\]:?\s?|^\s*\[default(\d+)\]:\s?|^(\d+): ")
+FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
+EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|"
+                            r"Failure|Timeout|Warning)|[A-Za-z_][\w.]*Error\w*): ?(?P<msg>.*)$")
+
+
+def decode(data: bytes) -> str:
+    """A log's text; a file with NUL bytes in its first 8 KiB is not a log."""
+    if b"\x00" in data[:8192]:
+        raise BadArtefact("binary, not a text log")
+    return data.decode("utf-8", errors="replace")
+
+
+def is_text(data: bytes) -> bool:
+    return b"\x00" not in data[:8192]
+
+
+def split_tag(line: str) -> tuple[int | None, str, bool]:
+    """(rank, the line without its tag, whether the tag was a local rank)."""
+    m = RANK_TAG.match(line)
+    if not m:
+        return None, line, False
+    rank, local, plain = m.group(1), m.group(2), m.group(3)
+    number = rank or local or plain
+    return int(number), line[m.end():], local is not None
+
+
+def frame_text(m: re.Match[str]) -> str:
+    path = m.group("file")
+    short = "/".join(path.split("/")[-3:]) if "site-packages" in path else path.split("/")[-1]
+    return f"{m.group('func')} ({short}:{m.group('line')})"
+
+
+def tracebacks(lines: list[tuple[int, str]]) -> list[tuple[int, tuple[str, ...], str]]:
+    """Each Python traceback in (line number, text) pairs of one stream: the line it
+    starts on, its frames (innermost last) and its last line ("Type: message")."""
+    found: list[tuple[int, tuple[str, ...], str]] = []
+    i = 0
+    while i < len(lines):
+        number, text = lines[i]
+        if not text.lstrip().startswith("Traceback (most recent call last)"):
+            i += 1
+            continue
+        frames: list[str] = []
+        j = i + 1
+        while j < len(lines):
+            body = lines[j][1]
+            m = FRAME.match(body)
+            if m:
+                frames.append(frame_text(m))
+            elif body.startswith((" ", "\t")) or not body.strip():
+                pass  # the source line and its carets
+            else:
+                break
+            j += 1
+        last = lines[j][1].strip() if j < len(lines) else ""
+        found.append((number, tuple(frames), last))
+        i = j + 1
+    return found

@@ -1,0 +1,162 @@
+"""torchrun's own log: worker exits, restarts, the ChildFailedError summary, rank tracebacks.
+
+The lines read, as torch.distributed.elastic writes them:
+
+    E1126 20:27:13.204000 3193 .../api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 3197)
+      of binary: ...
+    W1126 20:27:13.171000 3193 .../api.py:1028] Sending process 3196 closing signal SIGTERM
+    I... [default] Worker group FAILED. 3/3 attempts left; will restart worker group
+    torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+    ...
+    Root Cause (first observed failure):
+    [0]:
+      time      : 2026-11-26_20:26:33
+      host      : localhost
+      rank      : 1 (local_rank: 1)
+      exitcode  : -9 (pid: 2809)  (SIGKILL)
+      error_file: <N/A>
+      traceback : Signal 9 (SIGKILL) received by PID 2809
+
+and each rank's traceback as torch tags it (`[rank1]: Traceback ...`).
+"""
+
+from __future__ import annotations
+
+import re
+import time as _time
+
+from torchchaos.incident.formats import text
+from torchchaos.incident.observations import (
+    Observation,
+    Source,
+    phase_of_frames,
+    signal_of_exitcode,
+)
+from torchchaos.incident.readers import Reader
+
+WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+CLOSING = re.compile(r"Sending process (\d+) closing signal (SIG\w+)")
+RESTART = re.compile(r"Worker group (\w+)\. (\d+)/(\d+) attempts left; will restart worker group")
+SUMMARY_START = re.compile(r"ChildFailedError:\s*$")
+ENTRY = re.compile(r"^\[(\d+)\]:\s*$")
+FIELD = re.compile(r"^\s{2}(time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
+RANK_FIELD = re.compile(r"(\d+) \(local_rank: (\d+)\)")
+EXIT_FIELD = re.compile(r"(-?\d+) \(pid: (\d+)\)")
+MARKERS = (WORKER_FAILED, CLOSING, RESTART, SUMMARY_START)
+
+
+class TorchrunLog(Reader):
+    name = "torchrun"
+    summary = "torchrun's log: worker exits, restarts, the failure summary, rank tracebacks"
+
+    def sniff(self, data: bytes, name: str) -> bool:
+        if not text.is_text(data):
+            return False
+        body = data.decode("utf-8", errors="replace")
+        return any(m.search(body) for m in MARKERS) or "[rank" in body and "Traceback" in body
+
+    def read(self, data: bytes, name: str) -> list[Observation]:
+        lines = text.decode(data).splitlines()
+        found = self._launcher_lines(lines, name)
+        found += self._summary(lines, name)
+        found += self._rank_tracebacks(lines, name)
+        return found
+
+    def _launcher_lines(self, lines: list[str], name: str) -> list[Observation]:
+        found, attempt = [], 0
+        for number, line in enumerate(lines, 1):
+            where = Source(name, number)
+            if m := WORKER_FAILED.search(line):
+                code = int(m.group(1))
+                found.append(Observation("exit", where, rank=int(m.group(2)), pid=int(m.group(3)),
+                                         exitcode=code, signal=signal_of_exitcode(code),
+                                         attempt=attempt, extra={"local_rank": int(m.group(2))}))
+            elif m := CLOSING.search(line):
+                found.append(Observation("exit", where, pid=int(m.group(1)), signal=m.group(2),
+                                         reason="stopped by the launcher", attempt=attempt))
+            elif m := RESTART.search(line):
+                found.append(Observation("restart", where, attempt=attempt,
+                                         detail=f"worker group {m.group(1)}, {m.group(2)}/"
+                                                f"{m.group(3)} attempts left"))
+                attempt += 1
+        return found
+
+    def _summary(self, lines: list[str], name: str) -> list[Observation]:
+        """Every entry of ChildFailedError's block; the root cause is marked."""
+        found: list[Observation] = []
+        start = next((i for i, line in enumerate(lines) if SUMMARY_START.search(line)), None)
+        if start is None:
+            return found
+        root, entry, fields = False, None, {}
+        script = next((m.group(1) for line in lines[start + 1:start + 4]
+                       if (m := re.match(r"^(\S+) FAILED\s*$", line))), None)
+
+        def close() -> None:
+            if entry is not None and fields:
+                found.append(_summary_entry(fields, Source(name, entry + 1), root, script))
+
+        tb_lines: list[str] = []
+        for i in range(start + 1, len(lines)):
+            line = lines[i]
+            if line.startswith("Root Cause"):
+                close()
+                entry, fields, root = None, {}, True
+            elif ENTRY.match(line):
+                close()
+                entry, fields, tb_lines = i, {}, []
+            elif line.startswith(("=====", "-----")):
+                close()
+                entry, fields = None, {}
+            elif entry is not None:
+                m = FIELD.match(line)
+                if m and m.group(1) != "traceback" or m and not fields.get("traceback"):
+                    fields[m.group(1)] = m.group(2).strip()
+                    if m.group(1) == "traceback":
+                        tb_lines = [m.group(2)]
+                        fields["_tb"] = tb_lines
+                elif "_tb" in fields:
+                    tb_lines.append(line[2:] if line.startswith("  ") else line)
+        close()
+        return found
+
+    def _rank_tracebacks(self, lines: list[str], name: str) -> list[Observation]:
+        """Tracebacks a rank printed, tagged [rankN]: or not; torchrun's own (it ends in
+        ChildFailedError) is not a rank's."""
+        streams: dict[int | None, list[tuple[int, str]]] = {}
+        for number, line in enumerate(lines, 1):
+            rank, body, _ = text.split_tag(line)
+            streams.setdefault(rank, []).append((number, body))
+        found = []
+        for rank, stream in streams.items():
+            for number, frames, last in text.tracebacks(stream):
+                if "ChildFailedError" in last or any("elastic/" in f and "launch_agent" in f
+                                                      for f in frames[-2:]):
+                    continue
+                found.append(Observation("error", Source(name, number), rank=rank, detail=last,
+                                         frames=frames, phase=phase_of_frames(frames)))
+        return found
+
+
+def _summary_entry(fields: dict, where: Source, root: bool, script: str | None) -> Observation:
+    rank = local = pid = code = None
+    if m := RANK_FIELD.search(fields.get("rank", "")):
+        rank, local = int(m.group(1)), int(m.group(2))
+    if m := EXIT_FIELD.search(fields.get("exitcode", "")):
+        code, pid = int(m.group(1)), int(m.group(2))
+    tb = fields.get("_tb", [])
+    frames = tuple(text.frame_text(m) for line in tb if (m := text.FRAME.match(line)))
+    last = next((line.strip() for line in reversed(tb) if line.strip()), "")
+    extra = {"local_rank": local, "root_cause": root, "script": script}
+    if fields.get("error_file") not in (None, "", "<N/A>"):
+        extra["error_file"] = fields["error_file"]
+    return Observation("exit", where, rank=rank, host=fields.get("host") or None, pid=pid,
+                       exitcode=code, signal=signal_of_exitcode(code), detail=last,
+                       frames=frames, phase=phase_of_frames(frames),
+                       time=_summary_time(fields.get("time", "")), extra=extra)
+
+
+def _summary_time(value: str) -> float | None:
+    try:
+        return _time.mktime(_time.strptime(value, "%Y-%m-%d_%H:%M:%S"))
+    except ValueError:
+        return None

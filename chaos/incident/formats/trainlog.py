@@ -1,0 +1,54 @@
+"""The training script's own lines: its step counter, its saves, where it resumed from.
+
+Read loosely, since every script words them its own way; only lines that
+name a step (`step 12`, `iter 12:`, `global_step=12`), a checkpoint written
+(`saved checkpoint ...`, `saving checkpoint to ...`) or a resume (`resumed from
+ckpt/step-10.pt at step 10`, `Resuming training from ...`) count. A line tagged
+by torch or torchrun ([rank1]:, [default1]:) belongs to that rank; an untagged
+line to no rank in particular (most scripts print from rank 0 only).
+"""
+
+from __future__ import annotations
+
+import re
+
+from torchchaos.incident.formats import text
+from torchchaos.incident.observations import Observation, Source
+from torchchaos.incident.readers import Reader
+
+STEP = re.compile(r"\b(?:step|iter(?:ation)?|global_step)\b\s*[:=#]?\s*(\d+)", re.I)
+RESUME = re.compile(r"\bresum(?:ed|ing)\b.*\b(?:from|at)\b", re.I)
+SAVE = re.compile(r"\b(?:sav(?:ed|ing)|wrote|writing)\b.*\bcheckpoint|\bcheckpoint\b.*"
+                  r"\b(?:saved|written)\b", re.I)
+NOT_OURS = re.compile(r'^\s*(File "|Traceback|\[?[EWI]\d{4} )')
+
+
+class TrainingLog(Reader):
+    name = "trainlog"
+    summary = "the script's own lines: steps, saves, resumes"
+
+    def sniff(self, data: bytes, name: str) -> bool:
+        if not text.is_text(data):
+            return False
+        body = data.decode("utf-8", errors="replace")
+        return any(p.search(line) for line in body.splitlines()[:20000]
+                   for p in (STEP, RESUME, SAVE) if not NOT_OURS.match(line))
+
+    def read(self, data: bytes, name: str) -> list[Observation]:
+        found = []
+        for number, line in enumerate(text.decode(data).splitlines(), 1):
+            rank, body, _ = text.split_tag(line)
+            if NOT_OURS.match(body) or "torch/distributed" in body:
+                continue
+            where = Source(name, number)
+            step = STEP.search(body)
+            number_ = int(step.group(1)) if step else None
+            if RESUME.search(body):
+                found.append(Observation("resume", where, rank=rank, step=number_,
+                                         detail=body.strip()[:200]))
+            elif SAVE.search(body):
+                found.append(Observation("save", where, rank=rank, step=number_,
+                                         detail=body.strip()[:200]))
+            elif step:
+                found.append(Observation("step", where, rank=rank, step=number_))
+        return found

@@ -1,0 +1,123 @@
+"""The artefacts a user names, read: every file by the readers that know its format.
+
+A file named on the command line must be one some reader knows; in a folder,
+files no reader knows are passed over and listed (a config, a tokenizer). A
+file a reader claims but cannot read (a cut-off error file) stops the import:
+every such file is named, one line each, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchchaos.errors import UsageError
+from torchchaos.incident.formats import checkpoints
+from torchchaos.incident.observations import Observation
+from torchchaos.incident.readers import BadArtefact, Reader, all_readers
+
+MAX_READ = 256 << 20  # a log past this is read from its last MAX_READ bytes
+# Folders no artefact of a failed job lives in: caches, and a torchchaos run's own
+# bookkeeping (an import of a run must see only what the job and its launcher left).
+SKIP_DIRS = {"__pycache__", ".git", "history", "fired", "beats", "weights", "snapshot"}
+
+
+@dataclass
+class Gathered:
+    observations: list[Observation] = field(default_factory=list)
+    read: dict[str, list[str]] = field(default_factory=dict)  # shown name -> reader names
+    passed_over: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def gather(paths: list[Path]) -> Gathered:
+    """Read every named file and folder; UsageError (one line per bad file) on a file
+    that cannot be read, on an unknown file named on its own, or when nothing is known."""
+    readers = all_readers()
+    found, problems = Gathered(), []
+    for path in paths:
+        if not path.exists():
+            problems.append(f"{path}: no such file or folder")
+        elif path.is_dir():
+            for file, shown in _walk(path, found):
+                problems += _read_file(file, shown, readers, found, named=False)
+        else:
+            problems += _read_file(path, path.name, readers, found, named=True)
+    if problems:
+        head = "an artefact cannot be read" if len(problems) == 1 else \
+            f"{len(problems)} artefacts cannot be read"
+        raise UsageError(f"{head} (nothing was written):\n  " + "\n  ".join(problems))
+    if not found.read:
+        raise UsageError(f"nothing torchchaos can read in {', '.join(map(str, paths))}"
+                         f" (it reads: {', '.join(r.name for r in readers)}, and checkpoint"
+                         " folders)")
+    return found
+
+
+def _walk(root: Path, found: Gathered) -> list[tuple[Path, str]]:
+    files: list[tuple[Path, str]] = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS
+                         and not d.startswith(("torchinductor", "triton")))
+        here = Path(folder)
+        shown = str(here.relative_to(root.parent))
+        if checkpoints.is_checkpoint_folder(here):
+            found.observations += checkpoints.read_folder(here, shown)
+            found.read[shown + "/"] = ["checkpoints"]
+        for name in sorted(names):
+            path = here / name
+            if checkpoints.looks_like_checkpoint(path):
+                continue  # the folder's observations cover it
+            files.append((path, f"{shown}/{name}"))
+    return files
+
+
+def _read_file(path: Path, shown: str, readers: list[Reader], found: Gathered,
+               named: bool) -> list[str]:
+    try:
+        data = _contents(path, found, shown)
+    except OSError as exc:
+        return [f"{shown}: cannot be read: {exc.strerror or exc}"]
+    if not data.strip():
+        return [f"{shown}: empty"] if named else []
+    claimed = [r for r in readers if _sniffs(r, data, shown)]
+    structured = [r for r in claimed if r.structured]
+    if structured:
+        claimed = structured[:1]  # a document is one format's, whole
+    if not claimed:
+        if named:
+            what = "binary" if b"\x00" in data[:8192] else "text"
+            return [f"{shown}: {what}, and no reader knows its format (they read:"
+                    f" {', '.join(r.name for r in readers)})"]
+        found.passed_over.append(shown)
+        return []
+    observations = []
+    for reader in claimed:
+        try:
+            observations += reader.read(data, shown)
+        except BadArtefact as exc:
+            return [f"{shown}: {exc} (read as {reader.name})"]
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            return [f"{shown}: not a well-formed {reader.name} artefact"
+                    f" ({type(exc).__name__}: {exc})"[:300]]
+    found.observations += observations
+    found.read[shown] = [r.name for r in claimed]
+    return []
+
+
+def _sniffs(reader: Reader, data: bytes, shown: str) -> bool:
+    try:
+        return reader.sniff(data, shown)
+    except Exception:  # a plug-in's sniff that breaks claims nothing
+        return False
+
+
+def _contents(path: Path, found: Gathered, shown: str) -> bytes:
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        if size <= MAX_READ:
+            return f.read()
+        f.seek(size - MAX_READ)
+        found.notes.append(f"{shown}: {size >> 20} MiB; its last {MAX_READ >> 20} MiB were read")
+        return f.read()

@@ -1,0 +1,65 @@
+"""The two ends users call: import a failed job's artefacts, and judge a replay against it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchchaos.errors import UsageError
+from torchchaos.incident.attribute import Incident, attribute
+from torchchaos.incident.gather import Gathered, gather
+from torchchaos.incident.incident_file import build
+from torchchaos.incident.mapping import Placement, placement_from_reference
+from torchchaos.incident.signature import Signature
+from torchchaos.scenario.files import ScenarioFile
+from torchchaos.scenario.model import Scenario
+
+
+@dataclass
+class Imported:
+    incident: Incident
+    gathered: Gathered
+    file: ScenarioFile
+    same_script: bool
+
+
+def import_artefacts(paths: list[Path], scenario: Scenario, cache_dir: Path | None,
+                     progress: Callable[[str], None]) -> Imported:
+    """Read `paths`, attribute, and map the incident onto `scenario`'s script and ranks.
+    On the script the incident came from (the name torchrun's summary gives), its own
+    steps place the faults; on another, that script's fault-free reference run (made
+    if the cache dir does not hold it) places them as the battery places its rows."""
+    gathered = gather(paths)
+    progress(f"read {len(gathered.read)} artefact(s): {len(gathered.observations)}"
+             " observation(s)")
+    incident = attribute(gathered.observations)
+    same_script = incident.script is not None and Path(scenario.script).name == incident.script
+    place = Placement(last_rank=scenario.world_size - 1)
+    if cache_dir is not None and not same_script:
+        from torchchaos.harness.reference import get_reference
+
+        history = get_reference(scenario, cache_dir, progress).history()
+        place = placement_from_reference(history, scenario.world_size)
+    return Imported(incident, gathered, build(incident, gathered, scenario, place, same_script),
+                    same_script)
+
+
+def judge_replay(incident: dict, out_dir: Path, name: str, verdict: str,
+                 failing: list[str]) -> tuple[str, Path]:
+    """The reproduction line a replay prints, and the postmortem page it wrote."""
+    from torchchaos.incident import page
+
+    run_dir = out_dir / "chaos"
+    try:
+        replayed = attribute(gather([run_dir]).observations)
+        got = Signature.of(replayed)
+        ranks = {str(r): s.to_dict() for r, s in replayed.ranks.items()}
+    except UsageError:
+        got, ranks = Signature("unknown", "unknown", "unknown"), {}
+    want = Signature.from_dict(incident.get("signature", {}))
+    differences = want.differences(got)
+    path = page.write(out_dir, name, incident, got, ranks, differences, verdict, failing)
+    line = "incident reproduced: " + got.describe() if not differences else \
+        "incident not reproduced: differs in " + "; ".join(differences)
+    return line, path

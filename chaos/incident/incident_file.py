@@ -1,0 +1,75 @@
+"""The incident as a scenario file: `torchchaos replay` runs it, pytest collects it.
+
+The file is today's format (`torchchaos.scenario.files`) with one more section,
+`incident:`, holding what the import read: the signature a replay must show to
+reproduce it, the finding with its rules and the lines they stand on, each
+rank's timeline, what could not be told, and which artefacts were read. Its
+`expect:` is a pass: the file fails as a test until the bug is fixed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torchchaos.incident.attribute import Incident
+from torchchaos.incident.gather import Gathered
+from torchchaos.incident.mapping import Placement, faults_for
+from torchchaos.incident.signature import Signature
+from torchchaos.scenario.files import Expectation, ScenarioFile
+from torchchaos.scenario.model import Scenario
+
+
+def build(incident: Incident, gathered: Gathered, scenario: Scenario, place: Placement,
+          same_script: bool) -> ScenarioFile:
+    faults = faults_for(incident, place, same_script)
+    import dataclasses
+
+    from torchchaos.scenario.spec import parse_fault_spec
+
+    scenario = dataclasses.replace(scenario, faults=[parse_fault_spec(s) for s, _ in faults])
+    signature = Signature.of(incident)
+    return ScenarioFile(scenario, name=f"incident: {signature.describe()}",
+                        summary=timeline_text(incident),
+                        source="imported by torchchaos incident import from "
+                               + ", ".join(sorted(gathered.read)[:8])
+                               + (" ..." if len(gathered.read) > 8 else ""),
+                        notes=[note for _, note in faults], expect=Expectation("pass"),
+                        incident=section(incident, gathered, signature))
+
+
+def section(incident: Incident, gathered: Gathered, signature: Signature) -> dict[str, Any]:
+    doc = incident.to_dict()
+    doc["signature"] = signature.to_dict()
+    doc["artefacts"] = {name: readers for name, readers in sorted(gathered.read.items())}
+    if gathered.passed_over:
+        doc["passed_over"] = gathered.passed_over[:50]
+    if incident.script:
+        doc["script"] = incident.script
+    return doc
+
+
+def timeline_text(incident: Incident) -> str:
+    """The incident in a few lines, per rank, as the artefacts tell it."""
+    f = incident.finding
+    lo, hi = f.step_window
+    window = "no step known" if lo is None else f"after step {lo}" + (
+        f", before step {hi}" if hi is not None else "")
+    who = f"rank {f.rank}" if f.rank is not None else f"node {f.node}" if f.node is not None \
+        else "an unknown rank" if f.kind != "node" else "a node"
+    lines = [f"{f.kind} of {who} ({f.role}), {f.phase.replace('_', ' ')}"
+             f"{'' if f.phase_seen else ' (placed by rule)'}, {window}; restart:"
+             f" {incident.recovery}."]
+    for rank, story in sorted(incident.ranks.items()):
+        bits = [f"last step {story.last_step}" if story.last_step is not None else "",
+                f"ended {story.end}" if story.end else "",
+                f"error {story.error!r}" if story.error else "",
+                f"at {story.frame}" if story.frame else ""]
+        lines.append(f"rank {rank}: " + "; ".join(b for b in bits if b) + ".")
+    for unknown in incident.unknowns:
+        lines.append(f"not known: {unknown}.")
+    return "\n".join(lines) + "\n"
+
+
+def default_output(paths: list[Path]) -> Path:
+    return Path("incident.chaos.yaml")

@@ -1,0 +1,74 @@
+"""What made it an incident, and how a replay's differs.
+
+A signature is read the same way from both sides: the incident's from the
+artefacts it left, a replay's from the artefacts the replay's own run left (its
+launcher logs, error files, stacks and checkpoint folder, never the harness's
+records). So `reproduced` means the same rules, applied to the same kind of
+evidence, came to the same fault, role, phase and recovery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from torchchaos.incident.attribute import Incident
+
+# Fault kinds a replay stands in for until the harness injects them itself: the
+# signature of such an incident cannot be reproduced in kind, and says so.
+STAND_INS = {"oom": "kill", "exception": "unknown"}
+
+
+@dataclass(frozen=True)
+class Signature:
+    kind: str
+    role: str
+    phase: str
+    how: str = ""
+    collective: str | None = None
+    recovery: str = "not seen"   # resumed | failed while loading | failed | not seen
+
+    @classmethod
+    def of(cls, incident: Incident) -> Signature:
+        f = incident.finding
+        how = f.how if f.kind in ("kill", "crash", "preempt", "oom") else ""
+        return cls(f.kind, f.role, f.phase, how, f.collective, recovery_class(incident.recovery))
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Signature:
+        fields = {k: doc[k] for k in ("kind", "role", "phase", "how", "collective", "recovery")
+                  if k in doc}
+        return cls(**{"kind": "unknown", "role": "unknown", "phase": "unknown", **fields})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v not in (None, "")}
+
+    def differences(self, replay: Signature) -> list[str]:
+        """Each way the replay's signature differs from this one ([] when reproduced)."""
+        found = []
+        for name in ("kind", "role", "phase", "how", "collective", "recovery"):
+            want, got = getattr(self, name), getattr(replay, name)
+            if want in (None, "", "unknown", "not seen"):
+                continue  # the incident did not tell: nothing to reproduce
+            if want != got:
+                found.append(f"{name}: the incident's {want!r}, the replay's {got!r}")
+        return found
+
+    def describe(self) -> str:
+        parts = [self.kind, f"of the {self.role} rank" if self.role in ("writer", "other")
+                 else f"of a {self.role}" if self.role != "unknown" else "",
+                 self.phase.replace("_", " ") if self.phase != "unknown" else "",
+                 f"({self.how})" if self.how else "",
+                 f"in {self.collective}" if self.collective else "",
+                 f"; restart: {self.recovery}"]
+        return " ".join(p for p in parts if p)
+
+
+def recovery_class(text: str) -> str:
+    if text.startswith("failed while loading"):
+        return "failed while loading"
+    if text.startswith("failed"):
+        return "failed"
+    if text.startswith(("resumed", "restarted")):
+        return "resumed" if text.startswith("resumed") else "restarted"
+    return "not seen"
