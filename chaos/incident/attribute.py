@@ -42,7 +42,11 @@ KINDS = ("oom", "crash", "exception", "hang", "preempt", "kill", "node", "torn_w
          "power_loss", "unknown")
 PHASES = ("startup", "between_saves", "mid_save", "load", "after_resume", "exit", "unknown")
 FATAL = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL")
+# An error that reports another rank's failure, not one of its own. The last line is
+# torchchaos's own hang fault releasing a held rank when its peer exits.
 ECHO = re.compile(r"Connection (closed|reset) by peer|Timed out waiting|Watchdog caught|"
+                  r"Application timeout caused pair closure|"
+                  r"exited while this rank was in|"
                   r"Signal \d+ \(SIG\w+\) received|ChildFailedError|ProcessExitedException|"
                   r"SignalException|KeyboardInterrupt|NCCL communicator was aborted|"
                   r"DistBackendError|DistNetworkError|ncclRemoteError|the remote worker",
@@ -155,6 +159,8 @@ def _segments(obs: list[Observation]) -> dict[int, int]:
         if o.source.line is not None:
             before = sum(1 for c in cuts[o.source.file] if c < o.source.line)
             found[i] = order[(o.source.file, before)]
+        elif o.attempt is not None and len(files) == 1:  # an error file's attempt_<n>
+            found[i] = min(o.attempt, len(cuts[files[0]]))
     return found
 
 
@@ -166,8 +172,8 @@ def _cuts(file: str, obs: list[Observation]) -> list[int]:
     failures = sorted(o.source.line for o in lines if o.what == "exit" and "local_rank"
                       in o.extra and not o.extra.get("root_cause") and o.rank is not None
                       and o.reason is None and "root_cause" not in o.extra)
-    went_on = [n for n in failures if any(o.what in ("step", "resume") and o.source.line > n
-                                          for o in lines)]
+    went_on = [n for n in failures if n != failures[-1] or any(
+        o.what in ("step", "resume") and o.source.line > n for o in lines)]
     return sorted(set(restarts) | set(went_on))  # type: ignore[arg-type]
 
 
@@ -420,11 +426,13 @@ def _node(obs, stopped, ranks, f: Finding) -> bool:
         f.alternatives = ["power_loss"] if said[0].reason == "NODE_FAIL" else []
         _say(f, f"node: {said[0].detail or said[0].reason} ({said[0].source})", said[0])
         return True
-    files = sorted({o.source.file for o in obs if o.source.line is not None})
-    ended_silent = [name for i, name in enumerate(files[:-1]) if not any(
-        o.source.file == name and o.what in ("exit", "error", "restart") for o in obs)]
-    later_resume = [o for o in obs if o.what == "resume" and ended_silent
-                    and o.source.file > ended_silent[0]]
+    logs = sorted({o.source.file for o in obs if o.what == "log_file"})
+    resumes = [o for o in obs if o.what == "resume"]
+    ended_silent = [name for name in logs if not any(
+        o.source.file == name and o.what in ("exit", "error", "restart", "resume") for o in obs)
+        and any(_same_folder(name, r.source.file) and r.source.file > name for r in resumes)]
+    later_resume = [r for r in resumes if ended_silent and r.source.file > ended_silent[0]
+                    and _same_folder(ended_silent[0], r.source.file)]
     if ended_silent and later_resume:
         f.kind, f.how, f.node = "node", "the launcher and its ranks vanished", None
         f.alternatives = ["power_loss"]
@@ -433,6 +441,10 @@ def _node(obs, stopped, ranks, f: Finding) -> bool:
         f.sources.append(f"{ended_silent[0]}:end")
         return True
     return False
+
+
+def _same_folder(a: str, b: str) -> bool:
+    return a.rpartition("/")[0] == b.rpartition("/")[0]
 
 
 def _checkpoint_only(obs, stopped, ranks, f: Finding) -> bool:
@@ -457,8 +469,8 @@ def _place(obs: list[Observation], incident: Incident, later: list[Observation])
     failed_at = _first_failure_line(obs, f)
     before = [s for o in obs if o.what == "step" and o.step is not None
               and (failed_at is None or _earlier(o, failed_at)) for s in (o.step,)]
-    if before:
-        last = max(before)
+    if failed_at is not None:
+        last = max(before) if before else None
     next_steps = [s for s in steps if last is not None and s > last]
     f.step_window = (last, next_steps[0] if next_steps else None)
     if f.phase == "unknown":
@@ -504,12 +516,16 @@ def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later) -
                          and (o in later or failed_at is not None
                               and not _earlier(o, failed_at))), None)
     reached = f.step_window[0]
-    if first_resume is not None and reached is not None and first_resume.step < reached \
-            and f.kind != "hang":
+    interval = save_interval(obs + later)
+    if first_resume is not None and reached is not None and interval \
+            and first_resume.step < reached and f.kind != "hang" \
+            and (reached // interval) * interval > first_resume.step:
+        due = (reached // interval) * interval
         f.phase, f.phase_seen = "mid_save", True
-        f.rules.append(f"phase mid_save: the log reached step {reached} but the restart"
-                       f" resumed from step {first_resume.step} ({first_resume.source}):"
-                       f" the save after step {first_resume.step} never finished")
+        f.rules.append(f"phase mid_save: the log reached step {reached}, checkpoints come every"
+                       f" {interval} steps, yet the restart resumed from step"
+                       f" {first_resume.step} ({first_resume.source}): the save of step {due}"
+                       " never finished")
         return
     resumes = [o for o in obs if o.what == "resume" and (failed_at is None
                                                          or _earlier(o, failed_at))]
@@ -536,12 +552,30 @@ def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later) -
                    " save was left unfinished, and the log shows steps before it")
 
 
+def save_interval(obs: list[Observation]) -> int | None:
+    """Steps between checkpoints, from the steps the checkpoint files and save lines name
+    (their greatest common divisor); None where fewer than two are known."""
+    import math
+
+    steps = sorted({o.step for o in obs if o.what in ("checkpoint", "save")
+                    and o.step is not None and o.step > 0})
+    if len(steps) < 2:
+        return None
+    return math.gcd(*steps) or None
+
+
 def _first_failure_line(obs: list[Observation], f: Finding):
     from torchchaos.incident.observations import Source
 
+    stepped = {o.source.file for o in obs if o.what == "step"}
     for src in f.sources:
         if src.endswith(":end"):  # a log that ends where the failure is
             return Source(src[:-4], 10**9)
+    if f.rank is not None:  # the rank's own end in the log that counts the steps
+        ends = [o.source for o in obs if o.rank == f.rank and o.source.file in stepped
+                and o.source.line is not None and o.what in ("exit", "error")]
+        if ends:
+            return min(ends, key=lambda s: s.line)
         for o in obs:
             if str(o.source) == src and o.source.line is not None:
                 return o.source

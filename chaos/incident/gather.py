@@ -14,9 +14,10 @@ from pathlib import Path
 
 from torchchaos.errors import UsageError
 from torchchaos.incident.formats import checkpoints
-from torchchaos.incident.observations import Observation
+from torchchaos.incident.observations import Observation, Source
 from torchchaos.incident.readers import BadArtefact, Reader, all_readers
 
+LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
 MAX_READ = 256 << 20  # a log past this is read from its last MAX_READ bytes
 # Folders no artefact of a failed job lives in: caches, and a torchchaos run's own
 # bookkeeping (an import of a run must see only what the job and its launcher left).
@@ -80,7 +81,12 @@ def _read_file(path: Path, shown: str, readers: list[Reader], found: Gathered,
     except OSError as exc:
         return [f"{shown}: cannot be read: {exc.strerror or exc}"]
     if not data.strip():
-        return [f"{shown}: empty"] if named else []
+        if named:
+            return [f"{shown}: empty"]
+        if path.suffix in LOG_SUFFIXES:  # a launch that said nothing is still a launch
+            found.observations.append(Observation("log_file", Source(shown), detail="empty"))
+            found.read[shown] = ["(empty log)"]
+        return []
     claimed = [r for r in readers if _sniffs(r, data, shown)]
     structured = [r for r in claimed if r.structured]
     if structured:
@@ -101,6 +107,8 @@ def _read_file(path: Path, shown: str, readers: list[Reader], found: Gathered,
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             return [f"{shown}: not a well-formed {reader.name} artefact"
                     f" ({type(exc).__name__}: {exc})"[:300]]
+    if path.suffix in LOG_SUFFIXES and not any(r.structured for r in claimed):
+        observations.append(Observation("log_file", Source(shown), detail="log"))
     found.observations += observations
     found.read[shown] = [r.name for r in claimed]
     return []

@@ -29,6 +29,7 @@ WHATS = (
     "job_state",     # a scheduler's or operator's final word on the job
     "flight",        # a flight-recorder dump: a rank's last collectives
     "checkpoint",    # the checkpoint folder as found: a file that loads or does not
+    "log_file",      # a log was given (detail "empty" when it holds nothing)
     "injected",      # this project's own record of a fault (report.json, replay.yaml)
 )
 
@@ -117,6 +118,9 @@ def phase_of_frames(frames: tuple[str, ...] | list[str]) -> str | None:
                     "send", "recv", "monitored_barrier", "_sync_params_and_buffers",
                     "_verify_param_shape_across_processes", "allreduce_hook") \
                 or "distributed_c10d.py" in text:
+            return "collective"
+        if name in ("_engine_run_backward", "run_backward"):
+            # DDP's gradient all-reduce runs inside backward: a rank stuck there waits
             return "collective"
         if "dataloader.py" in text or "worker.py" in text and "data" in text:
             return "data"

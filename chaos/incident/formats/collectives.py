@@ -21,7 +21,8 @@ from torchchaos.incident.readers import Reader
 
 PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|"
                        r"NCCL (?:communicator was aborted|error).*remote|ncclRemoteError")
-GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation")
+GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation|"
+                          r"Application timeout caused pair closure")
 NCCL_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\("
                            r"SeqNum=(\d+), OpType=(\w+)[^)]*\) ran for (\d+) milliseconds")
 NCCL_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]")
@@ -62,10 +63,11 @@ class CollectiveErrors(Reader):
                            f" {m.group(3)} ms", extra={"ms": int(m.group(3))}))
             elif m := GLOO_TIMEOUT.search(body):
                 seen.add(key)
+                said = f"timed out waiting {m.group(1)} ms for {m.group(2)}" if m.group(1) \
+                    else "a timeout closed the connection"
                 found.append(Observation("collective_timeout", where, rank=rank,
-                                         detail=f"gloo: timed out waiting {m.group(1)} ms for"
-                                                f" {m.group(2)}",
-                                         extra={"ms": int(m.group(1)), "op": m.group(2)}))
+                                         detail=f"gloo: {said}",
+                                         extra={"ms": int(m.group(1))} if m.group(1) else {}))
             elif PEER_LOST.search(body):
                 seen.add(key)
                 found.append(Observation("peer_lost", where, rank=rank,

@@ -88,7 +88,7 @@ class TorchrunLog(Reader):
         if start is None:
             return found
         root, entry, fields = False, None, {}
-        script = next((m.group(1) for line in lines[start + 1:start + 4]
+        script = next((m.group(1).rsplit("/", 1)[-1] for line in lines[start + 1:start + 4]
                        if (m := re.match(r"^(\S+) FAILED\s*$", line))), None)
 
         def close() -> None:

@@ -16,7 +16,7 @@ from torchchaos.incident.formats import text
 from torchchaos.incident.observations import Observation, Source
 from torchchaos.incident.readers import Reader
 
-STEP = re.compile(r"\b(?:step|iter(?:ation)?|global_step)\b\s*[:=#]?\s*(\d+)", re.I)
+STEP = re.compile(r"\b(?:step|iter(?:ation)?|global_step)(?:\b\s*[:=#]?\s*|[-_])(\d+)", re.I)
 RESUME = re.compile(r"\bresum(?:ed|ing)\b.*\b(?:from|at)\b", re.I)
 SAVE = re.compile(r"\b(?:sav(?:ed|ing)|wrote|writing)\b.*\bcheckpoint|\bcheckpoint\b.*"
                   r"\b(?:saved|written)\b", re.I)
@@ -28,8 +28,9 @@ class TrainingLog(Reader):
     summary = "the script's own lines: steps, saves, resumes"
 
     def sniff(self, data: bytes, name: str) -> bool:
-        if not text.is_text(data):
-            return False
+        head = data.lstrip()[:2]
+        if not text.is_text(data) or head[:1] == b"{" or head in (b"[{", b'["', b"[]"):
+            return False  # a JSON document (a manifest, a config) is no log
         body = data.decode("utf-8", errors="replace")
         return any(p.search(line) for line in body.splitlines()[:20000]
                    for p in (STEP, RESUME, SAVE) if not NOT_OURS.match(line))
