@@ -84,7 +84,8 @@ def _run_once(name: str, out: Path) -> bool:
                "OMP_NUM_THREADS": "1", **({"OOM_CGROUP": str(cgroup)} if cgroup else {})}
         dmesg_before = _dmesg()
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", str(run / "torchrun"), str(PROBE),
+                   "--nproc-per-node", "2", "--max-restarts", "1",
+                   "--log-dir", str(run / "torchrun"), str(PROBE),
                    "--fail", mode, "--rank", str(rank), "--step", str(step)]
         with open(run / "launcher.log", "wb") as log:
             job = subprocess.Popen(command, cwd=run, env=env, stdout=log,
