@@ -147,7 +147,8 @@ def attribute(observations: list[Observation]) -> Incident:
 def _segments(obs: list[Observation]) -> dict[int, int]:
     """Each line-sourced observation's launch: log files in name order (one per launch or
     requeue), each cut where its launcher restarted the workers."""
-    files = sorted({o.source.file for o in obs if o.source.line is not None})
+    files = sorted({o.source.file for o in obs if o.source.line is not None and (
+        o.what in ("step", "resume", "save", "restart") or "local_rank" in o.extra)})
     cuts = {f: _cuts(f, obs) for f in files}
     order, seg = {}, 0
     for f in files:
@@ -156,7 +157,7 @@ def _segments(obs: list[Observation]) -> dict[int, int]:
             seg += 1
     found = {}
     for i, o in enumerate(obs):
-        if o.source.line is not None:
+        if o.source.line is not None and o.source.file in cuts:
             before = sum(1 for c in cuts[o.source.file] if c < o.source.line)
             found[i] = order[(o.source.file, before)]
         elif o.attempt is not None and len(files) == 1:  # an error file's attempt_<n>
@@ -294,7 +295,10 @@ def _oom(obs, stopped, ranks, f: Finding) -> bool:
 
 
 def _crash(obs, stopped, ranks, f: Finding) -> bool:
-    fatal = [o for o in obs if o.what == "exit" and o.signal in FATAL and o.pid not in stopped]
+    # NCCL's watchdog aborts a rank whose collective timed out: that SIGABRT is the hang's
+    timed_out = {o.rank for o in obs if o.what == "collective_timeout" and o.rank is not None}
+    fatal = [o for o in obs if o.what == "exit" and o.signal in FATAL and o.pid not in stopped
+             and not (o.signal == "SIGABRT" and o.rank in timed_out)]
     if not fatal:
         return False
     first = next((o for o in fatal if o.rank is not None), fatal[0])
@@ -356,6 +360,11 @@ def _hang(obs, stopped, ranks, f: Finding) -> bool:
                        " after the timeout: it is the one waited for")
         return True
     known = set(ranks) | waiting
+    if waiting and len(known - waiting) == 1 and len(known) > 2:
+        f.rank = (known - waiting).pop()
+        f.rules.append(f"rank {f.rank} is the only rank of the job ({len(known)} seen) whose"
+                       " collective did not time out: the others waited for it")
+        return True
     if len(known) == 2 and len(waiting) == 1:
         f.rank = (known - waiting).pop()
         f.rules.append(f"rank {f.rank}: the only other rank of a job of two waited for")
@@ -565,21 +574,24 @@ def save_interval(obs: list[Observation]) -> int | None:
 
 
 def _first_failure_line(obs: list[Observation], f: Finding):
+    """Where the failure shows in the log that counts the steps: the end of a log that
+    stopped, the rule's own line there, or the failing rank's end there."""
     from torchchaos.incident.observations import Source
 
     stepped = {o.source.file for o in obs if o.what == "step"}
+    lined = {str(o.source): o.source for o in obs if o.source.line is not None}
     for src in f.sources:
         if src.endswith(":end"):  # a log that ends where the failure is
             return Source(src[:-4], 10**9)
-    if f.rank is not None:  # the rank's own end in the log that counts the steps
+    for src in f.sources:
+        if src in lined and lined[src].file in stepped:
+            return lined[src]
+    if f.rank is not None:
         ends = [o.source for o in obs if o.rank == f.rank and o.source.file in stepped
                 and o.source.line is not None and o.what in ("exit", "error")]
         if ends:
             return min(ends, key=lambda s: s.line)
-        for o in obs:
-            if str(o.source) == src and o.source.line is not None:
-                return o.source
-    return None
+    return next((lined[src] for src in f.sources if src in lined), None)
 
 
 def _earlier(o: Any, where: Any) -> bool:

@@ -24,7 +24,7 @@ PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|"
 GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation|"
                           r"Application timeout caused pair closure")
 NCCL_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\("
-                           r"SeqNum=(\d+), OpType=(\w+)[^)]*\) ran for (\d+) milliseconds")
+                           r"SeqNum=(\d+), OpType=(\w+).*?\) ran for (\d+) milliseconds")
 NCCL_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]")
 OPS = {"ALLREDUCE": "all_reduce", "BROADCAST": "broadcast", "ALLGATHER": "all_gather",
        "_ALLGATHER_BASE": "all_gather_into_tensor", "REDUCE_SCATTER": "reduce_scatter",

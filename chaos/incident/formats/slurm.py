@@ -54,7 +54,8 @@ class Sacct(Reader):
                                   f" {len(names)}: cut off?")
             row = dict(zip(names, cells))
             state = row.get("State", "").split()[0] if row.get("State") else ""
-            state = state.rstrip("+")
+            if state.endswith("+"):  # sacct cuts a state to its column: OUT_OF_ME+
+                state = next((s for s in STATES if s.startswith(state[:-1])), state)
             if state not in STATES:
                 continue
             code = signal = None
