@@ -91,7 +91,7 @@ def _run_once(name: str, out: Path) -> bool:
             job = subprocess.Popen(command, cwd=run, env=env, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
             if mode == "hang":
-                _stacks_while_hung(job.pid, run / "stacks")
+                _stacks_while_hung(job.pid, run / "launcher.log", step, run / "stacks")
             try:
                 job.wait(timeout=120)
             except subprocess.TimeoutExpired:
@@ -123,14 +123,12 @@ def _run_once(name: str, out: Path) -> bool:
     return True
 
 
-def _stacks_while_hung(launcher: int, dest: Path) -> None:
-    """py-spy dump of each worker once the hung rank has slept a second."""
+def _stacks_while_hung(launcher: int, log: Path, step: int, dest: Path) -> None:
+    """py-spy dump of each worker a second after the log shows the step the hang follows
+    (the hung rank asleep, the others waiting in their next collective)."""
     dest.mkdir()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        workers = _workers(launcher)
-        if len(workers) == 2 and all(_has_run(pid, 1.5) for pid in workers):
-            break
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and f"[step {step}]".encode() not in log.read_bytes():
         time.sleep(0.2)
     time.sleep(1.0)
     for pid, rank in _workers(launcher).items():
@@ -154,15 +152,6 @@ def _workers(launcher: int) -> dict[int, int]:
             if ranks:
                 found[int(entry.name)] = int(ranks[0][5:])
     return found
-
-
-def _has_run(pid: int, seconds: float) -> bool:
-    try:
-        start = int((Path(f"/proc/{pid}/stat").read_text().split())[21])
-    except OSError:
-        return False
-    uptime = float(Path("/proc/uptime").read_text().split()[0])
-    return uptime - start / os.sysconf("SC_CLK_TCK") > seconds
 
 
 def _dmesg() -> list[str]:

@@ -70,7 +70,9 @@ def load_json(data: bytes) -> object:
     except UnicodeDecodeError:
         raise BadArtefact("not UTF-8 text") from None
     except json.JSONDecodeError as exc:
-        why = "cut off" if exc.pos >= len(data.rstrip()) - 1 else "not valid JSON"
+        end = len(data.rstrip())
+        cut = exc.pos >= end - 1 or exc.msg.startswith("Unterminated")
+        why = "cut off" if cut else "not valid JSON"
         raise BadArtefact(f"{why} (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
 
 

@@ -40,7 +40,8 @@ class KernelLog(Reader):
             if pid is None or pid in pids:
                 continue
             pids.add(pid)
-            cgroup = "cgroup" if m and m.group(1).startswith("Memory cgroup") else "machine"
+            cgroup = "cgroup" if m and m.group(1).startswith("Memory cgroup") \
+                or "CONSTRAINT_MEMCG" in line else "machine"
             found.append(Observation("oom_kill", Source(name, number), pid=pid,
                                      signal="SIGKILL", reason="OOM killer",
                                      detail=line.strip()[-200:], extra={"scope": cgroup}))

@@ -1,0 +1,90 @@
+"""The import on real artefacts: tests/data/incidents/, made by bench/make_incident_corpus.py
+from real failing torchrun jobs (and, for Kubernetes, Slurm and NCCL, written from their
+documented formats in from_schemas/). Each case's expected.json says what was done; the
+import must find it, or say that it cannot tell, never guess another."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+
+from torchchaos.incident.attribute import attribute
+from torchchaos.incident.gather import gather
+from torchchaos.incident.signature import recovery_class
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "incidents"
+CASES = sorted(p.parent for p in DATA.glob("**/expected.json"))
+
+
+def imported(case: Path):
+    return attribute(gather([p for p in sorted(case.iterdir())
+                             if p.name != "expected.json"]).observations)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_the_import_finds_what_was_done_or_says_it_cannot_tell(case):
+    want = json.loads((case / "expected.json").read_text())
+    incident = imported(case)
+    found = incident.finding
+    assert found.kind == want["kind"], found.rules
+    if want["rank"] is not None:
+        assert found.rank in (want["rank"], None), found.rules
+        if found.rank is None:  # said, not guessed
+            assert any("not known" in r or "rank None" in r for r in found.rules), found.rules
+    if want.get("node") is not None:
+        assert found.node == want["node"]
+    assert found.phase in (want["phase"], "unknown"), found.rules
+    if found.phase != want["phase"]:
+        assert any("phase" in u for u in incident.unknowns)
+    assert recovery_class(incident.recovery) == want["recovery"], incident.recovery
+
+
+def test_most_of_the_corpus_is_told_exactly():
+    """Kind, rank and phase all right (measured 13 of 14 on 2026-11-26; the miss is the
+    SIGSEGV whose faulthandler dump names no rank and whose launcher line names the peer)."""
+    exact = [case.name for case in CASES if (lambda f, w: (f.kind, f.rank, f.phase)
+             == (w["kind"], w["rank"], w["phase"]))(imported(case).finding,
+                                                     json.loads((case / "expected.json")
+                                                                .read_text()))]
+    assert len(exact) >= 13, exact
+
+
+def test_every_rule_names_the_lines_it_stands_on():
+    for case in CASES:
+        found = imported(case).finding
+        assert found.rules
+        for source in found.sources:
+            file = source.split(":", 1)[0]
+            assert any(part == file or file.endswith(part) or part.endswith(file.split("/")[-1])
+                       for part in [p.name for p in case.rglob("*")]), (case.name, source)
+
+
+@pytest.mark.parametrize("name", ["k8s_oom", "k8s_preempt"])
+def test_the_pod_samples_are_pods_by_the_kubernetes_schema(name):
+    doc = json.loads((DATA / "from_schemas" / name / "pod.json").read_text())
+    kubernetes_validate.validate(doc, "1.30", strict=True)
+    doc["status"]["containerStatuses"][0]["restartCont"] = 1  # the check is real
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(doc, "1.30", strict=True)
+
+
+def test_a_hang_names_the_rank_behind_in_the_flight_recorder():
+    found = imported(DATA / "from_schemas" / "nccl_watchdog").finding
+    assert (found.kind, found.rank, found.collective) == ("hang", 2, "all_reduce")
+    assert any("flight recorder" in rule for rule in found.rules)
+
+
+def test_the_oom_kill_is_tied_to_its_rank_through_the_launchers_pid():
+    found = imported(DATA / "oom").finding
+    assert (found.kind, found.rank) == ("oom", 1)
+    assert any(s.startswith("kernel.log:") for s in found.sources)
+
+
+def test_a_torn_checkpoint_that_fails_the_resume_is_the_kill_mid_save_and_a_failed_restart():
+    incident = imported(DATA / "load")
+    assert (incident.finding.kind, incident.finding.phase) == ("kill", "mid_save")
+    assert incident.recovery.startswith("failed while loading")
+    assert any("does not load" in c or "cut short" in c for c in incident.checkpoints)

@@ -1,0 +1,150 @@
+"""Each reader on the lines its tool writes: what it takes from them, with their source."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+
+from torchchaos.incident.formats.checkpoints import read_folder
+from torchchaos.incident.formats.collectives import CollectiveErrors
+from torchchaos.incident.formats.errorfile import ErrorFile
+from torchchaos.incident.formats.flight import FlightRecorder
+from torchchaos.incident.formats.kernel import KernelLog
+from torchchaos.incident.formats.kubernetes import KubernetesStatus
+from torchchaos.incident.formats.slurm import Sacct
+from torchchaos.incident.formats.stacks import Stacks
+from torchchaos.incident.formats.torchrun import TorchrunLog
+from torchchaos.incident.formats.trainlog import TrainingLog
+from torchchaos.incident.readers import BadArtefact
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "incidents"
+
+
+def read(reader, path: Path) -> list:
+    data = path.read_bytes()
+    assert reader.sniff(data, path.name), path
+    return reader.read(data, path.name)
+
+
+def test_torchrun_log_worker_failures_launcher_stops_and_the_summary():
+    found = read(TorchrunLog(), DATA / "kill" / "launcher.log")
+    failed = [o for o in found if o.what == "exit" and "local_rank" in o.extra
+              and "root_cause" not in o.extra]
+    assert [(o.rank, o.signal) for o in failed] == [(1, "SIGKILL")]
+    assert any(o.reason == "stopped by the launcher" for o in found)
+    summary = read(TorchrunLog(), DATA / "load" / "launcher.log")
+    roots = [o for o in summary if o.extra.get("root_cause")]
+    assert len(roots) == 1 and roots[0].extra["script"] == "incident_probe.py"
+    assert roots[0].detail  # the root cause's own last line, not torchrun's banner
+
+
+def test_rank_tagged_tracebacks_keep_their_rank_and_last_line():
+    errors = [o for o in read(TorchrunLog(), DATA / "raise" / "launcher.log")
+              if o.what == "error" and o.rank == 1]
+    assert errors[0].detail == "RuntimeError: loss scaler state is inconsistent"
+    assert errors[0].frames[-1].startswith("fail (incident_probe.py:")
+
+
+def test_error_file_message_frames_and_attempt_from_its_path():
+    path = DATA / "raise" / "torchrun" / "attempt_0" / "1" / "error.json"
+    (error,) = ErrorFile().read(path.read_bytes(), "torchrun/attempt_0/1/error.json")
+    assert (error.rank, error.attempt) == (1, 0)
+    assert error.detail.startswith("RuntimeError: loss scaler")
+    assert error.source.key == "message.message"
+
+
+def test_gloo_and_nccl_collective_lines():
+    gloo = read(CollectiveErrors(), DATA / "hang" / "launcher.log")
+    assert any(o.what == "collective_timeout" and o.rank == 0 for o in gloo)
+    nccl = read(CollectiveErrors(), DATA / "from_schemas" / "nccl_watchdog" / "launcher.log")
+    timeouts = [o for o in nccl if o.what == "collective_timeout"]
+    assert sorted(o.rank for o in timeouts) == [0, 1, 3]
+    assert {(o.seq, o.collective) for o in timeouts} == {(20001, "all_reduce")}
+
+
+def test_py_spy_dump_names_the_frame_each_rank_is_in():
+    stacks = {o.rank: o for path in sorted((DATA / "hang" / "stacks").iterdir())
+              for o in read(Stacks(), path)}
+    assert stacks[0].phase == "collective"  # waiting in the all-reduce
+    assert stacks[1].frames[-1].startswith("fail (")  # the sleeping rank, in its own code
+
+
+def test_faulthandler_dump_of_a_segfault():
+    found = [o for o in read(Stacks(), DATA / "segv" / "launcher.log") if o.what == "exit"]
+    assert found and found[0].signal == "SIGSEGV"
+    assert found[0].frames[-1].startswith("string_at (")  # innermost last: ctypes' read
+    assert found[0].frames[-2].startswith("fail (incident_probe.py:")
+
+
+def test_kernel_oom_lines():
+    (kill,) = read(KernelLog(), DATA / "oom" / "kernel.log")
+    assert kill.what == "oom_kill" and kill.pid and kill.extra["scope"] == "cgroup"
+
+
+def test_training_log_steps_saves_and_resumes():
+    found = read(TrainingLog(), DATA / "kill" / "launcher.log")
+    assert [o.step for o in found if o.what == "resume"] == [4]
+    assert {o.step for o in found if o.what == "save"} >= {4, 8, 12}
+    assert max(o.step for o in found if o.what == "step") == 12
+
+
+def test_pod_json_oom_killed_container_and_its_node():
+    found = read(KubernetesStatus(), DATA / "from_schemas" / "k8s_oom" / "pod.json")
+    (oom,) = [o for o in found if o.what == "oom_kill"]
+    assert (oom.reason, oom.exitcode, oom.extra["node"]) == ("OOMKilled", 137, 2)
+    assert str(oom.source) == "pod.json:status.containerStatuses[0].lastState.terminated"
+
+
+def test_pytorchjob_conditions():
+    found = read(KubernetesStatus(), DATA / "from_schemas" / "pytorchjob" / "job.json")
+    assert [o.what for o in found] == ["restart", "job_state"]
+    assert found[1].reason == "Failed"
+
+
+@pytest.mark.parametrize("name,state", [("slurm_node_fail", "NODE_FAIL"),
+                                        ("slurm_oom", "OUT_OF_MEMORY")])
+def test_sacct_parsable_and_in_columns(name, state):
+    found = read(Sacct(), DATA / "from_schemas" / name / "sacct.txt")
+    assert found[0].reason == state
+
+
+def test_flight_recorder_pickle_as_torch_writes_it_and_json():
+    pickled = DATA / "raise" / "fr" / "rank0"
+    (rank0,) = read(FlightRecorder(), pickled)
+    assert rank0.rank == 0 and rank0.collective in ("all_reduce", "barrier")
+    (rank2,) = read(FlightRecorder(), DATA / "from_schemas" / "nccl_watchdog"
+                    / "fr_trace_rank_2.json")
+    assert (rank2.rank, rank2.seq) == (2, 20000)
+
+
+def test_a_flight_dump_that_would_run_code_is_refused():
+    class Boom:
+        def __reduce__(self):
+            return (print, ("ran",))
+
+    data = pickle.dumps({"pg_config": {}, "entries": [Boom()]})
+    assert FlightRecorder().sniff(data, "rank0")
+    with pytest.raises(BadArtefact, match="not plain data"):
+        FlightRecorder().read(data, "rank0")
+
+
+def test_checkpoint_folder_a_cut_file_a_leftover_and_a_good_one(tmp_path):
+    good = (DATA / "kill" / "ckpt" / "step-0004.pt").read_bytes()
+    (tmp_path / "step-0004.pt").write_bytes(good)
+    (tmp_path / "step-0008.pt").write_bytes(good[: len(good) // 2])
+    (tmp_path / "step-0012.pt.tmp").write_bytes(good)
+    found = {o.source.file.split("/")[-1]: o for o in read_folder(tmp_path, "ckpt")}
+    assert found["step-0004.pt"].extra["loads"] is True
+    assert found["step-0008.pt"].extra["loads"] is False
+    assert "cut short" in found["step-0008.pt"].detail
+    assert found["step-0012.pt.tmp"].extra["temp"] is True
+
+
+def test_an_error_file_cut_short_is_said_so(tmp_path):
+    text = (DATA / "raise" / "torchrun" / "attempt_0" / "1" / "error.json").read_bytes()
+    with pytest.raises(BadArtefact, match="cut off"):
+        ErrorFile().read(text[: len(text) // 2], "error.json")
+    assert json.loads(text)  # the whole one is JSON
