@@ -602,5 +602,13 @@ def _earlier(o: Any, where: Any) -> bool:
 
 
 def _script(obs: list[Observation]) -> str | None:
-    """The script's file name, as torchrun's summary heads it ("train.py FAILED")."""
-    return next((o.extra["script"] for o in obs if o.extra.get("script")), None)
+    """The script's file name: as torchrun's summary heads it ("train.py FAILED"), else
+    the command line py-spy shows, else the file of a traceback's `<module>` frame."""
+    named = [o.extra.get("script") for o in obs if o.extra.get("script")]
+    for o in obs:
+        command = o.extra.get("command", "")
+        named += [w.rsplit("/", 1)[-1] for w in command.split() if w.endswith(".py")][:1]
+    for o in obs:
+        named += [m.group(1) for frame in o.frames[:1]
+                  if (m := re.match(r"<module> \(([^:]+\.py):\d+\)", frame))]
+    return named[0] if named else None

@@ -33,8 +33,8 @@ class ErrorFile(Reader):
 
     def sniff(self, data: bytes, name: str) -> bool:
         head = data.lstrip()[:200]
-        return head.startswith(b"{") and b'"message"' in data[:4096] \
-            and (b"extraInfo" in data or b'"timestamp"' in data)
+        return head.replace(b" ", b"").startswith(b'{"message"') or head.startswith(b"{") \
+            and b'"message"' in data[:4096] and (b"extraInfo" in data or b'"timestamp"' in data)
 
     def read(self, data: bytes, name: str) -> list[Observation]:
         doc = load_json(data)

@@ -71,11 +71,11 @@ class Stacks(Reader):
 def _pyspy(stream: list[tuple[int, str]], rank: int | None, name: str) -> list[Observation]:
     """The main thread's (or else the first active thread's) stack of each process."""
     found: list[Observation] = []
-    pid, i = None, 0
+    pid, command, i = None, "", 0
     while i < len(stream):
         number, line = stream[i]
         if m := PYSPY_PROCESS.match(line):
-            pid = int(m.group(1))
+            pid, command = int(m.group(1)), m.group(2)
         elif m := PYSPY_THREAD.match(line):
             frames, j = [], i + 1
             while j < len(stream) and (f := PYSPY_FRAME.match(stream[j][1])):
@@ -87,7 +87,8 @@ def _pyspy(stream: list[tuple[int, str]], rank: int | None, name: str) -> list[O
                 found.append(Observation("stack", Source(name, number), rank=rank, pid=pid,
                                          frames=tuple(frames), phase=phase_of_frames(frames),
                                          collective=collective_of_frames(frames),
-                                         detail=f"py-spy: thread {m.group(2)!r} {m.group(1)}"))
+                                         detail=f"py-spy: thread {m.group(2)!r} {m.group(1)}",
+                                         extra={"command": command}))
             i = j
             continue
         i += 1

@@ -1,0 +1,153 @@
+"""`torchchaos incident import` as a user meets it: what it prints and writes, and every
+bad artefact refused in one line with exit 2 before anything is written."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from torchchaos.cli.main import main
+from torchchaos.errors import UsageError
+from torchchaos.incident.gather import gather
+from torchchaos.scenario import files as scenario_file
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "incidents"
+BUNDLED = Path(__file__).resolve().parents[2] / "targets" / "ddp_lm.py"
+
+
+def test_import_writes_an_incident_file_replay_and_pytest_read(tmp_path, capsys):
+    out = tmp_path / "raise.chaos.yaml"
+    # the probe's own script (torchrun's summary names it): its steps are kept, and no
+    # reference run is needed to place the fault
+    code = main(["incident", "import", str(DATA / "raise"), "-o", str(out), "--script",
+                 str(Path(__file__).resolve().parents[1] / "scripts" / "incident_probe.py"),
+                 "--quiet"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "exception of rank 1 (other), between saves" in printed
+    assert "why:" in printed and "launcher.log:" in printed
+    assert "placed from its own steps (the same script)" in printed
+    loaded = scenario_file.load(out)
+    # the step after the last the log showed before the failure; an exception is
+    # replayed as an exit with status 1 until the harness raises one itself
+    assert [f.text for f in loaded.scenario.faults] == ["kill:rank=1,step=7,signal=exit,code=1"]
+    assert loaded.incident["signature"]["kind"] == "exception"
+    assert loaded.expect.verdict == "pass"  # a test that fails until the bug is fixed
+
+
+@pytest.mark.parametrize("name,content,why", [
+    ("empty.log", b"", "empty"),
+    ("blob.bin", bytes(range(256)) * 8, "binary, and no reader knows its format"),
+    ("notes.txt", b"we restarted the job by hand on tuesday\n",
+     "text, and no reader knows its format"),
+    ("error.json", b'{"message": {"message": "RuntimeError: x", "extraInfo": {"py_ca',
+     "cut off"),
+    ("pod.json", b'{"kind": "Pod", "status": {"containerStatuses": 3}}',
+     "status.containerStatuses is not a list"),
+    ("sacct.txt", b"JobID|JobName|State|ExitCode\n42|train|NODE_FAIL\n", "cut off?"),
+    ("fr_rank0", b"\x80\x04\x95" + b"entries pg_config" + b"\x00" * 20,
+     "a flight-recorder pickle that does not load"),
+])
+def test_a_bad_artefact_is_one_line_and_exit_2_and_nothing_written(tmp_path, capsys, name,
+                                                                     content, why):
+    bad = tmp_path / name
+    bad.write_bytes(content)
+    out = tmp_path / "x.chaos.yaml"
+    code = main(["incident", "import", str(bad), "-o", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert why in err and name in err, err
+    assert "Traceback" not in err
+    assert not out.exists()
+
+
+def test_every_bad_file_of_a_folder_is_named_and_the_good_ones_do_not_hide_them(tmp_path,
+                                                                               capsys):
+    folder = tmp_path / "artefacts"
+    shutil.copytree(DATA / "raise", folder)
+    (folder / "torchrun" / "attempt_0" / "1" / "error.json").write_text('{"message": {"m')
+    (folder / "pod.json").write_text('{"kind": "Pod", "status": []}')
+    code = main(["incident", "import", str(folder), "-o", str(tmp_path / "x.yaml"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "2 artefacts cannot be read" in err
+    assert "error.json: cut off" in err and "pod.json:" in err
+    assert not (tmp_path / "x.yaml").exists()
+
+
+@pytest.mark.parametrize("argv,why", [
+    (["incident", "import", "/no/such/folder"], "no such file or folder"),
+    (["incident", "import", str(DATA / "kill"), "-o", "/no/such/dir/x.chaos.yaml"],
+     "does not exist"),
+    (["incident", "import", str(DATA / "kill"), "-o", "x.txt"], "is YAML"),
+    (["incident", "import", str(DATA / "kill"), "--args", "'unclosed"], "--args"),
+    (["incident", "import"], "the following arguments are required"),
+    (["incident"], "incident needs a command"),
+])
+def test_wrong_command_lines_are_one_line_and_exit_2(argv, why, capsys, tmp_path):
+    os.chdir(tmp_path)
+    assert main(argv) == 2
+    assert why in capsys.readouterr().err
+
+
+def test_an_existing_output_file_is_never_replaced(tmp_path, capsys):
+    out = tmp_path / "mine.chaos.yaml"
+    out.write_text("my own notes\n")
+    assert main(["incident", "import", str(DATA / "kill"), "-o", str(out)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert out.read_text() == "my own notes\n"
+
+
+def test_a_folder_with_nothing_readable_says_what_is_read(tmp_path):
+    (tmp_path / "config.yaml").write_text("lr: 0.1\n")
+    with pytest.raises(UsageError, match="nothing torchchaos can read"):
+        gather([tmp_path])
+
+
+# Every corpus file, cut, flipped or spliced: the import ends in observations or in a
+# UsageError naming the file, never in another exception.
+CORPUS = sorted(p for p in DATA.rglob("*") if p.is_file() and p.name != "expected.json")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_no_artefact_makes_the_import_fail_inside(tmp_path, data):
+    source = data.draw(st.sampled_from(CORPUS))
+    body = source.read_bytes()
+    how = data.draw(st.sampled_from(["cut", "flip", "splice", "random"]))
+    if how == "cut":
+        body = body[:data.draw(st.integers(0, len(body)))]
+    elif how == "flip" and body:
+        at = data.draw(st.integers(0, len(body) - 1))
+        body = body[:at] + bytes([body[at] ^ data.draw(st.integers(1, 255))]) + body[at + 1:]
+    elif how == "splice":
+        other = data.draw(st.sampled_from(CORPUS)).read_bytes()
+        body = body[:len(body) // 2] + other[len(other) // 2:]
+    else:
+        body = data.draw(st.binary(max_size=4096))
+    path = tmp_path / f"fuzz-{source.name}"
+    path.write_bytes(body)
+    try:
+        from torchchaos.incident.attribute import attribute
+        attribute(gather([path]).observations)
+    except UsageError as exc:
+        assert path.name in str(exc) or "nothing torchchaos" in str(exc)
+    finally:
+        path.unlink()
+
+
+def test_the_command_line_never_shows_a_traceback_for_a_bad_artefact(tmp_path):
+    bad = tmp_path / "error.json"
+    bad.write_text('{"message": {"message": 1, "extraInfo": {"py_callstack": 2}}}')
+    run = subprocess.run([sys.executable, "-m", "torchchaos.cli.main", "incident", "import",
+                          str(bad), "-o", str(tmp_path / "x.yaml")], capture_output=True,
+                         text=True)
+    assert run.returncode == 2 and run.stderr.count("\n") == 2, run.stderr
+    assert "Traceback" not in run.stderr
