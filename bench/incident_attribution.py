@@ -2,6 +2,7 @@
 
     python bench/incident_attribution.py --make /tmp/corpus      # run the jobs (minutes)
     python bench/incident_attribution.py --score /tmp/corpus     # import each, print the table
+    python bench/incident_attribution.py --replay /tmp/corpus --planted   # replay each
 
 `--make` runs, for each script (the bundled target, and tests/scripts/plain_ddp.py,
 a DDP script written apart that prints almost nothing), the battery's rows as the
@@ -142,15 +143,70 @@ def score(corpus: Path) -> int:
     return 0
 
 
+# A planted bug of targets/ddp_lm.py per phase, and the check it breaks: the replay of an
+# incident on the buggy variant must fail that check.
+PLANTED = {"mid_save": (["--bug", "write_in_place"], "atomic_recovery"),
+           "between_saves": (["--bug", "replay_data"], "deterministic_resume")}
+
+
+def replay(corpus: Path, planted: bool) -> int:
+    """Import each case on the script it ran, replay it, say whether the signature was
+    reproduced; with `planted`, replay it on the bundled target's bug for its phase too."""
+    import dataclasses
+
+    from torchchaos.engine import run_scenario
+    from torchchaos.incident.importing import import_artefacts, judge_replay
+    from torchchaos.scenario.model import Scenario
+
+    cache = corpus / "cache"
+    rows, reproduced = [], 0
+    for case in sorted(corpus.glob("*/[0-9][0-9]")):
+        name = case.parent.name
+        script, args = SCRIPTS[name]
+        base = Scenario.build(str(script), args=args, hang_timeout=6.0)
+        imported = import_artefacts([case / "left"], base, cache, lambda m: None)
+        incident = imported.file.incident
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "replay"
+            scenario = dataclasses.replace(imported.file.scenario, hang_timeout=6.0)
+            report = run_scenario(scenario, out, cache)
+            line, _page = judge_replay(incident, out, case.name, report.verdict,
+                                       report.failing())
+        ok = line.startswith("incident reproduced")
+        reproduced += ok
+        bug = "-"
+        phase = imported.incident.finding.phase
+        if planted and name == "bundled" and phase in PLANTED:
+            flags, check = PLANTED[phase]
+            buggy = dataclasses.replace(scenario, args=[*args, *flags])
+            with tempfile.TemporaryDirectory() as tmp:
+                bad = run_scenario(buggy, Path(tmp) / "bug", cache)
+            bug = f"{' '.join(flags[1:])}: {bad.verdict}" + (
+                f" ({check} failed)" if bad.checks.get(check, {}).get("ok") is False
+                else f" ({check} did not fail)")
+        specs = ", ".join(f.text for f in scenario.faults)
+        rows.append((f"{name}/{case.name}", specs, report.verdict, line, bug))
+        print(f"{name}/{case.name}: {specs} -> {report.verdict}; {line}; bug: {bug}",
+              flush=True)
+    print(f"reproduced: {reproduced}/{len(rows)}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--make", type=Path, help="run the jobs and keep their artefacts here")
     parser.add_argument("--score", type=Path, help="import every kept case and compare")
+    parser.add_argument("--replay", type=Path, help="import each kept case, replay it on its"
+                        " script, and say whether the replay reproduced it")
+    parser.add_argument("--planted", action="store_true", help="with --replay: replay the"
+                        " bundled target's incidents on its planted bug for their phase too")
     ns = parser.parse_args()
     if ns.make:
         make(ns.make)
     if ns.score:
-        return score(ns.score)
+        score(ns.score)
+    if ns.replay:
+        replay(ns.replay, ns.planted)
     return 0
 
 

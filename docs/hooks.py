@@ -184,6 +184,13 @@ def make_cli() -> str:
         helps = {a.dest: a.help or "" for a in sub._choices_actions}
         for name, subparser in sub.choices.items():
             sections.append(_command_section(name, subparser, helps.get(name, "")))
+            nested = [a for a in subparser._actions
+                      if isinstance(a, argparse._SubParsersAction)]
+            for action in nested:  # `incident import`: a command's own commands
+                inner = {a.dest: a.help or "" for a in action._choices_actions}
+                for child, child_parser in action.choices.items():
+                    sections.append(_command_section(f"{name} {child}", child_parser,
+                                                     inner.get(child, "")))
     finally:
         if columns is None:
             os.environ.pop("COLUMNS", None)

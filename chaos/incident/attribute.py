@@ -131,6 +131,10 @@ def attribute(observations: list[Observation]) -> Incident:
         if rule(obs, stopped, ranks, finding):
             break
     incident = Incident(finding, ranks)
+    ended = next((src[:-4] for src in finding.sources if src.endswith(":end")), None)
+    if ended is not None:  # a launch that vanished: what came after is the next launch's
+        later = [o for o in everything if o.source.file > ended
+                 and _same_folder(o.source.file, ended)]
     incident.recovery = _recovery(later, stopped)
     incident.restarts = sum(1 for o in obs if o.what == "restart" and "attempts left" in o.detail)
     incident.resumed = [f"{o.detail} ({o.source})" for o in obs if o.what == "resume"]
@@ -199,6 +203,12 @@ def _first_failure(obs: list[Observation], stopped: set[int | None]):
     return now, [o for i, o in enumerate(obs) if seg.get(i, first) > first]
 
 
+def _first_sentence(text: str, limit: int = 160) -> str:
+    end = text.find(". ", 40)
+    cut = text[:end + 1] if 0 < end < limit else text[:limit]
+    return cut + ("..." if len(cut) < len(text) and not cut.endswith(".") else "")
+
+
 def _recovery(later: list[Observation], stopped: set[int | None]) -> str:
     errors = [o for o in _own_errors(later)]
     resumed = [o for o in later if o.what == "resume"]
@@ -206,7 +216,7 @@ def _recovery(later: list[Observation], stopped: set[int | None]) -> str:
         e = errors[0]
         where = " while loading a checkpoint" if LOAD_ERROR.search(e.detail) \
             or e.phase == "load" else ""
-        return f"failed{where}: {e.detail[:120]} ({e.source})"
+        return f"failed{where}: {_first_sentence(e.detail)} ({e.source})"
     if resumed:
         return f"resumed: {resumed[0].detail[:120]} ({resumed[0].source})"
     if later:

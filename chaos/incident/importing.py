@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,16 +29,16 @@ class Imported:
 def import_artefacts(paths: list[Path], scenario: Scenario, cache_dir: Path | None,
                      progress: Callable[[str], None]) -> Imported:
     """Read `paths`, attribute, and map the incident onto `scenario`'s script and ranks.
-    On the script the incident came from (the name torchrun's summary gives), its own
-    steps place the faults; on another, that script's fault-free reference run (made
-    if the cache dir does not hold it) places them as the battery places its rows."""
+    The script's fault-free reference run (made if the cache dir does not hold it) places
+    the faults as the battery places its rows; on the script the incident came from (the
+    name its logs give), a step the logs show is kept as it was."""
     gathered = gather(paths)
     progress(f"read {len(gathered.read)} artefact(s): {len(gathered.observations)}"
              " observation(s)")
     incident = attribute(gathered.observations)
     same_script = incident.script is not None and Path(scenario.script).name == incident.script
     place = Placement(last_rank=scenario.world_size - 1)
-    if cache_dir is not None and not same_script:
+    if cache_dir is not None:
         from torchchaos.harness.reference import get_reference
 
         history = get_reference(scenario, cache_dir, progress).history()
@@ -57,9 +59,28 @@ def judge_replay(incident: dict, out_dir: Path, name: str, verdict: str,
         ranks = {str(r): s.to_dict() for r, s in replayed.ranks.items()}
     except UsageError:
         got, ranks = Signature("unknown", "unknown", "unknown"), {}
+    if got.role == "unknown":
+        got = dataclasses.replace(got, role=_role_from_record(out_dir / "report.json"))
     want = Signature.from_dict(incident.get("signature", {}))
     differences = want.differences(got)
     path = page.write(out_dir, name, incident, got, ranks, differences, verdict, failing)
     line = "incident reproduced: " + got.describe() if not differences else \
         "incident not reproduced: differs in " + "; ".join(differences)
     return line, path
+
+
+def _role_from_record(report: Path) -> str:
+    """Who the replay's fault hit, from the harness's own record of the replay, where its
+    artefacts do not say (a script that prints nothing names no rank): only the role is
+    taken from there, never what happened, which must show in the artefacts."""
+    try:
+        faults = json.loads(report.read_text()).get("faults", [])
+    except (OSError, ValueError):
+        return "unknown"
+    fired = [f for f in faults if f.get("fired")]
+    if not fired:
+        return "unknown"
+    first = fired[0]
+    if first.get("target_type") == "node":
+        return "node"
+    return "writer" if first.get("index") == 0 else "other"

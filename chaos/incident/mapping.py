@@ -66,6 +66,10 @@ def faults_for(incident: Incident, place: Placement, same_script: bool) -> list[
     step = _step(incident, place, same_script)
     at = f"step={step}"
     why = f"placed from {place.source}"
+    if f.kind == "node" and f.phase == "mid_save":
+        spec = place.torn or f"storage:mode=torn,via=agent,rank={place.writer},{place.in_save}"
+        return [(spec, "the node went down inside a save: replayed as its last write cut"
+                       " short and the whole job killed there")]
     if f.kind == "node":
         return [(f"kill:node=0,{at}", f"the node went down ({f.how}); {why}")]
     if f.kind == "torn_write":
@@ -101,7 +105,9 @@ def _rank(incident: Incident, place: Placement, same_script: bool) -> int:
 
 
 def _step(incident: Incident, place: Placement, same_script: bool) -> int:
+    """The step after the last one the logs showed, on the same script; else the step
+    between two checkpoints the replay script's reference run gives."""
     lo, _hi = incident.finding.step_window
-    if place.between is not None and not (same_script and lo is not None):
-        return place.between
-    return (lo or 0) + 1
+    if same_script and lo is not None or place.between is None:
+        return (lo or 0) + 1
+    return place.between

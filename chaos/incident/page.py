@@ -22,8 +22,11 @@ def write(out_dir: Path, name: str, incident: dict[str, Any], replay: Signature,
     want = Signature.from_dict(incident.get("signature", {}))
     reproduced = "reproduced" if not differences else \
         "not reproduced: differs in " + "; ".join(differences)
+    finding = incident.get("finding", {})
+    lo = (finding.get("step_window") or [None])[0]
+    window = [f"the job's last step before it: {lo}"] if lo is not None else []
     left = _column("The incident (from its artefacts)", want, incident.get("ranks", {}),
-                   incident.get("finding", {}).get("rules", []), incident.get("unknowns", []))
+                   window + finding.get("rules", []), incident.get("unknowns", []))
     right = _column("The replay (from its own artefacts)", replay, replay_ranks, [], [])
     checks = ", ".join(failing) or "none"
     body = f"""<!doctype html><meta charset="utf-8"><title>postmortem: {_e(name)}</title>

@@ -31,8 +31,11 @@ class Signature:
     @classmethod
     def of(cls, incident: Incident) -> Signature:
         f = incident.finding
-        how = f.how if f.kind in ("kill", "crash", "preempt", "oom") else ""
-        return cls(f.kind, f.role, f.phase, how, f.collective, recovery_class(incident.recovery))
+        # only what the artefacts showed is to be reproduced: a phase placed by rule is not
+        # part of it, and of how a rank died only the signal (or OOM) is
+        how = f.how.split(" ")[0] if f.kind in ("kill", "crash", "preempt", "oom") else ""
+        phase = f.phase if f.phase_seen else "unknown"
+        return cls(f.kind, f.role, phase, how, f.collective, recovery_class(incident.recovery))
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Signature:
@@ -55,13 +58,14 @@ class Signature:
         return found
 
     def describe(self) -> str:
-        parts = [self.kind, f"of the {self.role} rank" if self.role in ("writer", "other")
-                 else f"of a {self.role}" if self.role != "unknown" else "",
+        what = "a node went down" if self.kind == "node" else self.kind
+        parts = [what, f"of the {self.role} rank" if self.role in ("writer", "other")
+                 else "",
                  self.phase.replace("_", " ") if self.phase != "unknown" else "",
                  f"({self.how})" if self.how else "",
                  f"in {self.collective}" if self.collective else "",
-                 f"; restart: {self.recovery}"]
-        return " ".join(p for p in parts if p)
+                 ]
+        return " ".join(p for p in parts if p) + f"; restart: {self.recovery}"
 
 
 def recovery_class(text: str) -> str:

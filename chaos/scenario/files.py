@@ -136,13 +136,25 @@ class ScenarioFile:
         doc = self.to_dict(base_dir)
         if fmt == "json":
             return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
-        return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=100)
+        return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
 
     def save(self, path: Path) -> Path:
         """Write as YAML (or JSON for a .json name), script relative to the file."""
         fmt = "json" if path.suffix == ".json" else "yaml"
         path.write_text(self.dumps(path.resolve().parent, fmt))
         return path
+
+
+class _Dumper(yaml.SafeDumper):
+    """Safe YAML, with text of several lines (a summary, a timeline) as a `|` block."""
+
+
+def _text_block(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in text.rstrip("\n") else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_Dumper.add_representer(str, _text_block)
 
 
 def _relative(script: str, base_dir: Path | None) -> str:
