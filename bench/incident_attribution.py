@@ -110,7 +110,7 @@ def score(corpus: Path) -> int:
     from torchchaos.incident.attribute import attribute
     from torchchaos.incident.gather import gather
 
-    rows, exact = [], 0
+    rows, exact, parts = [], 0, {"kind": 0, "rank": 0, "phase": 0, "wrong": 0}
     for case in sorted(corpus.glob("*/[0-9][0-9]")):
         want = json.loads((case / "injected.json").read_text())
         try:
@@ -127,10 +127,14 @@ def score(corpus: Path) -> int:
             "yes" if lo <= step and (hi is None or step <= hi) else f"no ({lo}-{hi})"
         ok = f.kind == want["kind"] and rank_ok and f.phase == want["phase"]
         exact += ok
+        parts["kind"] += f.kind == want["kind"]
+        parts["rank"] += rank_ok
+        parts["phase"] += f.phase == want["phase"]
         said_unknown = f.kind == "unknown" or f.rank is None and want["rank"] is not None or \
             f.phase == "unknown" or not f.phase_seen and f.phase != want["phase"] or \
             want["kind"] in f.alternatives
         verdict = "exact" if ok else "said unknown" if said_unknown else "WRONG"
+        parts["wrong"] += verdict == "WRONG"
         rows.append((case, want, f, f"{verdict}; step in window: {window}"))
     print(f"{'case':<14} {'injected':<62} {'imported (kind rank phase)':<36} result")
     for case, want, f, result in rows:
@@ -140,8 +144,13 @@ def score(corpus: Path) -> int:
               f" {result}")
     print(f"exact on kind + rank + phase: {exact}/{len(rows)}"
           " (* = phase placed by rule, not seen)")
+    print(f"right: kind {parts['kind']}, rank (or node) {parts['rank']}, phase {parts['phase']}"
+          f" of {len(rows)}; wrong guesses: {parts['wrong']}")
     return 0
 
+
+# The hang bound of the replays: roomy, since start-up under load is not a hang (issue 43)
+REPLAY_HANG_BOUND = 20.0
 
 # A planted bug of targets/ddp_lm.py per phase, and the check it breaks: the replay of an
 # incident on the buggy variant must fail that check.
@@ -163,12 +172,13 @@ def replay(corpus: Path, planted: bool) -> int:
     for case in sorted(corpus.glob("*/[0-9][0-9]")):
         name = case.parent.name
         script, args = SCRIPTS[name]
-        base = Scenario.build(str(script), args=args, hang_timeout=6.0)
+        base = Scenario.build(str(script), args=args, hang_timeout=REPLAY_HANG_BOUND)
         imported = import_artefacts([case / "left"], base, cache, lambda m: None)
         incident = imported.file.incident
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "replay"
-            scenario = dataclasses.replace(imported.file.scenario, hang_timeout=6.0)
+            scenario = dataclasses.replace(imported.file.scenario,
+                                           hang_timeout=REPLAY_HANG_BOUND)
             report = run_scenario(scenario, out, cache)
             line, _page = judge_replay(incident, out, case.name, report.verdict,
                                        report.failing())

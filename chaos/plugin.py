@@ -403,10 +403,22 @@ class ScenarioFileItem(pytest.Item):
         mismatches = (loaded.expect or scenario_file.Expectation()).mismatches(report)
         if mismatches:
             pytest.fail("\n".join(["not what the file expects:", *mismatches, "",
-                                   report.table()]), pytrace=False)
+                                   report.table(), *_reproduction(loaded, report)]),
+                        pytrace=False)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, f"chaos scenario {self.path.name}"
+
+
+def _reproduction(loaded: Any, report: Report) -> list[str]:
+    """For an imported incident: whether the run reproduced it, and its postmortem page."""
+    if loaded.incident is None or not report.run_dir:
+        return []
+    from torchchaos.incident.importing import judge_replay
+
+    line, page = judge_replay(loaded.incident, Path(report.run_dir).parent,
+                              loaded.name or loaded.path.name, report.verdict, report.failing())
+    return [line, f"postmortem: {page}"]
 
 
 # -- the session's table -----------------------------------------------------------------

@@ -137,9 +137,10 @@ def attribute(observations: list[Observation]) -> Incident:
                  and _same_folder(o.source.file, ended)]
     incident.recovery = _recovery(later, stopped)
     incident.restarts = sum(1 for o in obs if o.what == "restart" and "attempts left" in o.detail)
-    incident.resumed = [f"{o.detail} ({o.source})" for o in obs if o.what == "resume"]
-    incident.checkpoints = [f"{o.source}: {o.detail}" for o in obs if o.what == "checkpoint"
-                            and o.extra.get("loads") is False or o.extra.get("temp")]
+    incident.resumed = [f"{o.detail} ({o.source})" for o in everything if o.what == "resume"]
+    incident.checkpoints = [f"{o.source}: {o.detail}" for o in everything
+                            if o.what == "checkpoint"
+                            and (o.extra.get("loads") is False or o.extra.get("temp"))]
     incident.world_size = max(ranks) + 1 if ranks else None
     incident.script = _script(obs)
     _place(obs, incident, later)
@@ -174,9 +175,9 @@ def _cuts(file: str, obs: list[Observation]) -> list[int]:
     which the log shows training again (torchrun's restart lines are INFO, often unseen)."""
     lines = [o for o in obs if o.source.file == file and o.source.line is not None]
     restarts = [o.source.line for o in lines if o.what == "restart"]
-    failures = sorted(o.source.line for o in lines if o.what == "exit" and "local_rank"
-                      in o.extra and not o.extra.get("root_cause") and o.rank is not None
-                      and o.reason is None and "root_cause" not in o.extra)
+    # the launcher's "failed (exitcode ...)" lines, not the entries of its final summary
+    failures = sorted(o.source.line for o in lines if o.what == "exit" and o.rank is not None
+                      and "local_rank" in o.extra and "root_cause" not in o.extra)
     went_on = [n for n in failures if n != failures[-1] or any(
         o.what in ("step", "resume") and o.source.line > n for o in lines)]
     return sorted(set(restarts) | set(went_on))  # type: ignore[arg-type]

@@ -42,7 +42,7 @@ def import_artefacts(paths: list[Path], scenario: Scenario, cache_dir: Path | No
         from torchchaos.harness.reference import get_reference
 
         history = get_reference(scenario, cache_dir, progress).history()
-        place = placement_from_reference(history, scenario.world_size)
+        place = placement_from_reference(history, scenario)
     return Imported(incident, gathered, build(incident, gathered, scenario, place, same_script),
                     same_script)
 

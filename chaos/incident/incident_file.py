@@ -9,7 +9,7 @@ rank's timeline, what could not be told, and which artefacts were read. Its
 
 from __future__ import annotations
 
-from pathlib import Path
+import dataclasses
 from typing import Any
 
 from torchchaos.incident.attribute import Incident
@@ -18,15 +18,12 @@ from torchchaos.incident.mapping import Placement, faults_for
 from torchchaos.incident.signature import Signature
 from torchchaos.scenario.files import Expectation, ScenarioFile
 from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.spec import parse_fault_spec
 
 
 def build(incident: Incident, gathered: Gathered, scenario: Scenario, place: Placement,
           same_script: bool) -> ScenarioFile:
     faults = faults_for(incident, place, same_script)
-    import dataclasses
-
-    from torchchaos.scenario.spec import parse_fault_spec
-
     scenario = dataclasses.replace(scenario, faults=[parse_fault_spec(s) for s, _ in faults])
     signature = Signature.of(incident)
     return ScenarioFile(scenario, name=f"incident: {signature.describe()}",
@@ -69,7 +66,3 @@ def timeline_text(incident: Incident) -> str:
     for unknown in incident.unknowns:
         lines.append(f"not known: {unknown}.")
     return "\n".join(lines) + "\n"
-
-
-def default_output(paths: list[Path]) -> Path:
-    return Path("incident.chaos.yaml")

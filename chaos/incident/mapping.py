@@ -12,8 +12,13 @@ its two checkpoints, inside its 2nd save.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torchchaos.incident.attribute import Incident
+
+if TYPE_CHECKING:
+    from torchchaos.rundir.history import History
+    from torchchaos.scenario.model import Scenario
 
 # What the harness cannot inject yet is replayed by its nearest kind, and said.
 STAND_IN_NOTES = {
@@ -37,26 +42,20 @@ class Placement:
     source: str = "the incident's own steps"
 
 
-def placement_from_reference(history: object, nproc: int) -> Placement:
+def placement_from_reference(history: History, scenario: Scenario) -> Placement:
     """Placed as the battery places its rows on this script's reference run."""
     from torchchaos.explore import battery
 
-    entries = battery.plan_from(history, _scenario_stub(nproc), lambda _m: None)  # type: ignore[arg-type]
-    writer = history.checkpoint_writer()  # type: ignore[attr-defined]
+    entries = battery.plan_from(history, scenario, lambda _m: None)
+    writer = history.checkpoint_writer()
     between = next(int(e.fault.split("step=")[1].split(",")[0]) for e in entries
                    if e.fault.startswith("kill:rank=0,step="))
     in_save = next((e.fault.split(",", 1)[1] for e in entries
                     if e.fault.startswith(f"kill:rank={writer},phase=checkpoint_save")), None)
     torn = next((e.fault for e in entries if e.fault.startswith("storage:mode=torn")), None)
     power = next((e.fault for e in entries if "lose_unsynced" in e.fault), None)
-    return Placement(writer, nproc - 1, between, in_save or Placement.in_save, torn, power,
-                     "the replay script's fault-free reference run")
-
-
-def _scenario_stub(nproc: int) -> object:
-    class Stub:
-        world_size = nproc
-    return Stub()
+    return Placement(writer, scenario.world_size - 1, between, in_save or Placement.in_save,
+                     torn, power, "the replay script's fault-free reference run")
 
 
 def faults_for(incident: Incident, place: Placement, same_script: bool) -> list[tuple[str, str]]:

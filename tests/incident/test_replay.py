@@ -1,0 +1,51 @@
+"""An imported incident replayed end to end: on the bundled target with the bug the
+incident had, the replay reproduces the incident's signature and fails the check the bug
+breaks; the page beside the report shows both timelines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torchchaos.engine import run_scenario
+from torchchaos.incident.importing import import_artefacts, judge_replay
+from torchchaos.scenario import files as scenario_file
+from torchchaos.scenario.model import Scenario
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "incidents"
+SHIPPED = Path(__file__).resolve().parents[2] / "suites" / "incidents"
+BUNDLED = Path(__file__).resolve().parents[2] / "targets" / "ddp_lm.py"
+ARGS = ["--steps", "20", "--ckpt-every", "5"]
+
+
+def imported_torn_checkpoint(cache: Path):
+    base = Scenario.build(str(BUNDLED), args=ARGS)
+    return import_artefacts([DATA / "load"], base, cache, lambda _m: None)
+
+
+def test_the_imported_torn_checkpoint_is_the_shipped_incidents_fault(shared_cache):
+    """Mapped onto the bundled target, the imported incident is the kill the hand-written
+    suites/incidents/torn_checkpoint.chaos.yaml makes, whose run on the correct target
+    tests/scenario/test_incidents.py judges."""
+    imported = imported_torn_checkpoint(shared_cache)
+    shipped = scenario_file.load(SHIPPED / "torn_checkpoint.chaos.yaml")
+    assert [f.text for f in imported.file.scenario.faults] == \
+        [f.text for f in shipped.scenario.faults]
+    assert imported.file.incident["signature"] == {
+        "kind": "kill", "role": "writer", "phase": "mid_save", "how": "SIGKILL",
+        "recovery": "failed while loading"}
+
+
+def test_on_the_bug_it_had_the_replay_reproduces_it_and_fails_atomic_recovery(
+        tmp_path, shared_cache):
+    imported = imported_torn_checkpoint(shared_cache)
+    path = imported.file.save(tmp_path / "torn.chaos.yaml")
+    loaded = scenario_file.load(path, str(BUNDLED), [*ARGS, "--bug", "write_in_place"])
+    report = run_scenario(loaded.scenario, tmp_path / "run", shared_cache)
+    assert report.checks["atomic_recovery"]["ok"] is False, report.table()
+    assert loaded.expect.mismatches(report)  # the file fails as a test while the bug is in
+    line, page = judge_replay(loaded.incident, tmp_path / "run", loaded.name, report.verdict,
+                              report.failing())
+    assert line.startswith("incident reproduced: kill of the writer rank mid save"), line
+    assert "restart: failed while loading" in line
+    html = page.read_text()
+    assert "reproduced" in html and "atomic_recovery" in html and "step-0008.pt" in html
