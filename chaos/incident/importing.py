@@ -31,20 +31,28 @@ def import_artefacts(paths: list[Path], scenario: Scenario, cache_dir: Path | No
     """Read `paths`, attribute, and map the incident onto `scenario`'s script and ranks.
     The script's fault-free reference run (made if the cache dir does not hold it) places
     the faults as the battery places its rows; on the script the incident came from (the
-    name its logs give), a step the logs show is kept as it was."""
+    name its logs give), a step the logs show is kept as it was, with no reference run."""
     gathered = gather(paths)
     progress(f"read {len(gathered.read)} artefact(s): {len(gathered.observations)}"
              " observation(s)")
     incident = attribute(gathered.observations)
     same_script = incident.script is not None and Path(scenario.script).name == incident.script
     place = Placement(last_rank=scenario.world_size - 1)
-    if cache_dir is not None:
+    if cache_dir is not None and _needs_reference(incident, same_script):
         from torchchaos.harness.reference import get_reference
 
         history = get_reference(scenario, cache_dir, progress).history()
         place = placement_from_reference(history, scenario)
     return Imported(incident, gathered, build(incident, gathered, scenario, place, same_script),
                     same_script)
+
+
+def _needs_reference(incident: Incident, same_script: bool) -> bool:
+    """Whether only the replay script's reference run can place the faults: anything but a
+    failure between saves at a step the logs show, on the script they came from."""
+    f = incident.finding
+    return not (same_script and f.step_window[0] is not None and f.phase == "between_saves"
+                and f.kind not in ("node", "torn_write", "power_loss"))
 
 
 def judge_replay(incident: dict, out_dir: Path, name: str, verdict: str,

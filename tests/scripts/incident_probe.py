@@ -5,7 +5,7 @@ incident_probe.py --fail MODE --rank R --step S``. It trains a linear model over
 prints ``[step N] loss X`` from rank 0, saves ``ckpt/step-N.pt`` every 4 steps (temp file,
 fsync, rename) and resumes from the newest on start, like many scripts do. Its errors
 are recorded (``@record``: torchelastic's error file), faulthandler is on, and on an
-exception it writes its flight-recorder dump (``$FR_BUFFER`` entries) to
+exception it writes its flight-recorder dump (``TORCH_FR_BUFFER_SIZE``) to
 ``$FR_DUMP<rank>``, as a team that keeps those dumps would. On the first attempt only
 (``TORCHELASTIC_RESTART_COUNT`` 0), rank R fails after step S:
 
@@ -99,18 +99,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     ns = parser.parse_args()
     faulthandler.enable()
-    if os.environ.get("FR_BUFFER") and first_attempt():
-        # the recorder on the first attempt only: with torch 2.13 and gloo, a restarted
-        # attempt whose ranks record fails to connect (seen here, bench/README)
-        os.environ["TORCH_FR_BUFFER_SIZE"] = os.environ["FR_BUFFER"]
-    timeout = datetime.timedelta(seconds=8)
-    # Each attempt's gloo addresses under a prefix of their own: with plain torchrun
-    # (torch 2.13) a restarted rank here now and then read its peer's address from the
-    # attempt before and timed out connecting to it.
-    store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt-{attempt}", store),
-                            rank=rank, world_size=world, timeout=timeout)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=8))
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
@@ -149,7 +138,7 @@ def main() -> None:
                 dist.barrier()
     except Exception:
         dump = os.environ.get("FR_DUMP")
-        if dump and os.environ.get("TORCH_FR_BUFFER_SIZE") and first_attempt():
+        if dump and os.environ.get("TORCH_FR_BUFFER_SIZE"):
             with open(f"{dump}{rank}", "wb") as f:
                 f.write(torch._C._distributed_c10d._dump_fr_trace())
         raise

@@ -69,30 +69,33 @@ class Stacks(Reader):
 
 
 def _pyspy(stream: list[tuple[int, str]], rank: int | None, name: str) -> list[Observation]:
-    """The main thread's (or else the first active thread's) stack of each process."""
-    found: list[Observation] = []
+    """Each process's main thread's stack (or its first thread's, where none is named so)."""
+    chosen: dict[int | None, Observation] = {}
     pid, command, i = None, "", 0
     while i < len(stream):
         number, line = stream[i]
+        i += 1
         if m := PYSPY_PROCESS.match(line):
             pid, command = int(m.group(1)), m.group(2)
-        elif m := PYSPY_THREAD.match(line):
-            frames, j = [], i + 1
-            while j < len(stream) and (f := PYSPY_FRAME.match(stream[j][1])):
-                frames.append(f"{f.group(1)} ({f.group(2)})")
-                j += 1
-            frames.reverse()  # py-spy prints the innermost first
-            if m.group(2) == "MainThread" or not any(o.pid == pid for o in found):
-                found = [o for o in found if o.pid != pid or m.group(2) != "MainThread"]
-                found.append(Observation("stack", Source(name, number), rank=rank, pid=pid,
-                                         frames=tuple(frames), phase=phase_of_frames(frames),
-                                         collective=collective_of_frames(frames),
-                                         detail=f"py-spy: thread {m.group(2)!r} {m.group(1)}",
-                                         extra={"command": command}))
-            i = j
             continue
-        i += 1
-    return found
+        thread = PYSPY_THREAD.match(line)
+        if not thread:
+            continue
+        frames = []
+        while i < len(stream) and (f := PYSPY_FRAME.match(stream[i][1])):
+            frames.append(f"{f.group(1)} ({f.group(2)})")
+            i += 1
+        frames.reverse()  # py-spy prints the innermost first
+        main = thread.group(2) == "MainThread"
+        if pid in chosen and not main:
+            continue
+        chosen[pid] = Observation("stack", Source(name, number), rank=rank, pid=pid,
+                                  frames=tuple(frames), phase=phase_of_frames(frames),
+                                  collective=collective_of_frames(frames),
+                                  detail=f"py-spy: thread {thread.group(2)!r}"
+                                         f" ({thread.group(1)})",
+                                  extra={"command": command})
+    return list(chosen.values())
 
 
 def _faulthandler(stream: list[tuple[int, str]], rank: int | None,
