@@ -71,6 +71,8 @@ def judge_replay(incident: dict, out_dir: Path, name: str, verdict: str,
         got = dataclasses.replace(got, role=_role_from_record(out_dir / "report.json"))
     want = Signature.from_dict(incident.get("signature", {}))
     differences = want.differences(got)
+    if want.kind == "unknown":  # nothing was told, so nothing can be reproduced
+        differences = ["kind: the incident's artefacts name no fault"]
     path = page.write(out_dir, name, incident, got, ranks, differences, verdict, failing)
     line = "incident reproduced: " + got.describe() if not differences else \
         "incident not reproduced: differs in " + "; ".join(differences)

@@ -26,6 +26,8 @@ STAND_IN_NOTES = {
            " is applied)",
     "exception": "an exception, replayed as an exit with status 1 at the same place"
                  " (the traceback itself is not raised)",
+    "unknown": "the artefacts name no fault: a kill of a rank that does not write"
+               " checkpoints, between two of them, stands in for it",
 }
 
 

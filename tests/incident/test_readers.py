@@ -148,3 +148,20 @@ def test_an_error_file_cut_short_is_said_so(tmp_path):
     with pytest.raises(BadArtefact, match="cut off"):
         ErrorFile().read(text[: len(text) // 2], "error.json")
     assert json.loads(text)  # the whole one is JSON
+
+
+def test_two_ranks_untagged_tracebacks_interleaved_keep_the_error_line():
+    """As the bundled target's two ranks printed them into one log (seen in a replay)."""
+    log = b"\n".join([
+        b"Traceback (most recent call last):",
+        b"Traceback (most recent call last):",
+        b'  File "/work/targets/launch.py", line 123, in run',
+        b'  File "/work/targets/launch.py", line 123, in run',
+        b"    main()",
+        b'  File "/usr/lib/python3/torch/serialization.py", line 1520, in load',
+        b"RuntimeError: PytorchStreamReader failed reading zip archive: not a ZIP archive.",
+        b"RuntimeError: PytorchStreamReader failed reading zip archive: not a ZIP archive.",
+    ])
+    errors = [o for o in TorchrunLog().read(log, "job.log") if o.what == "error"]
+    assert errors[0].detail.startswith("RuntimeError: PytorchStreamReader")
+    assert errors[0].phase == "load"

@@ -35,7 +35,9 @@ from torchchaos.incident.readers import Reader
 PYSPY_PROCESS = re.compile(r"^Process (\d+): (.*)$")
 PYSPY_THREAD = re.compile(r'^Thread (?:0x)?[0-9a-fA-F]+ \((\w+)[^)]*\): "([^"]*)"')
 PYSPY_FRAME = re.compile(r"^\s+(\S+) \(([^)]+)\)\s*$")
-FATAL = re.compile(r"^Fatal Python error: (.*)$")
+# anywhere in a line: another process's output may run into it ("loss 0.03Fatal Python
+# error: " with the reason on the next line, as seen in a real log here)
+FATAL = re.compile(r"Fatal Python error: ?(.*)$")
 FH_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):")
 FH_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)')
 RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)|[-_.](\d+)\.(?:txt|log|dump)$")
@@ -52,7 +54,8 @@ class Stacks(Reader):
             return False
         body = data.decode("utf-8", errors="replace")
         return bool(re.search(r"^Process \d+: .*\nPython v", body, re.M)
-                    or re.search(r"\(most recent call first\):", body))
+                    or re.search(r"\(most recent call first\):", body)
+                    or "Fatal Python error" in body)
 
     def read(self, data: bytes, name: str) -> list[Observation]:
         base = name.rsplit("/", 1)[-1]
@@ -105,8 +108,11 @@ def _faulthandler(stream: list[tuple[int, str]], rank: int | None,
     i = 0
     while i < len(stream):
         number, line = stream[i]
-        if m := FATAL.match(line):
-            fatal = (number, m.group(1).strip())
+        if m := FATAL.search(line):
+            said = m.group(1).strip()
+            if not said and i + 1 < len(stream):
+                said = stream[i + 1][1].strip()
+            fatal = (number, said)
         elif m := FH_THREAD.match(line):
             frames, j = [], i + 1
             while j < len(stream) and (f := FH_FRAME.match(stream[j][1])):

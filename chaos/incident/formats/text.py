@@ -60,6 +60,8 @@ def tracebacks(lines: list[tuple[int, str]]) -> list[tuple[int, tuple[str, ...],
                 frames.append(frame_text(m))
             elif body.startswith((" ", "\t")) or not body.strip():
                 pass  # the source line and its carets
+            elif body.startswith("Traceback (most recent call last)"):
+                pass  # two ranks' untagged tracebacks interleaved: read as one
             else:
                 break
             j += 1
