@@ -360,8 +360,9 @@ def _hang(obs, stopped, ranks, f: Finding) -> bool:
     if inside and len({o.rank for o in outside}) == 1:
         f.rank = outside[0].rank
         f.collective = next((o.collective for o in inside if o.collective), None)
-        _say(f, f"rank {f.rank}'s stack is outside every collective ({outside[0].frames[-1:]})"
-                " while the others wait in one", outside[0])
+        where = outside[0].frames[-1] if outside[0].frames else "no frame"
+        _say(f, f"rank {f.rank}'s stack is outside every collective (in {where}) while the"
+                " others wait in one", outside[0])
         return True
     alive = sorted({o.rank for o in obs if o.reason == "stopped by the launcher"
                     and o.rank is not None} - waiting)

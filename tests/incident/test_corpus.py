@@ -89,3 +89,10 @@ def test_a_torn_checkpoint_that_fails_the_resume_is_the_kill_mid_save_and_a_fail
     assert (incident.finding.kind, incident.finding.phase) == ("kill", "mid_save")
     assert incident.recovery.startswith("failed while loading")
     assert any("does not load" in c or "cut short" in c for c in incident.checkpoints)
+
+
+def test_the_hung_rank_is_told_by_the_py_spy_dumps_taken_during_the_hang():
+    found = imported(DATA / "hang").finding
+    assert (found.kind, found.rank) == ("hang", 1)
+    assert any("outside every collective (in fail (incident_probe.py:" in r
+               for r in found.rules), found.rules

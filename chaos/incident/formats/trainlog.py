@@ -20,7 +20,8 @@ STEP = re.compile(r"\b(?:step|iter(?:ation)?|global_step)(?:\b\s*[:=#]?\s*|[-_])
 RESUME = re.compile(r"\bresum(?:ed|ing)\b.*\b(?:from|at)\b", re.I)
 SAVE = re.compile(r"\b(?:sav(?:ed|ing)|wrote|writing)\b.*\bcheckpoint|\bcheckpoint\b.*"
                   r"\b(?:saved|written)\b", re.I)
-NOT_OURS = re.compile(r'^\s*(File "|Traceback|\[?[EWI]\d{4} )')
+# a traceback's lines, glog lines (torch's C++ and torchrun's), a py-spy dump's header
+NOT_OURS = re.compile(r'^\s*(File "|Traceback|\[?[EWI]\d{4} )|^Process \d+: |^Python v\d')
 
 
 class TrainingLog(Reader):
