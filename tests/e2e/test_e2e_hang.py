@@ -92,8 +92,10 @@ def test_a_hang_at_exit_is_said_and_fails_no_recovery_check(chaos_run, args):
     `completes` says so and passes, every recovery check judges the recovery, and only
     `clean_exit`, asked for, fails."""
     checks = [*default_checks(), "clean_exit"]
+    # a bound a slow machine's torch.save cannot outlast mid-training: with 3 s, a CI run
+    # on a machine 2.2x slower than usual called a save a hang (issue 43)
     report = chaos_run(PLAIN, faults=["kill:rank=1,step=12"], args=args,
-                       hang_timeout=3.0, checks=checks, expect="fail")
+                       hang_timeout=10.0, checks=checks, expect="fail")
     failing = [name for name, check in report.checks.items() if check["ok"] is False]
     assert failing == ["clean_exit"], report.table()
     assert "then hung at exit" in report.checks["completes"]["detail"], report.table()
