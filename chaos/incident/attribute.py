@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchchaos.incident.observations import Observation
+from torchchaos.incident.observations import Observation, Source
 
 KINDS = ("oom", "crash", "exception", "hang", "preempt", "kill", "node", "torn_write",
          "power_loss", "unknown")
@@ -211,7 +211,7 @@ def _first_sentence(text: str, limit: int = 160) -> str:
 
 
 def _recovery(later: list[Observation], stopped: set[int | None]) -> str:
-    errors = [o for o in _own_errors(later)]
+    errors = _own_errors(later)
     resumed = [o for o in later if o.what == "resume"]
     if errors:
         e = errors[0]
@@ -588,8 +588,6 @@ def save_interval(obs: list[Observation]) -> int | None:
 def _first_failure_line(obs: list[Observation], f: Finding):
     """Where the failure shows in the log that counts the steps: the end of a log that
     stopped, the rule's own line there, or the failing rank's end there."""
-    from torchchaos.incident.observations import Source
-
     stepped = {o.source.file for o in obs if o.what == "step"}
     lined = {str(o.source): o.source for o in obs if o.source.line is not None}
     for src in f.sources:

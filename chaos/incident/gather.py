@@ -122,8 +122,15 @@ def _sniffs(reader: Reader, data: bytes, shown: str) -> bool:
 
 
 def _contents(path: Path, found: Gathered, shown: str) -> bytes:
+    """The bytes the readers are shown. A binary file that is neither a pickle nor a JSON
+    document (a data set, a model blob a folder holds) is shown its head only: no reader
+    of text takes a file with NUL bytes in its first 8 KiB, so reading on is wasted."""
     size = path.stat().st_size
     with path.open("rb") as f:
+        head = f.read(8192)
+        if b"\x00" in head and not head.lstrip().startswith((b"\x80", b"{")):
+            return head
+        f.seek(0)
         if size <= MAX_READ:
             return f.read()
         f.seek(size - MAX_READ)

@@ -14,10 +14,6 @@ from typing import Any
 
 from torchchaos.incident.attribute import Incident
 
-# Fault kinds a replay stands in for until the harness injects them itself: the
-# signature of such an incident cannot be reproduced in kind, and says so.
-STAND_INS = {"oom": "kill", "exception": "unknown"}
-
 
 @dataclass(frozen=True)
 class Signature:

@@ -151,3 +151,13 @@ def test_the_command_line_never_shows_a_traceback_for_a_bad_artefact(tmp_path):
                          text=True)
     assert run.returncode == 2 and run.stderr.count("\n") == 2, run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_large_binary_file_in_a_folder_is_passed_over_from_its_head(tmp_path):
+    """A data set beside the logs (here 1 GiB, sparse) is shown to the readers by its first
+    8 KiB, not read whole, and listed as passed over."""
+    shutil.copytree(DATA / "kill", tmp_path / "job")
+    with open(tmp_path / "job" / "tokens.npy", "wb") as f:
+        f.truncate(1 << 30)
+    found = gather([tmp_path / "job"])
+    assert "job/tokens.npy" in found.passed_over

@@ -38,9 +38,9 @@ class CollectiveErrors(Reader):
     summary = "gloo and NCCL errors: a peer closed the connection, a receive or watchdog timeout"
 
     def sniff(self, data: bytes, name: str) -> bool:
-        if not text.is_text(data):
+        body = text.text_of(data)
+        if body is None:
             return False
-        body = data.decode("utf-8", errors="replace")
         return bool(PEER_LOST.search(body) or GLOO_TIMEOUT.search(body)
                     or NCCL_WATCHDOG.search(body))
 

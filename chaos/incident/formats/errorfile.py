@@ -51,9 +51,9 @@ class ErrorFile(Reader):
             raise BadArtefact("an error file without message")
         if not isinstance(detail, str) or not isinstance(stack, str):
             raise BadArtefact("an error file whose message is not text")
-        lines = list(enumerate(stack.splitlines(), 1))
-        frames = text.tracebacks(lines)[0][1] if stack.startswith("Traceback") and \
-            text.tracebacks(lines) else ()
+        found = text.tracebacks(list(enumerate(stack.splitlines(), 1))) \
+            if stack.startswith("Traceback") else []
+        frames = found[0][1] if found else ()
         m = ATTEMPT_PATH.search(name)
         code = code if isinstance(code, int) and not isinstance(code, bool) else None
         return [Observation("error", Source(name, key=key), detail=detail.strip()[:500],

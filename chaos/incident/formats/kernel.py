@@ -25,9 +25,9 @@ class KernelLog(Reader):
     summary = "the kernel's OOM-killer lines (dmesg, journalctl -k)"
 
     def sniff(self, data: bytes, name: str) -> bool:
-        if not text.is_text(data):
+        body = text.text_of(data)
+        if body is None:
             return False
-        body = data.decode("utf-8", errors="replace")
         return bool(KILLED.search(body) or OOM_KILL.search(body))
 
     def read(self, data: bytes, name: str) -> list[Observation]:

@@ -28,9 +28,10 @@ class Sacct(Reader):
     structured = True
 
     def sniff(self, data: bytes, name: str) -> bool:
-        if not text.is_text(data):
+        body = text.text_of(data)
+        if body is None:
             return False
-        first = data.decode("utf-8", errors="replace").lstrip().split("\n", 1)[0]
+        first = body.lstrip().split("\n", 1)[0]
         return bool(re.match(r"^\s*JobID\b", first)) and "State" in first
 
     def read(self, data: bytes, name: str) -> list[Observation]:

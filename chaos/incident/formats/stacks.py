@@ -50,9 +50,9 @@ class Stacks(Reader):
     summary = "py-spy dumps and faulthandler tracebacks: where each rank was stuck or crashed"
 
     def sniff(self, data: bytes, name: str) -> bool:
-        if not text.is_text(data):
+        body = text.text_of(data)
+        if body is None:
             return False
-        body = data.decode("utf-8", errors="replace")
         return bool(re.search(r"^Process \d+: .*\nPython v", body, re.M)
                     or re.search(r"\(most recent call first\):", body)
                     or "Fatal Python error" in body)

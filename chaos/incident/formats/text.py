@@ -25,6 +25,11 @@ def is_text(data: bytes) -> bool:
     return b"\x00" not in data[:8192]
 
 
+def text_of(data: bytes) -> str | None:
+    """A file's text for a reader's sniff, or None for a binary file: one rule for all."""
+    return data.decode("utf-8", errors="replace") if is_text(data) else None
+
+
 def split_tag(line: str) -> tuple[int | None, str, bool]:
     """(rank, the line without its tag, whether the tag was a local rank)."""
     m = RANK_TAG.match(line)

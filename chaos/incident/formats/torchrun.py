@@ -50,9 +50,9 @@ class TorchrunLog(Reader):
     summary = "torchrun's log: worker exits, restarts, the failure summary, rank tracebacks"
 
     def sniff(self, data: bytes, name: str) -> bool:
-        if not text.is_text(data):
+        body = text.text_of(data)
+        if body is None:
             return False
-        body = data.decode("utf-8", errors="replace")
         return any(m.search(body) for m in MARKERS) or "[rank" in body and "Traceback" in body
 
     def read(self, data: bytes, name: str) -> list[Observation]:

@@ -30,9 +30,9 @@ class TrainingLog(Reader):
 
     def sniff(self, data: bytes, name: str) -> bool:
         head = data.lstrip()[:2]
-        if not text.is_text(data) or head[:1] == b"{" or head in (b"[{", b'["', b"[]"):
+        body = text.text_of(data)
+        if body is None or head[:1] == b"{" or head in (b"[{", b'["', b"[]"):
             return False  # a JSON document (a manifest, a config) is no log
-        body = data.decode("utf-8", errors="replace")
         return any(p.search(line) for line in body.splitlines()[:20000]
                    for p in (STEP, RESUME, SAVE) if not NOT_OURS.match(line))
 
