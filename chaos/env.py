@@ -28,6 +28,7 @@ AGENT_PID = "TORCHCHAOS_AGENT_PID"  # set by an armed agent; children that inher
 # rank 0 copies what its saves wrote into _chaos/snapshot/ once this save ended (crash
 # points then start from the checkpoints before the save under test)
 SNAPSHOT_AFTER_SAVE = "TORCHCHAOS_SNAPSHOT_AFTER_SAVE"
+OOM_CGROUP = "TORCHCHAOS_OOM_CGROUP"  # the run's memory cgroup folder (the oom fault)
 
 
 def package_dir(name: str = "torchchaos") -> Path:

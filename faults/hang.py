@@ -19,6 +19,13 @@ Every mode fires after step N on the chosen rank (`mode=`, default `stop`):
   collective on it waits behind a genuinely busy GPU.
 - `mismatch`: the rank calls one extra `barrier()` that no peer calls: the
   classic collective-order deadlock (a collective under `if rank == 0:`).
+- `gil`: the rank's training thread enters C code that holds the GIL and does
+  not come back (libc's `sleep` called through `ctypes.PyDLL`, which keeps the
+  GIL, as a C extension stuck in a lock or a catastrophic regex does). No
+  Python runs in that process any more: not the agent's heartbeat, not a
+  watchdog thread, not a signal handler. A SIGTERM the script handles in Python
+  stays pending (torchrun SIGKILLs the rank after its grace); one it does not
+  handle kills it, as it would. After `for=` seconds the call returns.
 
 The fault counts as fired once the hang began (a `hang_begin` event); a
 `collective` hold on an op the target never calls never fires.
@@ -54,11 +61,12 @@ if TYPE_CHECKING:
 
     from torchchaos.faults.shape import JobShape
 
-MODES = ("stop", "collective", "spin", "mismatch")
+MODES = ("stop", "collective", "spin", "mismatch", "gil")
 COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_object",
                "broadcast_object_list", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "all_to_all", "reduce", "gather", "scatter")
 SPIN_SECONDS = 3600.0  # "for good": the run ends long before
+GIL_SECONDS = 3600  # likewise, for a GIL held without for=
 HEALER = Path(__file__).with_name("stop_healer.py")
 POLL_SECONDS = 0.1
 
@@ -70,7 +78,7 @@ class PeerExited(RuntimeError):
 class Hang(FaultKind):
     name = "hang"
     summary = ("a rank stops making progress: SIGSTOP, held inside a collective, a spinning"
-               " GPU kernel, or an extra collective no peer calls")
+               " GPU kernel, an extra collective no peer calls, or C code holding the GIL")
     targets = ("rank",)
     effect_event = "hang_begin"
     params = {"mode": choice(MODES), "op": choice(("ddp", *COLLECTIVES)), "for": seconds}
@@ -100,6 +108,8 @@ class Hang(FaultKind):
             _arm_hold(fault, ctx, str(fault.params.get("op", "ddp")), held_for)
         elif mode == "spin":
             _spin(fault, ctx, held_for or SPIN_SECONDS)
+        elif mode == "gil":
+            _hold_gil(fault, ctx, held_for)
         else:
             _extra_barrier(fault, ctx)
 
@@ -178,6 +188,32 @@ def _spin(fault: ResolvedFault, ctx: FireContext, duration: float) -> None:
     ctx.record("hang_begin", id=fault.id, mode="spin", device=device, seconds=duration,
                step=_step(ctx))
     torch.cuda._sleep(int(duration * khz * 1000))  # queued on the current stream; returns
+
+
+def _hold_gil(fault: ResolvedFault, ctx: FireContext, held_for: float | None) -> None:
+    """Sleep in C with the GIL held: every thread of this process stops with this one."""
+    import ctypes
+
+    libc = ctypes.PyDLL(None)  # PyDLL: the call keeps the GIL (CDLL would release it)
+    # A signal the script handles in Python must not cut the sleep short: its handler
+    # could not run in a real GIL-holding call either. Blocked in this thread only, the
+    # kernel hands it to another thread, whose C handler marks it pending, and the
+    # Python handler runs once the GIL is free. A signal left at its default action
+    # (SIGTERM kills) still acts at once.
+    handled = {sig for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
+                               signal.SIGUSR2)
+               if callable(signal.getsignal(sig))}
+    seconds = math.ceil(held_for) if held_for is not None else GIL_SECONDS
+    ctx.record("hang_begin", id=fault.id, mode="gil", step=_step(ctx),
+               where="libc sleep() through ctypes.PyDLL, holding the GIL")
+    start = time.monotonic()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, handled)
+    try:
+        libc.sleep(seconds)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    ctx.record("hang_end", id=fault.id, mode="gil", how="released",
+               seconds=round(time.monotonic() - start, 2))
 
 
 def _extra_barrier(fault: ResolvedFault, ctx: FireContext) -> None:

@@ -22,10 +22,16 @@ from torchchaos.faults.contract import FaultKind
 ENTRY_POINT_GROUP = "torchchaos.faults"
 
 BUILTIN: dict[str, str] = {
+    "abort": "torchchaos.faults.abort:Abort",
     "bitflip": "torchchaos.faults.bitflip:BitFlip",
+    "crash": "torchchaos.faults.crash:Crash",
+    "dataloader": "torchchaos.faults.dataloader:DataLoaderWorker",
+    "gpu": "torchchaos.faults.gpu:GpuError",
     "hang": "torchchaos.faults.hang:Hang",
     "kill": "torchchaos.faults.kill:Kill",
+    "oom": "torchchaos.faults.oom:OutOfMemory",
     "partition": "torchchaos.faults.partition:Partition",
+    "raise": "torchchaos.faults.exception:Raise",
     "storage": "torchchaos.faults.storage:Storage",
     "straggler": "torchchaos.faults.straggler:Straggler",
     "toxic": "torchchaos.faults.toxic:Toxic",

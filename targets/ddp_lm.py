@@ -17,6 +17,11 @@ the harness and rolls back to the newest verified checkpoint (at most
 ``--max-rollbacks`` times, then it crashes). ``--no-sdc-defences`` turns them
 all off: the undefended target the harness must flag.
 
+``--loader-workers N`` hands each step's data position over through a
+``torch.utils.data.DataLoader`` with N worker processes (the batch itself is
+still made in the rank, from its checkpointed RNG states), so that a dead or
+stuck worker meets torch's own error path.
+
 ``--state-mb MB`` gives every rank MB megabytes more training state (a stand-in
 for the parameter and optimizer shards a large model keeps per rank), saved by
 each rank into its own file (``rank<R>-step-<N>.pt``, written atomically) before
@@ -44,6 +49,9 @@ harness's benchmarks (``bench/crashstates_scale.py``).
   resume is exact: only two failures with a checkpoint committed between them show it.
 - ``nondeterministic``: global RNGs are seeded from the clock.
 - ``crash``: rank 0 raises RuntimeError at step --steps // 2.
+- ``publish_on_error``: the checkpoint is written to ``ckpt/latest.pt.tmp`` and
+  renamed to ``ckpt/latest.pt`` in a ``finally:`` block, so an exception in the
+  middle of the write publishes the half-written file; resume loads ``latest.pt``.
 - ``split_brain``: a rank whose collective fails (its peers are cut off) trains on
   alone as a world of one and, being rank 0 of that world, publishes checkpoints
   under the names the whole job uses: both sides of a partition write them.
@@ -94,6 +102,7 @@ BUGS = (
     "resume_twice",
     "nondeterministic",
     "crash",
+    "publish_on_error",
     "split_brain",
 )
 
@@ -110,6 +119,8 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(p)
     p.add_argument("--bug", choices=BUGS, default="none")
+    p.add_argument("--loader-workers", type=int, default=0, metavar="N",
+                   help="DataLoader worker processes that hand over each step's data position")
     p.add_argument("--state-mb", type=float, default=0.0, metavar="MB",
                    help="MB of extra training state per rank, each rank saving its own file"
                         " (default 0: rank 0 writes one file)")
@@ -148,6 +159,14 @@ def write_checkpoint(state: dict[str, Any], args: argparse.Namespace) -> None:
         with open(os.path.join(d, "latest.pt"), "wb") as f:
             write_file(f, lambda out: torch.save(state, out), sync)
         return
+    if args.bug == "publish_on_error":
+        latest = os.path.join(d, "latest.pt")
+        try:
+            with open(latest + ".tmp", "wb") as f:
+                write_file(f, lambda out: torch.save(state, out), sync)
+        finally:  # the bug: an exception mid-write still publishes the partial file
+            os.replace(latest + ".tmp", latest)
+        return
     if args.bug == "early_pointer":
         buf = io.BytesIO()
         torch.save(state, buf)
@@ -175,6 +194,8 @@ class Trainer:
     resumes: int = 0  # how often training resumed from a checkpoint (kept in it)
     loss: float = float("nan")
     extra: torch.Tensor | None = None  # --state-mb: this rank's own state, its own file
+    positions: Any = None  # --loader-workers: an iterator over data positions
+    positions_next: int = 0  # the position it hands over next
 
     def parts(self) -> dict[str, Any]:
         return {"model": self.inner, "optim": self.optim, "sched": self.sched}
@@ -201,7 +222,7 @@ def save(t: Trainer) -> None:
 def choose_checkpoint(args: argparse.Namespace) -> str | None:
     """Rank 0 picks the file to resume from; None means a fresh start."""
     d = args.ckpt_dir
-    if args.bug == "write_in_place":
+    if args.bug in ("write_in_place", "publish_on_error"):
         path = os.path.join(d, "latest.pt")
         return path if os.path.exists(path) else None
     if not os.path.exists(os.path.join(d, "manifest.json")):
@@ -264,7 +285,7 @@ def roll_back(t: Trainer, guard: SdcGuard, reason: str, rollbacks: int) -> None:
 
 def train_step(t: Trainer) -> None:
     """One step; the counters move only once the optimizer stepped."""
-    step, pos = t.step + 1, t.data_pos + 1
+    step, pos = t.step + 1, next_position(t)
     if t.args.bug == "crash" and dist.get_rank() == 0 and step == t.args.steps // 2:
         raise RuntimeError("planted crash")
     loss = loss_of(t.model, make_batch(t.args.seed, pos, dist.get_rank(), t.device))
@@ -275,6 +296,23 @@ def train_step(t: Trainer) -> None:
     t.step, t.data_pos, t.loss = step, pos, loss.item()
     if t.extra is not None:  # the extra state changes every step, as real state does
         t.extra[step % t.extra.numel()] += 1.0
+
+
+def next_position(t: Trainer) -> int:
+    """The next data position; with --loader-workers, as a DataLoader worker hands it over."""
+    want = t.data_pos + 1
+    if t.args.loader_workers == 0:
+        return want
+    if t.positions is None or t.positions_next != want:  # first, or after a rollback
+        # its own generator: an iterator draws its workers' seed from the global torch
+        # RNG otherwise, and a resumed run (which makes one at another point) diverges
+        loader = torch.utils.data.DataLoader(
+            range(want, 1 << 30), batch_size=None, num_workers=t.args.loader_workers,
+            generator=torch.Generator().manual_seed(t.args.seed))
+        t.positions = iter(loader)
+    got = int(next(t.positions))
+    t.positions_next = got + 1
+    return got
 
 
 def go_it_alone(t: Trainer) -> None:
@@ -345,6 +383,7 @@ def main() -> None:
             if args.bug != "split_brain" or dist.get_world_size() == 1:
                 raise
             go_it_alone(t)
+    t.positions = None  # its workers are shut down, not left to notice the exit
     finish(0, f"done step {t.step} loss {t.loss!r}", args.grace)
 
 

@@ -495,6 +495,7 @@ def _judge(base: Scenario, reference: Reference, record: Record, recovery: Recov
         stopped=outcome.stopped, reference_deterministic=reference.deterministic,
         reference_detail=reference.detail, max_lost_steps=base.max_lost_steps,
         max_lost_seconds=base.max_lost_seconds, log_tail=outcome.log_tail(),
+        last_error=outcome.last_error(),
         max_detect_steps=base.max_detect_steps, chaos_dir=recovery.run_dir,
         reference_dir=reference.run_dir, hang=outcome.hang, exit_hang=outcome.exit_hang,
         hang_timeout=hang_timeout)

@@ -92,17 +92,26 @@ class JobOutcome:
     def log_tail(self) -> str:
         """The first error line of the last launch (the root cause; peers fail after it),
         else its last line: the one-line reason shown to the user."""
+        lines, causes = self._last_launch_errors()
+        return _shorten(causes[0] if causes else (lines or [""])[-1], 300)
+
+    def last_error(self) -> str:
+        """The last error line of the last launch: how its last attempt died (a resume
+        that failed after a fault in an earlier attempt of the same launch)."""
+        _lines, causes = self._last_launch_errors()
+        return _shorten(causes[-1], 300) if causes else ""
+
+    def _last_launch_errors(self) -> tuple[list[str], list[str]]:
         logs = sorted(RunLayout(self.run_dir).logs_dir.glob("launch-*.log"),
                       key=lambda p: p.stat().st_mtime)
         if not logs:
-            return ""
+            return [], []
         lines = [ln.strip() for ln in logs[-1].read_text(errors="replace").splitlines()
                  if ln.strip()]
         errors = [ln for ln in lines if ERROR_LINE.search(ln) and not LAUNCHER_ECHO.search(ln)]
         # a peer's lost connection is the echo of a death, not its cause; with ranks
         # printing at once it can come first
-        causes = [ln for ln in errors if not COLLATERAL.search(ln)] or errors
-        return _shorten(causes[0] if causes else (lines or [""])[-1], 300)
+        return lines, [ln for ln in errors if not COLLATERAL.search(ln)] or errors
 
 
 def _shorten(line: str, limit: int) -> str:
@@ -409,6 +418,11 @@ class Job:
                                             self.layout.faulthandler_file(rank.rank, rank.pid))
             if rank.state == "waiting" and text and not stacks.waits_in_framework(text):
                 rank.state = "stuck"  # not in a collective: the likely cause, not a victim
+            if rank.state == "frozen":  # alive, running no Python: who holds the GIL?
+                gil = self._gil_holder(rank.pid, f"rank-{rank.rank}")
+                if "gil_holder" in gil:
+                    gil["where"] = f"{taken['where']}; the GIL held in {gil['gil_holder']}"
+                taken.update(gil)
             ranks.append({**rank.to_dict(), **taken})
             texts.append(text)
         hang.at_exit = self._ended_training(hang, texts)
@@ -485,6 +499,18 @@ class Job:
             how = "none"
         return text, {"where": where, "stack_tool": how,
                       "stacks": str(dump.relative_to(self.layout.run_dir))}
+
+    def _gil_holder(self, pid: int, name: str) -> dict[str, str]:
+        """A frozen rank's native stacks (`_chaos/stacks/NAME.native.txt`) and, where one
+        thread alone is not waiting for the GIL, its frame: "where" says it."""
+        text = stacks.native(pid)
+        if not text:
+            return {}
+        dump = self.layout.stacks_dir / f"{name}.native.txt"
+        dump.write_text(text)
+        found = {"native_stacks": str(dump.relative_to(self.layout.run_dir))}
+        holder = stacks.gil_holder(text)
+        return {**found, "gil_holder": holder} if holder else found
 
     def _record_hang(self, hang: Hang, log: HistoryWriter, **found: Any) -> dict[str, Any]:
         return log.record("hang", seconds=round(hang.seconds, 1), timeout=self.hangs.timeout,

@@ -4,18 +4,19 @@ A run leaves processes (ranks, torchrun agents, healers, fault filesystem
 daemons: all carry the run's id in their environment), network namespaces,
 veth links and a bridge (named after the run id; a partition's nftables
 tables live inside the namespaces and go with them), fault filesystem mounts
-(fsname `torchchaos-faultfs`, under the run directory), and the lock file of
+(fsname `torchchaos-faultfs`, under the run directory), the memory cgroups of
+an OOM fault (`torchchaos.host.cgroups`, named after the run id), and the lock file of
 its harness (`torchchaos.host.owners`). `inventory()` lists all of it; `stale`
 says what is a leftover; `remove` takes things away in the order that works:
-processes first (they keep mounts busy), then mounts, then the network, then
-the lock files.
+processes first (they keep mounts and cgroups busy), then mounts, then
+cgroups, then the network, then the lock files.
 
 A thing is a leftover only if its own harness is provably gone, wherever that
 harness kept its lock file:
 - a process names its harness's lock file (`env.LOCK`): a leftover exactly
   when that file is not live. One without the variable (a run of an older
   version) is judged by its run id, as mounts and networks are;
-- a mount, namespace or link is owned when a live lock file lists its run or
+- a mount, cgroup, namespace or link is owned when a live lock file lists its run or
   folder: one of this state folder, one a process of any run names, or, when
   those leave something unowned, any lock file held open on the machine. That
   last look closes the race of a live harness between two launches: its
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchchaos import env
-from torchchaos.host import netns, procs
+from torchchaos.host import cgroups, netns, procs
 from torchchaos.host.owners import (
     LockFile,
     Owners,
@@ -44,7 +45,7 @@ from torchchaos.host.owners import (
 )
 
 FSNAME = "torchchaos-faultfs"  # the fault filesystem's mounts show this source
-ORDER = ("process", "mount", "netns", "link", "lock")
+ORDER = ("process", "mount", "cgroup", "netns", "link", "lock")
 MARKERS = (env.RUN_ID, env.HELPER)
 REMOVERS = {"mount": ["fusermount3", "-u", "-z"], "netns": ["ip", "netns", "del"],
             "link": ["ip", "link", "del"]}
@@ -66,7 +67,7 @@ class Leftover:
 
 def inventory() -> list[Leftover]:
     """Everything of any torchchaos run that exists now, live or not."""
-    found = _processes() + _mounts() + _network()
+    found = _processes() + _mounts() + _cgroups() + _network()
     return sorted(found, key=lambda x: (ORDER.index(x.kind), x.name))
 
 
@@ -114,6 +115,8 @@ def remove(items: list[Leftover], timeout: float = 10.0) -> list[str]:
     for item in sorted(items, key=lambda x: ORDER.index(x.kind)):
         if item.kind == "lock":
             Path(item.name).unlink(missing_ok=True)
+        elif item.kind == "cgroup":
+            cgroups.remove(Path(item.name))
         elif item.kind in REMOVERS and _exists(item):
             failures += _run_quietly([*REMOVERS[item.kind], item.name], item)
     return failures
@@ -124,6 +127,8 @@ def _exists(item: Leftover) -> bool:
     namespace's end."""
     if item.kind == "mount":
         return any(m.name == item.name for m in _mounts())
+    if item.kind == "cgroup":
+        return Path(item.name).is_dir()
     return any(n.kind == item.kind and n.name == item.name for n in _network())
 
 
@@ -185,6 +190,10 @@ def _mounts() -> list[Leftover]:
 def _mine(options: list[str]) -> bool:
     users = [o for o in ",".join(options).split(",") if o.startswith("user_id=")]
     return all(u == f"user_id={os.getuid()}" for u in users)
+
+
+def _cgroups() -> list[Leftover]:
+    return [Leftover("cgroup", folder, run) for folder, run in cgroups.leftovers()]
 
 
 def _network() -> list[Leftover]:

@@ -106,6 +106,52 @@ def _py_spy(pid: int) -> tuple[str, str]:
     return "", why
 
 
+def native(pid: int) -> str:
+    """`py-spy dump --native` of `pid` ("" where it cannot be taken): each Python
+    thread's C frames too. Taken of a frozen rank (no thread of it runs Python: one
+    holds the GIL in native code) to tell which thread holds it (`gil_holder`)."""
+    binary = _py_spy_binary()
+    if binary is None:
+        return ""
+    try:
+        done = subprocess.run([binary, "dump", "--native", "--full-filenames", "--pid",
+                               str(pid)], capture_output=True, text=True,
+                              timeout=PY_SPY_SECONDS)
+    except (subprocess.TimeoutExpired, OSError):
+        return ""
+    return done.stdout if done.returncode == 0 and "Thread" in done.stdout else ""
+
+
+# A thread waiting for the GIL sits in a condition variable that the interpreter's own
+# code (libpython, or a statically linked python binary) waits on; py-spy names the
+# interpreter's frames by its library, or by its C source file where it has debug info.
+GIL_WAIT = re.compile(r"^\s+(pthread_cond_(timed)?wait|take_gil|PyEval_RestoreThread"
+                      r"|PyEval_AcquireThread|PyCOND_\w+)\b")
+PY_SPY_NATIVE_FRAME = re.compile(r"^\s+(?P<func>\S+) \((?P<where>[^)]*)\)\s*$")
+
+
+def gil_holder(native_text: str) -> str | None:
+    """In a `--native` dump of a process where no Python runs: the innermost Python frame
+    of the one thread not waiting for the GIL, as "func (file:line) in NATIVE", or None
+    where no single such thread is found."""
+    holders = []
+    for block in re.split(r"(?m)^(?=Thread )", native_text)[1:]:
+        lines = block.splitlines()[1:]
+        python_at = next((i for i, line in enumerate(lines) if PY_SPY_FRAME.match(line)
+                          and ".py:" in line), None)
+        if python_at is None:
+            continue
+        native_part = lines[:python_at]
+        if any(GIL_WAIT.match(line) for line in native_part):
+            continue
+        m = PY_SPY_FRAME.match(lines[python_at])
+        assert m is not None
+        top = PY_SPY_NATIVE_FRAME.match(native_part[0]) if native_part else None
+        holders.append(Frame(m["func"], m["file"], int(m["line"])).short()
+                       + (f" in {top['func']}" if top else ""))
+    return holders[0] if len(holders) == 1 else None
+
+
 def _faulthandler(pid: int, path: Path) -> tuple[str, str]:
     """Ask the agent's faulthandler for the stacks; what it appended, or "" and why."""
     start = path.stat().st_size if path.exists() else 0

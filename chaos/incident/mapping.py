@@ -20,15 +20,13 @@ if TYPE_CHECKING:
     from torchchaos.rundir.history import History
     from torchchaos.scenario.model import Scenario
 
-# What the harness cannot inject yet is replayed by its nearest kind, and said.
+# What the harness cannot inject is replayed by its nearest kind, and said.
 STAND_IN_NOTES = {
-    "oom": "an OOM kill, replayed as the SIGKILL the OOM killer sends (no memory limit"
-           " is applied)",
-    "exception": "an exception, replayed as an exit with status 1 at the same place"
-                 " (the traceback itself is not raised)",
     "unknown": "the artefacts name no fault: a kill of a rank that does not write"
                " checkpoints, between two of them, stands in for it",
 }
+# Native crashes the `crash` kind makes for real; other signals are sent by `kill`.
+CRASH_SIGNALS = {"SIGSEGV": "segv", "SIGABRT": "abrt", "SIGBUS": "bus"}
 
 
 @dataclass
@@ -83,19 +81,53 @@ def faults_for(incident: Incident, place: Placement, same_script: bool) -> list[
         mode = "collective" if f.collective or f.phase_seen else "stop"
         return [(f"hang:rank={rank},{at},mode={mode}",
                  f"rank {rank} stops making progress; the others wait ({f.how}); {why}")]
-    params = {"preempt": ",signal=SIGTERM,grace=30", "crash": f",signal={f.how or 'SIGSEGV'}",
-              "exception": ",signal=exit,code=1"}.get(f.kind, "")
-    note = STAND_IN_NOTES.get(f.kind, f"rank {rank} dies ({f.how or f.kind})")
+    kind, params = _kind_and_params(incident)
+    note = STAND_IN_NOTES.get(f.kind, f"rank {rank} {_what(incident)}")
     if f.phase == "mid_save":
-        return [(f"kill:rank={rank},{place.in_save}{params}",
+        return [(f"{kind}:rank={rank},{place.in_save}{params}",
                  f"{note}, inside a checkpoint save")]
     if f.phase in ("load", "after_resume"):
         first = (f"kill:rank={rank},{at}", "a first failure, so that there is a resume")
         trigger = "phase=checkpoint_load,event=1" if f.phase == "load" else f"step={step + 1}"
-        return [first, (f"kill:rank={rank},{trigger}{params}",
+        return [first, (f"{kind}:rank={rank},{trigger}{params}",
                         f"{note}, {'while loading' if f.phase == 'load' else 'right after'}"
                         " the resume")]
-    return [(f"kill:rank={rank},{at}{params}", f"{note}; {why}")]
+    return [(f"{kind}:rank={rank},{at}{params}", f"{note}; {why}")]
+
+
+def _kind_and_params(incident: Incident) -> tuple[str, str]:
+    """The fault kind that makes what the rank died of, and its parameters."""
+    f = incident.finding
+    if f.kind == "oom":
+        return "oom", ""  # the kernel's OOM killer, under a cgroup limit on that rank
+    if f.kind == "exception":
+        return "raise", f",type={exception_name(f.how)}"
+    if f.kind == "crash" and f.how in CRASH_SIGNALS:
+        return "crash", f",signal={CRASH_SIGNALS[f.how]}"
+    params = {"preempt": ",signal=SIGTERM,grace=30",
+              "crash": f",signal={f.how or 'SIGSEGV'}"}.get(f.kind, "")
+    return "kill", params
+
+
+def exception_name(how: str) -> str:
+    """The built-in exception an error line names ("ValueError: ..."); RuntimeError for
+    any other (torch's errors, the script's own classes), which `raise` cannot import."""
+    import builtins
+
+    name = how.split(":", 1)[0].strip().rsplit(".", 1)[-1]
+    found = getattr(builtins, name, None)
+    if name.isidentifier() and isinstance(found, type) and issubclass(found, Exception):
+        return name
+    return "RuntimeError"
+
+
+def _what(incident: Incident) -> str:
+    f = incident.finding
+    if f.kind == "exception":
+        return f"raises {f.how[:120]}"
+    if f.kind == "oom":
+        return "is killed by the kernel's OOM killer (its own memory cgroup limit)"
+    return f"dies ({f.how or f.kind})"
 
 
 def _rank(incident: Incident, place: Placement, same_script: bool) -> int:

@@ -143,7 +143,9 @@ def _failed_resume(ev: Evidence) -> str | None:
                                            d[1][0]["t"]))
     raised = [e for e in events if e["ev"] == "exception"]
     why = (f"{raised[0]['type']}: {_first_line(raised[0]['message'])}" if raised
-           else f"last output: {ev.log_tail}" if ev.log_tail else "no error was recorded")
+           # the resume died after the fault: the launch's last error, not its first
+           else f"last output: {ev.last_error or ev.log_tail}" if ev.log_tail
+           else "no error was recorded")
     read = [e["path"] for e in events if e["ev"] == "load"]
     what = f"it read {read[-1]} and" if read else "it"
     failed = (f"resume failed on rank {events[0]['rank']} (pid {pid}): {what} died before its"

@@ -61,7 +61,8 @@ class Evidence:
     reference_detail: str = ""
     max_lost_steps: int | None = None
     max_lost_seconds: float | None = None
-    log_tail: str = ""
+    log_tail: str = ""  # the first error line of the last launch (its root cause)
+    last_error: str = ""  # its last error line (how its last attempt died)
     stopped: bool = False  # ended on purpose some steps after a recovery (Scenario.stop_after)
     max_detect_steps: int | None = None  # sdc_detected's bound; None: the checkpoint interval
     chaos_dir: Path | None = None  # run directories, for the weights kept there

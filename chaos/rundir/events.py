@@ -68,11 +68,21 @@ EVENTS: dict[str, EventSpec] = {
     "bitflip": _e("rank", "bits flipped in a tensor or a file",
                   "id, tensor, bit, bit_class, offset, file, when, step"),
     "bitflip_error": _e("rank", "a bit flip found nothing to flip", "id, name, error"),
-    "hang_begin": _e("rank", "a hang fault froze the rank",
+    "hang_begin": _e("rank", "a fault froze the rank (hang; dataloader:mode=stop;"
+                     " gpu:error=hang)",
                      "id, mode, where, seconds, step, device"),
     "hang_end": _e("rank", "a hang fault let go", "id, mode, seconds, how"),
     "hang_error": _e("rank", "a hang fault could not act", "id, error"),
     "straggler": _e("rank", "a straggler fault slowed steps", "id, delay, steps"),
+    "crash": _e("rank", "a crash fault is about to crash the rank natively", "id, signal, step"),
+    "raised": _e("rank", "a raise fault raises in this thread (or the training thread's)",
+                 "id, type, where, thread, step"),
+    "oom": _e("rank", "an oom fault limits the rank's memory (then allocates) or makes an"
+              " allocation fail", "id, mode, by, limit, cgroup, device, bytes, note, step"),
+    "dataloader_worker": _e("rank", "a dataloader fault killed or stopped a worker process",
+                            "id, mode, pid, workers, step"),
+    "abort": _e("rank", "an abort fault aborts the rank's process group now", "id, after, step"),
+    "gpu_error": _e("rank", "a gpu fault makes a CUDA error now", "id, error, device, step"),
     # -- the harness (torchchaos.harness)
     "launch": _e("harness", "a node's torchrun was launched", "launch, pids"),
     "workers": _e("harness", "a node's worker processes (multi-node)", "launch, pids"),
