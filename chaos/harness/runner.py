@@ -32,7 +32,7 @@ from torchchaos.harness.gate import Gate, GateError
 from torchchaos.harness.hangwatch import STATE_ORDER, Hang, HangWatch
 from torchchaos.harness.nemesis import Nemesis
 from torchchaos.harness.repeats import COLLATERAL, ERROR_LINE, LAUNCHER_ECHO, RepeatWatch
-from torchchaos.host import lifeline, netns, procs, stacks
+from torchchaos.host import lifeline, netns, procs, shortcuts, stacks
 from torchchaos.host.busy import RunCpu
 from torchchaos.host.mounts import mounts_under
 from torchchaos.host.netns import Network
@@ -176,8 +176,9 @@ def job_environment(scenario: Scenario, run_dir: Path, run_id: str, launch: int,
     environ.setdefault("PYTHONUNBUFFERED", "1")
     environ.update({env.RUN_DIR: str(run_dir), env.RUN_ID: run_id, env.LAUNCH: str(launch),
                     env.T0: repr(t0), **lifeline.lock_env()})
-    # torchrun and torch make temporary folders (torchelastic_*); keep them in the run
-    environ["TMPDIR"] = str(RunLayout(run_dir).tmp_dir)
+    # torchrun and torch make temporary folders (torchelastic_*); keep them in the run,
+    # under a name short enough for the sockets made there (host.shortcuts)
+    environ["TMPDIR"] = str(shortcuts.short_tmp(RunLayout(run_dir).tmp_dir, run_id))
     if reference is not None:
         environ[env.REFERENCE] = str(reference)
         if scenario.stop_after:
@@ -343,6 +344,7 @@ class Job:
             for resource in reversed(self.resources):
                 resource.close()
         finally:
+            shortcuts.release(self.run_id)
             if self.network is not None:
                 self.network.close()
 

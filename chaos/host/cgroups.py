@@ -20,7 +20,7 @@ from pathlib import Path
 
 MOUNT = Path("/sys/fs/cgroup")
 PREFIX = "torchchaos-"
-OURS = re.compile(rf"^{PREFIX}([0-9a-f]{{8}})$")
+OURS = re.compile(rf"^{PREFIX}([0-9a-f]{{8,}}(?:-node-\d+)?)$")  # a run id (torchrun's node)
 
 
 def memory_root() -> Path | None:

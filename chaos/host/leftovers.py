@@ -5,11 +5,12 @@ daemons: all carry the run's id in their environment), network namespaces,
 veth links and a bridge (named after the run id; a partition's nftables
 tables live inside the namespaces and go with them), fault filesystem mounts
 (fsname `torchchaos-faultfs`, under the run directory), the memory cgroups of
-an OOM fault (`torchchaos.host.cgroups`, named after the run id), and the lock file of
+an OOM fault (`torchchaos.host.cgroups`, named after the run id), the short
+link to a deep run's temporary folder (`torchchaos.host.shortcuts`), and the lock file of
 its harness (`torchchaos.host.owners`). `inventory()` lists all of it; `stale`
 says what is a leftover; `remove` takes things away in the order that works:
 processes first (they keep mounts and cgroups busy), then mounts, then
-cgroups, then the network, then the lock files.
+cgroups, then the network, then the links, then the lock files.
 
 A thing is a leftover only if its own harness is provably gone, wherever that
 harness kept its lock file:
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchchaos import env
-from torchchaos.host import cgroups, netns, procs
+from torchchaos.host import cgroups, netns, procs, shortcuts
 from torchchaos.host.owners import (
     LockFile,
     Owners,
@@ -45,7 +46,7 @@ from torchchaos.host.owners import (
 )
 
 FSNAME = "torchchaos-faultfs"  # the fault filesystem's mounts show this source
-ORDER = ("process", "mount", "cgroup", "netns", "link", "lock")
+ORDER = ("process", "mount", "cgroup", "netns", "link", "shortcut", "lock")
 MARKERS = (env.RUN_ID, env.HELPER)
 REMOVERS = {"mount": ["fusermount3", "-u", "-z"], "netns": ["ip", "netns", "del"],
             "link": ["ip", "link", "del"]}
@@ -67,7 +68,7 @@ class Leftover:
 
 def inventory() -> list[Leftover]:
     """Everything of any torchchaos run that exists now, live or not."""
-    found = _processes() + _mounts() + _cgroups() + _network()
+    found = _processes() + _mounts() + _cgroups() + _network() + _shortcuts()
     return sorted(found, key=lambda x: (ORDER.index(x.kind), x.name))
 
 
@@ -117,6 +118,8 @@ def remove(items: list[Leftover], timeout: float = 10.0) -> list[str]:
             Path(item.name).unlink(missing_ok=True)
         elif item.kind == "cgroup":
             cgroups.remove(Path(item.name))
+        elif item.kind == "shortcut":
+            Path(item.name).unlink(missing_ok=True)
         elif item.kind in REMOVERS and _exists(item):
             failures += _run_quietly([*REMOVERS[item.kind], item.name], item)
     return failures
@@ -129,6 +132,8 @@ def _exists(item: Leftover) -> bool:
         return any(m.name == item.name for m in _mounts())
     if item.kind == "cgroup":
         return Path(item.name).is_dir()
+    if item.kind == "shortcut":
+        return Path(item.name).is_symlink()
     return any(n.kind == item.kind and n.name == item.name for n in _network())
 
 
@@ -194,6 +199,10 @@ def _mine(options: list[str]) -> bool:
 
 def _cgroups() -> list[Leftover]:
     return [Leftover("cgroup", folder, run) for folder, run in cgroups.leftovers()]
+
+
+def _shortcuts() -> list[Leftover]:
+    return [Leftover("shortcut", link, run) for link, run in shortcuts.leftovers()]
 
 
 def _network() -> list[Leftover]:

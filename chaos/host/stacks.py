@@ -122,31 +122,35 @@ def native(pid: int) -> str:
     return done.stdout if done.returncode == 0 and "Thread" in done.stdout else ""
 
 
-# A thread waiting for the GIL sits in a condition variable that the interpreter's own
-# code (libpython, or a statically linked python binary) waits on; py-spy names the
-# interpreter's frames by its library, or by its C source file where it has debug info.
-GIL_WAIT = re.compile(r"^\s+(pthread_cond_(timed)?wait|take_gil|PyEval_RestoreThread"
-                      r"|PyEval_AcquireThread|PyCOND_\w+)\b")
+# Where a thread of a frozen process waits. Every blocking call of the interpreter itself
+# (a lock, time.sleep, select, a read, waiting to take the GIL back) releases the GIL
+# first: a thread whose innermost frame past the C library is the interpreter's does not
+# hold it. One in other native code (ctypes' libffi, an extension, torch) may.
+SYSTEM_FRAME = re.compile(r"\((?:[^)]*/)?(?:libc|libpthread|ld-linux)[^)/]*\)\s*$|^\s+0x[0-9a-f]+ ")
+INTERPRETER_FRAME = re.compile(r"\((?:[^)]*/)?(?:libpython[^)/]*|python3[\d.]*)\)\s*$"
+                               r"|/(?:Python|Objects|Parser)/\w+\.c:\d+\)\s*$"
+                               r"|/Modules/(?!_ctypes/)[\w/]+\.c:\d+\)\s*$")
 PY_SPY_NATIVE_FRAME = re.compile(r"^\s+(?P<func>\S+) \((?P<where>[^)]*)\)\s*$")
 
 
 def gil_holder(native_text: str) -> str | None:
     """In a `--native` dump of a process where no Python runs: the innermost Python frame
-    of the one thread not waiting for the GIL, as "func (file:line) in NATIVE", or None
-    where no single such thread is found."""
+    of the one thread that can hold the GIL (its innermost native frame past the C library
+    is not the interpreter's), as "func (file:line) in NATIVE", or None where not exactly
+    one thread can."""
     holders = []
     for block in re.split(r"(?m)^(?=Thread )", native_text)[1:]:
         lines = block.splitlines()[1:]
-        python_at = next((i for i, line in enumerate(lines) if PY_SPY_FRAME.match(line)
-                          and ".py:" in line), None)
+        python_at = next((i for i, line in enumerate(lines) if ".py:" in line
+                          and PY_SPY_FRAME.match(line)), None)
         if python_at is None:
             continue
-        native_part = lines[:python_at]
-        if any(GIL_WAIT.match(line) for line in native_part):
-            continue
+        native_part = [line for line in lines[:python_at] if not SYSTEM_FRAME.search(line)]
+        if not native_part or INTERPRETER_FRAME.search(native_part[0]):
+            continue  # the interpreter released the GIL around this wait, or waits for it
         m = PY_SPY_FRAME.match(lines[python_at])
         assert m is not None
-        top = PY_SPY_NATIVE_FRAME.match(native_part[0]) if native_part else None
+        top = PY_SPY_NATIVE_FRAME.match(lines[0])
         holders.append(Frame(m["func"], m["file"], int(m["line"])).short()
                        + (f" in {top['func']}" if top else ""))
     return holders[0] if len(holders) == 1 else None

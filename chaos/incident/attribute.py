@@ -290,10 +290,15 @@ def _say(finding: Finding, rule: str, *sources: Observation) -> None:
 
 # -- the rules, in order ------------------------------------------------------------------
 
+# An allocation that failed, as torch, CUDA and Python say it (raised, not killed)
+ALLOCATION_FAILED = re.compile(r"OutOfMemoryError|CUDA out of memory|can't allocate memory"
+                               r"|^MemoryError\b")
+
+
 def _oom(obs, stopped, ranks, f: Finding) -> bool:
     kills = [o for o in obs if o.what == "oom_kill"]
     if not kills:
-        return False
+        return _allocation_failed(obs, f)
     first = next((o for o in kills if o.rank is not None), kills[0])
     f.kind, f.rank, f.how = "oom", first.rank, "OOM"
     f.node = first.extra.get("node")
@@ -302,6 +307,16 @@ def _oom(obs, stopped, ranks, f: Finding) -> bool:
     _say(f, f"oom: {first.reason or 'the OOM killer'} killed {who} ({first.source})", first)
     if first.rank is None:
         f.rules.append(f"no launcher line names pid {first.pid}: the rank is not known")
+    return True
+
+
+def _allocation_failed(obs: list[Observation], f: Finding) -> bool:
+    failed = [o for o in _own_errors(obs) if ALLOCATION_FAILED.search(o.detail)]
+    if not failed:
+        return False
+    first = next((o for o in failed if o.rank is not None), failed[0])
+    f.kind, f.rank, f.how = "oom", first.rank, f"allocation failed: {first.detail[:140]}"
+    _say(f, f"oom: an allocation failed ({first.source})", first)
     return True
 
 

@@ -98,15 +98,15 @@ def faults_for(incident: Incident, place: Placement, same_script: bool) -> list[
 def _kind_and_params(incident: Incident) -> tuple[str, str]:
     """The fault kind that makes what the rank died of, and its parameters."""
     f = incident.finding
+    if f.kind == "oom" and f.how.startswith("allocation"):
+        return "oom", ",mode=raise"  # the allocator's own error, raised out of a step
     if f.kind == "oom":
         return "oom", ""  # the kernel's OOM killer, under a cgroup limit on that rank
     if f.kind == "exception":
         return "raise", f",type={exception_name(f.how)}"
-    if f.kind == "crash" and f.how in CRASH_SIGNALS:
-        return "crash", f",signal={CRASH_SIGNALS[f.how]}"
-    params = {"preempt": ",signal=SIGTERM,grace=30",
-              "crash": f",signal={f.how or 'SIGSEGV'}"}.get(f.kind, "")
-    return "kill", params
+    if f.kind == "crash":  # another fatal signal (SIGILL, SIGFPE): the nearest, a NULL read
+        return "crash", f",signal={CRASH_SIGNALS.get(f.how, 'segv')}"
+    return "kill", ",signal=SIGTERM,grace=30" if f.kind == "preempt" else ""
 
 
 def exception_name(how: str) -> str:
@@ -125,6 +125,8 @@ def _what(incident: Incident) -> str:
     f = incident.finding
     if f.kind == "exception":
         return f"raises {f.how[:120]}"
+    if f.kind == "oom" and f.how.startswith("allocation"):
+        return "fails to allocate memory (the allocator's own error)"
     if f.kind == "oom":
         return "is killed by the kernel's OOM killer (its own memory cgroup limit)"
     return f"dies ({f.how or f.kind})"

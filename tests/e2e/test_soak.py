@@ -3,12 +3,14 @@ and after a bounded time nothing of the run is left.
 
 Each case starts a real run of one fault family on the bundled target (a kill,
 a power loss under the fault filesystem, a SIGSTOPped rank, a partition
-between two simulated nodes in their namespaces), waits for a moment drawn
+between two simulated nodes in their namespaces, a rank filling its own memory
+cgroup, a rank holding the GIL, a stopped DataLoader worker), waits for a moment drawn
 from a seeded generator, signals the harness (SIGINT, SIGTERM, SIGKILL) or
 SIGKILLs a pytest process running the run through the plugin, and then
 checks within BOUND seconds that no process of the run is alive, nothing is
 mounted under it, no namespace, link or bridge of it exists, the dead
-harness's lock file is gone, and `torchchaos clean` finds nothing.
+harness's lock file is gone, no memory cgroup of it is left, and `torchchaos
+clean` finds nothing.
 
 The default run has one case per family and victim; `-m slow` adds a
 100-case soak (every moment random, some during the reference run) whose
@@ -46,10 +48,19 @@ FAMILIES = {  # fault family: (torchchaos run options, script arguments)
              [*STEPS, "--default-timeouts"]),
     "partition": (["--nodes", "2", "--nproc", "1", "--fault", "partition:node=1,step=4"],
                   ["--steps", "16", "--ckpt-every", "4", "--default-timeouts"]),
+    # a rank in a memory cgroup of its own, filling 2 GiB of it (a second or so)
+    "oom": (["--fault", "oom:rank=1,step=6,limit=2048"], STEPS),
+    # a rank holding the GIL: no Python of it runs, not even a signal handler
+    "gil": (["--fault", "hang:rank=1,step=6,mode=gil", "--hang-timeout", "60"],
+            [*STEPS, "--default-timeouts"]),
+    # a stopped DataLoader worker, its rank waiting for its batch
+    "dataloader": (["--fault", "dataloader:rank=1,step=6,mode=stop", "--hang-timeout", "60"],
+                   [*STEPS, "--default-timeouts", "--loader-workers", "2"]),
 }
 WHEN = {  # the event after which a "mid-fault" moment is drawn
     "kill": '"fault"', "storage": '"fs_mount"', "hang": '"hang_begin"',
-    "partition": '"nemesis_begin"',
+    "partition": '"nemesis_begin"', "oom": '"oom"', "gil": '"hang_begin"',
+    "dataloader": '"dataloader_worker"',
 }
 VICTIMS = ("SIGINT", "SIGTERM", "SIGKILL", "pytest SIGKILL")
 
@@ -190,7 +201,10 @@ SHORT = [Case("kill", "SIGKILL", WHEN["kill"], 0.3),
          Case("partition", "SIGKILL", WHEN["partition"], 0.5),
          Case("kill", "SIGTERM", WHEN["kill"], 0.1),
          Case("hang", "SIGINT", WHEN["hang"], 0.2),
-         Case("storage", "pytest SIGKILL", WHEN["storage"], 1.0)]
+         Case("storage", "pytest SIGKILL", WHEN["storage"], 1.0),
+         Case("oom", "SIGKILL", WHEN["oom"], 0.2),
+         Case("gil", "SIGKILL", WHEN["gil"], 0.5),
+         Case("dataloader", "SIGTERM", WHEN["dataloader"], 0.5)]
 
 
 @pytest.mark.parametrize("case", SHORT, ids=str)
