@@ -33,6 +33,10 @@ HANGS = {
                                 "rank 0 stuck after step 6 in SdcGuard.check"),
     "collective order mismatch": ("hang:rank=1,step=6,mode=mismatch",
                                   "barrier (distributed_c10d.py"),
+    # no Python runs in rank 1, its heartbeat's neither: frozen, and its native stacks
+    # name the frame that holds the GIL
+    "GIL held": ("hang:rank=1,step=6,mode=gil",
+                 "rank 1 frozen after step 6 in train_step (ddp_lm.py:"),
 }
 
 
@@ -41,8 +45,9 @@ HANGS = {
 SLOW = frozenset({"held in dist.all_reduce"})
 SLOW_WITHOUT_TIMEOUTS = SLOW | {"collective order mismatch"}
 # a stopped rank ended by the target's timeouts, then a bitwise resume, is also the
-# ECC-hang incident's passing run (tests/scenario/test_incidents.py)
-SLOW_WITH_TIMEOUTS = SLOW | {"SIGSTOP"}
+# ECC-hang incident's passing run (tests/scenario/test_incidents.py); a rank holding the
+# GIL ignores its SIGTERM handler, so torchrun's 30 s grace passes before it is killed
+SLOW_WITH_TIMEOUTS = SLOW | {"SIGSTOP", "GIL held"}
 
 
 @pytest.mark.parametrize("fault", cases({k: f for k, (f, _) in HANGS.items()},
@@ -64,6 +69,9 @@ def test_without_timeouts_the_harness_reports_the_hang_with_both_stacks(chaos_ru
     check = report.checks["hang_detected"]
     assert check["ok"] is False and check["detail"].startswith("hung for"), report.table()
     assert where in check["detail"], check["detail"]
+    if "mode=gil" in fault:
+        assert "held there by torchchaos (_hold_gil); the GIL held in _hold_gil (hang.py:" \
+            in check["detail"], check["detail"]
     hung = check["hang"]
     assert BOUND <= hung["seconds"] < BOUND + 2
     assert sorted(r["rank"] for r in hung["ranks"]) == [0, 1]

@@ -3,7 +3,8 @@
 Each test starts a real harness process (a Python program that registers a
 run with its lifeline and then makes what runs make: marked processes, one
 of them SIGSTOPped, a network of simulated nodes, a fault filesystem mount),
-kills it, and looks at what is left on the machine.
+kills it, and looks at what is left on the machine (also an OOM fault's memory
+cgroup with a process in it, and a deep run's short TMPDIR link).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from conftest import REPO, lifeline_watcher
 
 from torchchaos.faults.faultfs.mount import Mount
 from torchchaos.faults.faultfs.mount import unavailable_reason as fuse_unavailable
-from torchchaos.host import leftovers, lifeline, netns, owners
+from torchchaos.host import cgroups, leftovers, lifeline, netns, owners
 from torchchaos.host.mounts import mounts_under
 
 BOUND = 10.0  # seconds
@@ -45,6 +46,15 @@ if "network" in sys.argv:
 if "mount" in sys.argv:
     from torchchaos.faults.faultfs.mount import Mount
     Mount(folder / "mnt", folder / "state", folder / "fs.jsonl", run_id).start()
+if "cgroup" in sys.argv:  # the oom fault's: the stopped process confined in it
+    from torchchaos.host import cgroups
+    group = cgroups.create_run_group(cgroups.memory_root(), run_id)
+    cgroups.confine(group, "rank-1", 1 << 30, stopped.pid)
+if "shortcut" in sys.argv:  # a deep run directory's short TMPDIR
+    from torchchaos.host import shortcuts
+    deep = folder / ("deep-" * 20)
+    deep.mkdir()
+    shortcuts.short_tmp(deep, run_id)
 print("ready", flush=True)
 time.sleep(600)
 """
@@ -104,9 +114,10 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def extras() -> list[str]:
-    """What this machine can make besides processes."""
+    """What this machine can make besides processes (a short TMPDIR link: always)."""
     return ([] if netns.unavailable_reason() else ["network"]) + (
-        [] if fuse_unavailable() else ["mount"])
+        [] if fuse_unavailable() else ["mount"]) + (
+        [] if cgroups.memory_root() is None else ["cgroup"]) + ["shortcut"]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT],
@@ -114,8 +125,9 @@ def extras() -> list[str]:
 def test_a_dead_harness_takes_its_runs_along(tmp_path, sig):
     harness = Harness(tmp_path, *extras())
     made = {x.kind for x in harness.mine()}
-    assert {"process", *(["netns", "link"] if "network" in extras() else []),
-            *(["mount"] if "mount" in extras() else [])} <= made
+    assert {"process", "shortcut", *(["netns", "link"] if "network" in extras() else []),
+            *(["mount"] if "mount" in extras() else []),
+            *(["cgroup"] if "cgroup" in extras() else [])} <= made
     assert any(psutil.Process(int(x.name)).status() == psutil.STATUS_STOPPED
                for x in harness.mine() if x.kind == "process")
     harness.kill(sig)  # none of these signals is handled: the program just dies
