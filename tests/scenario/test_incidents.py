@@ -19,7 +19,18 @@ PLANTED = {
     "ecc_hang": (["--default-timeouts"], "hang_detected"),
     "replayed_data": (["--bug", "replay_data"], "deterministic_resume"),
     "second_resume": (["--bug", "resume_twice"], "deterministic_resume"),
+    "gil_deadlock": (["--default-timeouts"], "hang_detected"),
+    "native_crash": (["--bug", "skip_rng"], "deterministic_resume"),
+    "exception_mid_save": (["--bug", "publish_on_error"], "atomic_recovery"),
+    "oom_kill": (["--bug", "skip_optim"], "deterministic_resume"),
+    "dataloader_worker_killed": (["--bug", "replay_data"], "deterministic_resume"),
+    "communicator_abort": (["--bug", "skip_sched"], "deterministic_resume"),
 }
+# Each field-fault incident's passing run is its kind's run on this very target in
+# tests/e2e/test_e2e_field_faults.py (the GIL's, with torchrun's 30 s grace, in
+# tests/e2e/test_e2e_hang.py): only with -m slow here.
+FIELD = frozenset({"gil_deadlock", "native_crash", "exception_mid_save", "oom_kill",
+                   "dataloader_worker_killed", "communicator_abort"})
 
 
 def test_every_shipped_incident_has_a_planted_bug_and_a_story():
@@ -36,7 +47,8 @@ def test_every_shipped_incident_has_a_planted_bug_and_a_story():
 # preemption at step 12) on this very job are rows of the battery, whose test
 # (tests/cli/test_cli.py) checks what these files expect of them: only with -m slow
 @pytest.mark.parametrize("name", cases({name: name for name in sorted(PLANTED)},
-                                       slow=frozenset({"torn_checkpoint", "replayed_data"})))
+                                       slow=frozenset({"torn_checkpoint", "replayed_data"})
+                                       | FIELD))
 def test_the_incident_passes_on_the_reference_target(name, tmp_path, shared_cache):
     loaded = scenario_file.load(INCIDENTS / f"{name}.chaos.yaml")
     report = run_scenario(loaded.scenario, tmp_path / "run", shared_cache)
