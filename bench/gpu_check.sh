@@ -8,7 +8,8 @@
 #
 #   1. the machine: GPU, driver, torch, NCCL, cores, /dev/fuse
 #   2. python -m pytest -m gpu (tests/e2e/test_gpu.py, CUDA bit flips and digests,
-#      the 2-GPU hang tests, which skip on one GPU)
+#      the gpu fault kind's errors: a sticky device-side assert, a CUDA OOM, a spinning
+#      kernel; the 2-GPU hang tests, which skip on one GPU)
 #   3. bench/fingerprint.py (digest vs torch.sum on cuda)
 #   4. bench/overhead.py on one NCCL rank
 #   5. bench/crashstates_scale.py on the CPU (gloo) with this machine's cores: how far

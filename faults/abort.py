@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchchaos.faults.contract import (
     ClusterJob,
@@ -49,6 +49,9 @@ class Abort(FaultKind):
 
         return {"abort": st.builds(lambda r, s: f"abort:rank={r},step={s}", shape.a_rank(),
                                    shape.a_step())}
+
+    def said(self, event: dict[str, Any]) -> str:
+        return f"its process group aborted {event.get('after'):g} s after the step"
 
     def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
         raise NotExported("a communicator inside the training process; the nearest cluster"

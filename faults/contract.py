@@ -20,6 +20,7 @@ about the kind, so that adding a kind is one file:
     strategies(shape)      how `torchchaos search` draws it (Hypothesis)
     chaos_mesh(fault, job) its Chaos Mesh objects for `torchchaos export`
     marks                  the events the timeline marks where it acted
+    said(event)            what a firing did, in words, from its first marks event
     choices                the values some parameters take (help, planners)
     unavailable_reason()   why this machine cannot have it (no FUSE, not root)
     effect_event           the event that proves an armed hook acted
@@ -70,6 +71,11 @@ class FaultKind:
         None for a name this job cannot have (a node kill with one node). Import
         Hypothesis inside: ranks import the kinds too."""
         return {}
+
+    def said(self, event: dict[str, Any]) -> str:
+        """What a firing did, in words, from the first of its `marks` events (the report's
+        faults line: "killed by the kernel's OOM killer, ..."); "" says nothing more."""
+        return ""
 
     def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
         """This fault as Chaos Mesh objects on the job's pods (`torchchaos export`), and

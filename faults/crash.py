@@ -28,7 +28,7 @@ import mmap
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchchaos.faults.contract import (
     ClusterJob,
@@ -64,6 +64,11 @@ class Crash(FaultKind):
         return {"crash": st.builds(lambda r, s, sig: f"crash:rank={r},step={s},signal={sig}",
                                    shape.a_rank(), shape.a_step(),
                                    st.sampled_from(list(SIGNALS)))}
+
+    def said(self, event: dict[str, Any]) -> str:
+        how = {"SIGSEGV": "a NULL read", "SIGABRT": "abort()", "SIGBUS": "a read of a"
+               " truncated mmap'd file"}.get(event.get("signal", ""), "")
+        return f"{event.get('signal')} from {how}, made by the rank itself"
 
     def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
         raise NotExported("a crash the process makes itself; Chaos Mesh can only kill a pod"

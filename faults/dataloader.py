@@ -66,6 +66,11 @@ class DataLoaderWorker(FaultKind):
             lambda r, s, m: f"dataloader:rank={r},step={s},mode={m}", shape.a_rank(),
             shape.a_step(), st.sampled_from(list(MODES)))}
 
+    def said(self, event: dict[str, Any]) -> str:
+        what = "SIGKILL" if event.get("mode") == "kill" else "SIGSTOP"
+        return (f"{what} to DataLoader worker {event.get('pid')} (one of"
+                f" {event.get('workers')})")
+
     def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
         raise NotExported("a worker process inside the rank's pod; Chaos Mesh kills containers,"
                           " not one child process of one")

@@ -27,7 +27,7 @@ import builtins
 import ctypes
 import importlib
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchchaos.errors import UsageError
 from torchchaos.faults.contract import (
@@ -93,6 +93,9 @@ class Raise(FaultKind):
                              f"event={p[1]},type={t}",
                 shape.a_save_point(), types) if shape.save_events else None,
         }
+
+    def said(self, event: dict[str, Any]) -> str:
+        return f"{event.get('type')} raised out of {event.get('where')}"
 
     def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
         raise NotExported("an exception inside the training process; Chaos Mesh acts on pods"

@@ -17,7 +17,7 @@ anything runs.
 from __future__ import annotations
 
 import glob
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchchaos.errors import UsageError
 from torchchaos.faults.contract import (
@@ -69,6 +69,11 @@ class GpuError(FaultKind):
 
         return {"gpu": st.builds(lambda r, s, e: f"gpu:rank={r},step={s},error={e}",
                                  shape.a_rank(), shape.a_step(), st.sampled_from(list(ERRORS)))}
+
+    def said(self, event: dict[str, Any]) -> str:
+        return {"assert": "a device-side assert (sticky: every later CUDA call fails)",
+                "oom": "CUDA out of memory", "hang": "a kernel that never ends"}.get(
+                    str(event.get("error")), "") + f" on {event.get('device')}"
 
     def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
         raise NotExported("a CUDA error inside the training process; Chaos Mesh has no GPU"

@@ -68,6 +68,15 @@ class OutOfMemory(FaultKind):
         return {"oom": st.builds(lambda r, s, m: f"oom:rank={r},step={s},mode={m}",
                                  shape.a_rank(), shape.a_step(), st.sampled_from(list(MODES)))}
 
+    def said(self, event: dict[str, Any]) -> str:
+        if event.get("mode") == "raise":
+            return (f"out of memory: an allocation of {event.get('bytes', 0) >> 20} MiB on"
+                    f" {event.get('device')} failed with the allocator's error")
+        limit = f"{int(event.get('limit', 0)) >> 20} MiB"
+        if event.get("by") == "cgroup":
+            return f"out of memory: killed by the kernel's OOM killer at its own {limit} limit"
+        return f"out of memory: allocations failed at a {limit} address-space limit (no cgroup)"
+
     def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
         raise NotExported("an out-of-memory kill of one rank; Chaos Mesh's StressChaos fills a"
                           " pod's memory from outside, which is another fault (the pod's"

@@ -190,8 +190,8 @@ def _faults_table(report: Report) -> str:
     rows = []
     for f in report.faults:
         params = ", ".join(f"{k}={v}" for k, v in (f.get("params") or {}).items()) or "-"
-        fired = (f"yes, at step {f.get('fired_step')}" if f.get("fired")
-                 else "no" + (f": {f['error']}" if f.get("error") else ""))
+        fired = (f"yes, at step {f.get('fired_step')}" + (f": {f['did']}" if f.get("did") else "")
+                 if f.get("fired") else "no" + (f": {f['error']}" if f.get("error") else ""))
         rows.append(f"<tr><td><code>{escape(f['spec'])}</code></td>"
                     f"<td>{escape(f.get('kind', ''))}</td>"
                     f"<td>{escape(str(f.get('target_type')))} {escape(str(f.get('index')))}</td>"

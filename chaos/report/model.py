@@ -87,7 +87,8 @@ class Report:
         lines = [f"{'check':<{width}}  verdict  detail", f"{'-' * width}  -------  ------"]
         for name, check in self.checks.items():
             lines.append(f"{name:<{width}}  {MARK[check['ok']]:<7}  {check['detail']}")
-        fired = [f"{f['spec']} (fired at step {f['fired_step']})" if f["fired"]
+        fired = [f"{f['spec']} (fired at step {f['fired_step']}"
+                 + (f": {f['did']})" if f.get("did") else ")") if f["fired"]
                  else f"{f['spec']} (never fired)" for f in self.faults]
         lines.append("")
         lines.append(f"faults: {', '.join(fired) or 'none'}; restarts: {self.restarts}")

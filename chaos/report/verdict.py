@@ -32,8 +32,13 @@ def fault_summary(faults: list[ResolvedFault], history: History) -> list[dict]:
         effect = get_kind(f.kind).effect_event
         if effect is not None:  # it armed a hook: fired once the hook acted
             event = next((e for e in history.of(effect) if e.get("id") == f.id), None)
+        kind = get_kind(f.kind)
+        mark = next((e for e in history.events if e["ev"] in kind.marks
+                     and e.get("id") == f.id), None)
+        did = kind.said(mark) if mark is not None else ""
         summary.append({**f.to_dict(), "fired": event is not None,
                         "fired_step": event.get("step") if event else None,
+                        **({"did": did} if did else {}),
                         **({"error": errors[f.id]} if f.id in errors else {})})
     return summary
 

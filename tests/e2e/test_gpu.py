@@ -85,3 +85,28 @@ def test_a_cuda_bit_flip_in_one_replica_breaks_the_undefended_target(chaos_run):
     report = chaos_run(TARGET, faults=["bitflip:rank=1,step=6,tensor=param,bit=exp_high"],
                        args=[*STEPS, "--no-sdc-defences"], nproc=2, expect="fail")
     assert report.checks["sdc_detected"]["ok"] is False
+
+
+# GPU errors (the gpu fault kind): each kills or stalls the rank as the real error does;
+# the target restarts and resumes from its checkpoint. On one GPU with one rank.
+GPU_ERRORS = {
+    "device-side assert": ("gpu:rank=0,step=6,error=assert", "device-side assert"),
+    "CUDA out of memory": ("gpu:rank=0,step=6,error=oom", "OutOfMemoryError"),
+}
+
+
+@pytest.mark.parametrize("fault, said", GPU_ERRORS.values(), ids=list(GPU_ERRORS))
+def test_a_gpu_error_kills_the_rank_and_the_job_resumes(chaos_run, fault, said):
+    report = chaos_run(TARGET, faults=[fault], args=[*STEPS, "--timeout", "5"], nproc=1,
+                       expect="pass")
+    assert report.restarts >= 1 and report.faults[0]["fired"], report.table()
+    logs = "".join(p.read_text(errors="replace")
+                   for p in (Path(report.run_dir) / "_chaos" / "logs").glob("launch-*.log"))
+    assert said in logs, logs[-2000:]
+
+
+def test_a_gpu_hang_is_reported_by_the_harness(chaos_run):
+    report = chaos_run(TARGET, faults=["gpu:rank=0,step=6,error=hang"],
+                       args=[*STEPS, "--default-timeouts"], nproc=1, hang_timeout=10.0,
+                       expect="fail")
+    assert report.checks["hang_detected"]["ok"] is False, report.table()
