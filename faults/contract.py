@@ -5,9 +5,10 @@ A kind is a subclass of `FaultKind` in a module of its own, named in
 entry point (a plug-in); the registry imports it the first time its name is
 used. Two sides:
 
-- an *agent* kind (`side = "agent"`: kill, bitflip, hang, straggler, storage)
-  fires inside the targeted rank: `fire(fault, FireContext)` runs in the
-  training process when the trigger is reached, and records what it did;
+- an *agent* kind (`side = "agent"`: kill, crash, raise, oom, dataloader, abort,
+  gpu, bitflip, hang, straggler, storage) fires inside the targeted rank:
+  `fire(fault, FireContext)` runs in the training process when the trigger is
+  reached, and records what it did;
 - a *harness* kind (`HarnessKind`: partition, toxic) is applied from outside
   the job: the rank that sees the trigger asks the harness
   (`torchchaos.rundir.requests`), and the runner calls `cut`, which returns the heal.
