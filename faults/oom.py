@@ -133,7 +133,8 @@ class RunCgroup:
             if said:
                 self.kernel_log.parent.mkdir(parents=True, exist_ok=True)
                 self.kernel_log.write_text("\n".join(said) + "\n")
-        cgroups.remove(self.group)
+        # the ranks are reaped by now; one killed a moment ago may still count (a zombie)
+        cgroups.remove(self.group, wait=10.0)  # else the lifeline's sweep removes it
 
 
 def _allocate_until_stopped() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 MOUNT = Path("/sys/fs/cgroup")
@@ -66,14 +67,22 @@ def confine(group: Path, name: str, limit_bytes: int, pid: int) -> Path:
     return child
 
 
-def remove(group: Path) -> None:
-    """Remove a run's folder and its children (their processes must have ended: a cgroup
-    with a process in it cannot be removed); missing ones are fine."""
-    if not group.is_dir():
-        return
-    for child in sorted(p for p in group.iterdir() if p.is_dir()):
-        _rmdir(child)
-    _rmdir(group)
+def remove(group: Path, wait: float = 0.0) -> bool:
+    """Remove a run's folder and its children; True once it is gone (or was never there).
+    A cgroup with a process in it cannot be removed (EBUSY): a killed rank counts until
+    its parent has reaped it, so this tries again for up to `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            if group.is_dir():
+                for child in sorted(p for p in group.iterdir() if p.is_dir()):
+                    _rmdir(child)
+                _rmdir(group)
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
 
 
 def leftovers() -> list[tuple[str, str]]:

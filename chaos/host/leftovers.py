@@ -116,8 +116,8 @@ def remove(items: list[Leftover], timeout: float = 10.0) -> list[str]:
     for item in sorted(items, key=lambda x: ORDER.index(x.kind)):
         if item.kind == "lock":
             Path(item.name).unlink(missing_ok=True)
-        elif item.kind == "cgroup":
-            cgroups.remove(Path(item.name))
+        elif item.kind == "cgroup" and not cgroups.remove(Path(item.name), wait=timeout):
+            failures.append(f"{item.describe()}: a process is still in it")
         elif item.kind == "shortcut":
             Path(item.name).unlink(missing_ok=True)
         elif item.kind in REMOVERS and _exists(item):
