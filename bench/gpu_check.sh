@@ -9,10 +9,14 @@
 #   1. the machine: GPU, driver, torch, NCCL, cores, /dev/fuse
 #   2. python -m pytest -m gpu (tests/e2e/test_gpu.py, CUDA bit flips and digests,
 #      the gpu fault kind's errors: a sticky device-side assert, a CUDA OOM, a spinning
-#      kernel; the 2-GPU hang tests, which skip on one GPU)
-#   3. bench/fingerprint.py (digest vs torch.sum on cuda)
-#   4. bench/overhead.py on one NCCL rank
-#   5. bench/crashstates_scale.py on the CPU (gloo) with this machine's cores: how far
+#      kernel; the two-replica tests and the spinning-kernel hangs, as 2 ranks sharing
+#      one GPU over gloo where there is one GPU)
+#   3. the real nanoGPT and PyTorch DDP tutorial (tests/e2e/test_real_scripts.py), from
+#      checkouts placed untracked in the tree (the machine has no network): .checkouts/nanoGPT
+#      with data/shakespeare_char prepared, .checkouts/examples; skipped where absent
+#   4. bench/fingerprint.py (digest vs torch.sum on cuda)
+#   5. bench/overhead.py on one NCCL rank
+#   6. bench/crashstates_scale.py on the CPU (gloo) with this machine's cores: how far
 #      warm recoveries hide start-up when cores are not the limit
 #
 # The wheels and packages, made here before the call (git ignores .whl/ through
@@ -23,11 +27,11 @@
 #         mfusepy py-spy jsonschema jsonschema-specifications referencing rpds-py
 #     mkdir -p .whl/deb && (cd .whl/deb && apt-get download libfuse3-3 fuse3)
 #
-#     OUT=/tmp/gpu-check DEADLINE_S=540 [ONLY="pytest-gpu crashstates"] bash bench/gpu_check.sh
+#     OUT=/tmp/gpu-check DEADLINE_S=470 [ONLY="pytest-gpu crashstates"] bash bench/gpu_check.sh
 set -u
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
-END=$(( $(date +%s) + ${DEADLINE_S:-540} ))
+END=$(( $(date +%s) + ${DEADLINE_S:-470} ))
 export PYTHONUNBUFFERED=1
 
 # Runs "$@" with at most CAP seconds, and never past the deadline; output to $OUT/NAME.txt.
@@ -70,6 +74,16 @@ step machine 30 bash -c machine
 step install 120 bash -c install
 step pytest-gpu 260 python3 -m pytest -m gpu -ra -p no:cacheprovider tests/e2e/test_gpu.py \
     tests/faults/test_bits.py tests/rank/test_fingerprint.py tests/e2e/test_e2e_hang.py
+# the checkouts, made here before the call: fetch karpathy/nanoGPT and pytorch/examples
+# into .checkouts/, and give nanoGPT's data/shakespeare_char/input.txt any text (its
+# prepare.py downloads only a missing file), then run prepare.py there
+if [[ -d .checkouts/nanoGPT && -d .checkouts/examples ]]; then
+    step realscripts 200 env TORCHCHAOS_NANOGPT_DIR="$PWD/.checkouts/nanoGPT" \
+        TORCHCHAOS_EXAMPLES_DIR="$PWD/.checkouts/examples" \
+        python3 -m pytest -m gpu -ra -p no:cacheprovider tests/e2e/test_real_scripts.py
+else
+    echo "== realscripts: skipped, no .checkouts/nanoGPT and .checkouts/examples"
+fi
 (cd bench && step fingerprint 45 python3 fingerprint.py)
 step overhead 120 python3 bench/overhead.py --sizes small large --repeats 2 --nproc 1
 step crashstates 200 env CUDA_VISIBLE_DEVICES= python3 bench/crashstates_scale.py --sizes 1,300 \

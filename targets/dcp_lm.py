@@ -211,7 +211,7 @@ def resume(t: Trainer) -> None:
 # -- training ----------------------------------------------------------------
 def setup(args: argparse.Namespace) -> Trainer:
     # async_save needs a CPU backend next to NCCL.
-    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    backend = args.backend or ("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
     device = init_distributed(collective_timeout(args), backend)
     ckpt_group = dist.new_group(backend="gloo")
     os.makedirs(args.ckpt_dir, exist_ok=True)

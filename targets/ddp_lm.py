@@ -324,7 +324,7 @@ def go_it_alone(t: Trainer) -> None:
 
 
 def setup(args: argparse.Namespace) -> Trainer:
-    device = init_distributed(collective_timeout(args))
+    device = init_distributed(collective_timeout(args), args.backend)
     os.makedirs(args.ckpt_dir, exist_ok=True)
     seed_globals(args.seed, dist.get_rank(), from_clock=args.bug == "nondeterministic")
     inner = TinyLM().to(device)

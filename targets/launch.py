@@ -32,7 +32,9 @@ def init_distributed(timeout_s: float | None, backend: str | None = None) -> tor
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if cuda else "cpu")
+    # more ranks than GPUs share them (only over gloo: NCCL refuses a shared device)
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local % torch.cuda.device_count()}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
     backend = backend or ("nccl" if cuda else "gloo")

@@ -64,6 +64,9 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
                    help="keep torch's default collective timeouts (30 min gloo, 10 min NCCL)"
                         " and no watchdog: a hang then lasts until someone notices")
     p.add_argument("--grace", type=int, default=20, help="seconds allowed after SIGTERM")
+    p.add_argument("--backend", choices=("nccl", "gloo"), default=None,
+                   help="the process group's backend (default: nccl with CUDA, else gloo);"
+                        " gloo lets ranks share one GPU, which NCCL refuses")
     p.add_argument("--step-sleep", type=float, default=0.0)
 
 

@@ -4,9 +4,10 @@ Marked `gpu` (deselected by default; `pytest -m gpu` on a GPU runner, as the
 nightly `trainer` service in docker-compose.yml does). Each test uses as many
 ranks as the machine has GPUs, up to 2: the bundled target binds rank
 LOCAL_RANK to cuda:LOCAL_RANK and picks NCCL when CUDA is there, so these are
-the same scenarios the CPU tests run with gloo. Tests that need two ranks on
-two GPUs say so and skip on a one-GPU machine. The spinning-kernel hangs are
-in tests/e2e/test_e2e_hang.py.
+the same scenarios the CPU tests run with gloo. Tests that need two replicas run
+two ranks on one GPU over gloo where the machine has one GPU (`--backend gloo`:
+NCCL refuses a shared device). The spinning-kernel hangs are in
+tests/e2e/test_e2e_hang.py.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ def gpus() -> int:
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(gpus() == 0, reason="needs an NVIDIA GPU (CUDA, NCCL)")]
-TWO_GPUS = pytest.mark.skipif(gpus() < 2, reason="2 NCCL ranks need 2 GPUs")
+# Two ranks: on two GPUs over NCCL; on one GPU both ranks share it over gloo (NCCL
+# refuses two ranks on one device), which the replica checks and hangs need no more than.
+SHARED = [] if gpus() >= 2 else ["--backend", "gloo"]
 
 
 def nproc() -> int:
@@ -73,17 +76,15 @@ def test_a_nan_loss_on_cuda_is_caught_and_rolled_back(chaos_run):
     assert check["ended_equal"] is True
 
 
-@TWO_GPUS
 def test_a_cuda_weight_flip_in_one_replica_is_caught_by_the_defended_target(chaos_run):
     report = chaos_run(TARGET, faults=["bitflip:rank=1,step=6,tensor=param,bit=exp_high"],
-                       args=STEPS, nproc=2, expect="pass")
+                       args=[*STEPS, *SHARED], nproc=2, expect="pass")
     assert report.checks["sdc_detected"]["ok"] is True
 
 
-@TWO_GPUS
 def test_a_cuda_bit_flip_in_one_replica_breaks_the_undefended_target(chaos_run):
     report = chaos_run(TARGET, faults=["bitflip:rank=1,step=6,tensor=param,bit=exp_high"],
-                       args=[*STEPS, "--no-sdc-defences"], nproc=2, expect="fail")
+                       args=[*STEPS, "--no-sdc-defences", *SHARED], nproc=2, expect="fail")
     assert report.checks["sdc_detected"]["ok"] is False
 
 
