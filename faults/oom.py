@@ -159,7 +159,7 @@ def _fail_one_allocation(fault: ResolvedFault, ctx: FireContext, step: int | Non
 
     device = _parameters_device(ctx)
     if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
+        _free, total = torch.cuda.mem_get_info(device)
         ask = total * 2
     else:
         ask = 4 * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
