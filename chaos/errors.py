@@ -16,5 +16,10 @@ class UsageError(ChaosError):
     """Bad input from the user: fix the command line, the spec or the file."""
 
 
+class Unavailable(UsageError):
+    """This machine cannot have what the scenario asks for (a fault kind that needs a GPU):
+    exit 2 on the command line, a skip with the reason in pytest."""
+
+
 class CannotJudge(ChaosError):
     """The target or the environment keeps the harness from judging."""

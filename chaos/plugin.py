@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from torchchaos import env
-from torchchaos.errors import ChaosError
+from torchchaos.errors import ChaosError, Unavailable
 from torchchaos.report.model import MARK, Report
 
 if TYPE_CHECKING:
@@ -248,7 +248,10 @@ def _verdict_failure(report: Report, expect: str) -> str | None:
 
 def _could_not_judge(exc: ChaosError) -> BaseException:
     """The test's failure, one line: `raise _could_not_judge(exc) from None` (without
-    `from None`, pytest shows the ChaosError it was handling too)."""
+    `from None`, pytest shows the ChaosError it was handling too); a skip where this
+    machine cannot have what the scenario asks for (a GPU fault without a GPU)."""
+    if isinstance(exc, Unavailable):
+        return pytest.skip.Exception(f"torchchaos: {exc}")
     return pytest.fail.Exception(f"torchchaos could not judge: {exc}", pytrace=False)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import glob
 from typing import TYPE_CHECKING, Any
 
-from torchchaos.errors import UsageError
+from torchchaos.errors import Unavailable, UsageError
 from torchchaos.faults.contract import (
     ClusterJob,
     ClusterMapping,
@@ -58,7 +58,7 @@ class GpuError(FaultKind):
     def check_job(self, params: dict[str, object], nodes: int, network: str) -> None:
         why = self.unavailable_reason()
         if why:
-            raise UsageError(f"fault kind gpu {why}")
+            raise Unavailable(f"fault kind gpu {why}")
 
     def validate(self, params: dict[str, object]) -> None:
         if "for" in params and params.get("error") != "hang":

@@ -36,7 +36,17 @@ fault specs (KIND:key=value,...):
                                          (FUSE; dir=FOLDER where the job saves, default
                                          ckpt; mode=torn|enospc|eio|slow|bitrot)
   hang:rank=1,step=10,mode=collective    rank 1 held inside its next collective
-                                         (mode=stop|spin|mismatch; for=SEC)
+                                         (mode=stop|spin|mismatch|gil; for=SEC)
+  crash:rank=1,step=10,signal=segv       a native crash made by rank 1 (abrt|bus)
+  raise:rank=0,phase=checkpoint_save,save=2,event=2,type=OSError
+                                         an exception out of a write of rank 0's 2nd save
+  oom:rank=1,step=10                     the kernel's OOM killer, under rank 1's own
+                                         cgroup limit (limit=MiB; mode=raise: the
+                                         allocator's error)
+  dataloader:rank=1,step=10              SIGKILL one of rank 1's DataLoader workers
+                                         (mode=stop: a stuck worker)
+  abort:rank=1,step=10                   rank 1's process group aborted as it trains
+  gpu:rank=0,step=10,error=assert        a sticky CUDA error (oom|hang; needs CUDA)
   straggler:rank=1,step=5,delay=0.3,steps=10
                                          rank 1 0.3 s slower per step, for 10 steps
   partition:node=1,step=10,for=6         cut node 1 off for 6 s (--nodes 2+, as root;

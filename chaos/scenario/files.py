@@ -200,8 +200,8 @@ def loads(text: str, path: Path, script: str | None = None,
         raise UsageError(f"{path}: not valid YAML{where}: {problem}") from None
     try:
         return _from_doc(doc, path, script, args)
-    except UsageError as exc:
-        raise UsageError(f"{path}: {exc}") from None
+    except UsageError as exc:  # the same kind of error (Unavailable stays a skip in pytest)
+        raise type(exc)(f"{path}: {exc}") from None
 
 
 def _from_doc(doc: Any, path: Path, script: str | None,
