@@ -67,6 +67,8 @@ class GpuError(FaultKind):
     def strategies(self, shape: JobShape) -> dict[str, SearchStrategy[str] | None]:
         from hypothesis import strategies as st
 
+        if self.unavailable_reason():  # a search on a machine without a GPU leaves it out
+            return {"gpu": None}
         return {"gpu": st.builds(lambda r, s, e: f"gpu:rank={r},step={s},error={e}",
                                  shape.a_rank(), shape.a_step(), st.sampled_from(list(ERRORS)))}
 
