@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from torchchaos.cli import main as cli
-from torchchaos.errors import UsageError
+from torchchaos.errors import Unavailable, UsageError
 from torchchaos.faults import storage as storage_kind
 from torchchaos.faults.registry import get_kind
 from torchchaos.scenario import chaosmesh
@@ -387,6 +387,10 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("path", INCIDENTS, ids=lambda p: p.name.split(".")[0])
 def test_export_of_each_incident(capsys, tmp_path: Path, path: Path) -> None:
+    try:
+        scenario_file.load(path)
+    except Unavailable as exc:  # a GPU's incident on a machine without one (known limit)
+        pytest.skip(str(exc))
     out = tmp_path / "out.yaml"
     code, stdout, stderr = run_cli(capsys, path, "--seconds-per-step", "1.5",
                                    "--pod-per-rank", "--out", out)
