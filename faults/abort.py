@@ -59,7 +59,7 @@ class Abort(FaultKind):
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         after = float(fault.params.get("after", DEFAULT_AFTER))  # type: ignore[arg-type]
-        step = ctx.training.step() if ctx.training is not None else None
+        step = ctx.step()
 
         def abort_later() -> None:
             from torch.distributed import distributed_c10d

@@ -125,8 +125,7 @@ class HarnessKind(FaultKind):
     targets = ("node",)
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
-        step = ctx.training.step() if ctx.training is not None else None
-        if not requests.request(ctx.run_dir, fault.id, step):
+        if not requests.request(ctx.run_dir, fault.id, ctx.step()):
             ctx.record("fault_error", id=fault.id,
                        error=f"the harness did not apply it within {requests.ACK_TIMEOUT:g} s")
 
@@ -195,6 +194,10 @@ class FireContext:
     path: str | None = None  # the file of the event that triggered a phase fault
     run_dir: str = ""
     training: TrainingView | None = None
+
+    def step(self) -> int | None:
+        """Optimizer steps this rank has completed (None without a view of training)."""
+        return self.training.step() if self.training is not None else None
 
 
 class TrainingView(Protocol):

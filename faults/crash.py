@@ -76,7 +76,7 @@ class Crash(FaultKind):
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         how = str(fault.params.get("signal", "segv"))
-        step = ctx.training.step() if ctx.training is not None else None
+        step = ctx.step()
         ctx.record("crash", id=fault.id, signal=signal.Signals(SIGNALS[how]).name, step=step)
         if how == "segv":
             ctypes.string_at(0)  # reads address 0: the kernel sends SIGSEGV

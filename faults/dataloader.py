@@ -83,7 +83,7 @@ class DataLoaderWorker(FaultKind):
         mode = str(fault.params.get("mode", "kill"))
         index = int(fault.params.get("worker", 0))  # type: ignore[call-overload]
         workers = live_workers()
-        step = ctx.training.step() if ctx.training is not None else None
+        step = ctx.step()
         if not workers:
             ctx.record("fault_error", id=fault.id, error="this rank has no DataLoader worker"
                        " process (num_workers=0, or no iterator alive) at the trigger")

@@ -109,7 +109,7 @@ class Raise(FaultKind):
         name = str(fault.params.get("type", DEFAULT_TYPE))
         kind = resolve(name)
         message = str(fault.params.get("message") or f"torchchaos fault {fault.spec}")
-        step = ctx.training.step() if ctx.training is not None else None
+        step = ctx.step()
         where = "a checkpoint file operation" if ctx.path and fault.trigger.phase else "a step"
         if fault.trigger.time is not None and threading.current_thread() is not \
                 threading.main_thread():

@@ -85,7 +85,7 @@ class GpuError(FaultKind):
         import torch
 
         error = str(fault.params.get("error", "assert"))
-        step = ctx.training.step() if ctx.training is not None else None
+        step = ctx.step()
         if not torch.cuda.is_available():
             ctx.record("fault_error", id=fault.id, error="gpu: this rank sees no CUDA device")
             return

@@ -123,7 +123,7 @@ def _stop(fault: ResolvedFault, ctx: FireContext, held_for: float | None) -> Non
         [sys.executable, str(HEALER), str(os.getpid()), str(beats), str(held_for or 0)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
     )
-    ctx.record("hang_begin", id=fault.id, mode="stop", step=_step(ctx))
+    ctx.record("hang_begin", id=fault.id, mode="stop", step=ctx.step())
     start = time.monotonic()
     os.kill(os.getpid(), signal.SIGSTOP)
     # Only once continued: after for= seconds, or because the job reacted.
@@ -159,7 +159,7 @@ def _arm_hold(fault: ResolvedFault, ctx: FireContext, op: str, held_for: float |
 
 def _hold(fault: ResolvedFault, ctx: FireContext, where: str, held_for: float | None) -> None:
     """Block here while the peers wait inside the collective."""
-    ctx.record("hang_begin", id=fault.id, mode="collective", where=where, step=_step(ctx))
+    ctx.record("hang_begin", id=fault.id, mode="collective", where=where, step=ctx.step())
     beats = RunLayout(Path(ctx.run_dir)).beats_dir
     start = time.monotonic()
     end = start + held_for if held_for is not None else math.inf
@@ -186,7 +186,7 @@ def _spin(fault: ResolvedFault, ctx: FireContext, duration: float) -> None:
     # clock_rate is in kHz where torch exposes it; 2 GHz is a safe guess for data-centre GPUs
     khz = getattr(torch.cuda.get_device_properties(device), "clock_rate", 2_000_000)
     ctx.record("hang_begin", id=fault.id, mode="spin", device=device, seconds=duration,
-               step=_step(ctx))
+               step=ctx.step())
     torch.cuda._sleep(int(duration * khz * 1000))  # queued on the current stream; returns
 
 
@@ -204,7 +204,7 @@ def _hold_gil(fault: ResolvedFault, ctx: FireContext, held_for: float | None) ->
                                signal.SIGUSR2)
                if callable(signal.getsignal(sig))}
     seconds = math.ceil(held_for) if held_for is not None else GIL_SECONDS
-    ctx.record("hang_begin", id=fault.id, mode="gil", step=_step(ctx),
+    ctx.record("hang_begin", id=fault.id, mode="gil", step=ctx.step(),
                where="libc sleep() through ctypes.PyDLL, holding the GIL")
     start = time.monotonic()
     before = signal.pthread_sigmask(signal.SIG_BLOCK, handled)
@@ -220,13 +220,9 @@ def _extra_barrier(fault: ResolvedFault, ctx: FireContext) -> None:
     import torch.distributed as dist
 
     ctx.record("hang_begin", id=fault.id, mode="mismatch", where="an extra barrier no peer"
-                                                                 " calls", step=_step(ctx))
+                                                                 " calls", step=ctx.step())
     dist.barrier()  # pairs with whatever collective the peers call next, or with nothing
     ctx.record("hang_end", id=fault.id, mode="mismatch", how="barrier returned")
-
-
-def _step(ctx: FireContext) -> int | None:
-    return ctx.training.step() if ctx.training is not None else None
 
 
 def hangs(shape: JobShape, modes: Sequence[str] = ("stop", "collective")) -> SearchStrategy[str]:

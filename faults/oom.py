@@ -90,7 +90,7 @@ class OutOfMemory(FaultKind):
                          RunLayout(ctx.run_dir).logs_dir / "kernel.log")
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
-        step = ctx.training.step() if ctx.training is not None else None
+        step = ctx.step()
         if fault.params.get("mode", "kill") == "raise":
             _fail_one_allocation(fault, ctx, step)
             return

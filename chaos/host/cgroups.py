@@ -19,9 +19,11 @@ import subprocess
 import time
 from pathlib import Path
 
+from torchchaos.host.owners import RUN_ID
+
 MOUNT = Path("/sys/fs/cgroup")
 PREFIX = "torchchaos-"
-OURS = re.compile(rf"^{PREFIX}([0-9a-f]{{8,}}(?:-node-\d+)?)$")  # a run id (torchrun's node)
+OURS = re.compile(rf"^{PREFIX}({RUN_ID})$")
 
 
 def memory_root() -> Path | None:

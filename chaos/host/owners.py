@@ -37,6 +37,9 @@ from pathlib import Path
 
 STATE_ENV = "TORCHCHAOS_STATE_DIR"  # where the lock files live (default: see state_dir)
 SUFFIX = ".lock"
+# a run's id as the runners make them (12 hex digits; a multi-node job's node adds
+# "-node-N"), for things named after their run (cgroups, TMPDIR links)
+RUN_ID = r"[0-9a-f]{8,}(?:-node-\d+)?"
 LOCK_NAME = re.compile(r"\d+-[0-9a-f]{8}\.lock")  # HarnessLock's names: <pid>-<random>.lock
 DELETED = " (deleted)"  # how /proc/PID/fd shows a file unlinked while open
 

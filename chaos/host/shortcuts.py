@@ -18,14 +18,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from torchchaos.host.owners import state_dir
+from torchchaos.host.owners import RUN_ID, state_dir
 
 SOCKET_PATH_MAX = 107  # sun_path is 108 bytes with its terminating NUL
 # the longest name Python puts under TMPDIR for a socket, with room to spare:
 # "/pymp-" + 8 + "/listener-" + 8 characters
 LONGEST_SOCKET_NAME = 40
 PREFIX = "tmp-"
-OURS = re.compile(rf"^{PREFIX}([0-9a-f]{{8,}}(?:-node-\d+)?)$")
+OURS = re.compile(rf"^{PREFIX}({RUN_ID})$")
 
 
 def short_tmp(tmp_dir: Path, run_id: str) -> Path:
