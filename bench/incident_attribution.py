@@ -42,7 +42,9 @@ def expected(spec: str) -> dict:
 
     fault = parse_fault_spec(spec)
     params, trig = fault.params, fault.trigger
-    kind = {"hang": "hang"}.get(fault.kind, fault.kind)
+    kind = {"raise": "exception"}.get(fault.kind, fault.kind)
+    if fault.kind == "dataloader" and params.get("mode") == "stop":
+        kind = "hang"  # a stopped worker: the rank waits for its batch, the others for it
     if fault.kind == "kill":
         kind = {"SIGTERM": "preempt", "SIGSEGV": "crash"}.get(str(params.get("signal")), "kill")
         if fault.target_type == "node":
@@ -69,21 +71,39 @@ def make(corpus: Path) -> None:
                    if e.fault.startswith("kill:rank=0,step="))
         specs = [e.fault for e in entries] + [
             f"hang:rank=1,step={mid},mode=stop", f"hang:rank=1,step={mid},mode=collective",
-            f"kill:rank=1,step={mid},signal=SIGSEGV"]
+            f"kill:rank=1,step={mid},signal=SIGSEGV"] + field_kinds(mid, name)
         for i, spec in enumerate(specs):
             case = corpus / name / f"{i:02d}"
             if (case / "injected.json").exists():
                 continue
             print(f"[{name} {i}] {spec}", flush=True)
             with tempfile.TemporaryDirectory() as tmp:
-                scenario = Scenario.build(str(script), faults=[spec], args=args,
-                                          hang_timeout=6.0)
+                scenario = Scenario.build(str(script), faults=[spec], args=args + (
+                    LOADER if spec.startswith("dataloader") else []), hang_timeout=6.0)
                 report = run_scenario(scenario, Path(tmp) / "run", cache)
                 keep(Path(tmp) / "run" / "chaos", case / "left")
                 fired = [f.get("fired_step") for f in report.faults]
             (case / "injected.json").write_text(json.dumps(
                 {"spec": spec, "fired_step": fired[0] if fired else None,
                  "verdict": report.verdict, **expected(spec)}, indent=1))
+
+
+# The bundled target's option that gives each rank DataLoader workers to fault
+LOADER = ["--loader-workers", "2"]
+
+
+def field_kinds(mid: int, name: str) -> list[str]:
+    """The kinds behind field incidents (issue 39): OOM kills and failed allocations, an
+    exception, native crashes, a hang holding the GIL, a communicator abort, and on the
+    bundled target (the script with DataLoader workers) a worker killed and one stopped."""
+    specs = [f"oom:rank=1,step={mid}", f"oom:rank=1,step={mid},mode=raise",
+             f"raise:rank=1,step={mid}", f"crash:rank=0,step={mid},signal=abrt",
+             f"crash:rank=1,step={mid},signal=bus", f"hang:rank=1,step={mid},mode=gil",
+             f"abort:rank=1,step={mid}"]
+    if name == "bundled":
+        specs += [f"dataloader:rank=1,step={mid},mode=kill",
+                  f"dataloader:rank=1,step={mid},mode=stop"]
+    return specs
 
 
 def keep(run_dir: Path, dest: Path) -> None:
@@ -114,8 +134,10 @@ def score(corpus: Path) -> int:
     rows, exact, parts = [], 0, {"kind": 0, "rank": 0, "phase": 0, "wrong": 0}
     for case in sorted(corpus.glob("*/[0-9][0-9]")):
         want = json.loads((case / "injected.json").read_text())
+        want.update(expected(want["spec"]))  # today's expectation, not the one made with it
         try:
-            found = attribute(gather([case / "left"]).observations)
+            gathered = gather([case / "left"])
+            found = attribute(gathered.observations, gathered.sources)
         except UsageError as exc:
             rows.append((case, want, None, f"error: {exc}"))
             continue

@@ -108,7 +108,9 @@ def live_workers() -> list[int]:
     iterators, in the order their iterators were made."""
     from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
+    # type(), not isinstance(): isinstance reads `__class__`, which some objects in the
+    # heap answer with a deprecation warning (torch.distributed's old `reduce_op`)
     iterators: list[Any] = [o for o in gc.get_objects()
-                            if isinstance(o, _MultiProcessingDataLoaderIter)]
+                            if issubclass(type(o), _MultiProcessingDataLoaderIter)]
     return [w.pid for it in iterators for w in getattr(it, "_workers", [])
             if w.pid is not None and w.is_alive()]

@@ -11,7 +11,6 @@ import faulthandler
 import os
 import signal
 import sys
-import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -124,7 +123,10 @@ def run(main: Callable[[], None]) -> NoReturn:
     try:
         main()
     except Exception:
-        traceback.print_exc()
+        # through sys.excepthook, as an uncaught exception would be: once the process
+        # group is up, torch's hook tags each line with the rank ("[rank1]: ..."), which
+        # is how a log (and `torchchaos incident import`) tells whose error it was
+        sys.excepthook(*sys.exc_info())
         # The traceback still holds main's frame, so this exit frees nothing.
         exit_now(1)
     exit_now(0)

@@ -8,20 +8,26 @@ order they are tried for the first failure (the first that applies wins):
    named that pid.
 2. **crash**: a rank died of a fatal signal of its own (SIGSEGV, SIGABRT,
    SIGBUS, SIGFPE, SIGILL), from its exit status or faulthandler's dump.
-3. **exception**: a rank raised an error that is not the echo of another's
+3. **dataloader**: a rank's error says one of its DataLoader workers died
+   (torch's "DataLoader worker (pid N) is killed by signal" / "exited
+   unexpectedly"); **abort**: a rank's collective found its process group
+   gone mid-training (gloo's "Default process group has not been initialized"
+   from inside a collective: aborted under the rank).
+4. **exception**: a rank raised an error that is not the echo of another's
    failure (a peer that closed its connection, a collective timeout, a SIGTERM
    the launcher sent, torchrun's own ChildFailedError).
-4. **hang**: a collective timed out (gloo's receive timeout, NCCL's watchdog), or
+5. **hang**: a collective timed out (gloo's receive timeout, NCCL's watchdog), or
    a watchdog took every rank's stack before the job was killed. The rank waited
    for is the one behind in the flight recorder, else the one whose stack is
-   outside every collective, else, in a job of two ranks, the other one.
-5. **preempt**: a rank ended by SIGTERM (or exit 143) that the launcher did not
+   outside every collective, else, in a job of two ranks, the other one. A
+   hung rank whose stack is in the data loader waited on a stopped worker.
+6. **preempt**: a rank ended by SIGTERM (or exit 143) that the launcher did not
    send, or a scheduler says the job was preempted.
-6. **kill**: a rank ended by SIGKILL that the launcher did not send.
-7. **node**: a scheduler says the node failed, or a launcher's log ends with no
+7. **kill**: a rank ended by SIGKILL that the launcher did not send.
+8. **node**: a scheduler says the node failed, or a launcher's log ends with no
    failure and no success while a later launch resumed: the node (its launcher
    and every rank on it) went down.
-8. **torn_write** / **power_loss**: only the checkpoint folder shows it: a file
+9. **torn_write** / **power_loss**: only the checkpoint folder shows it: a file
    that does not load.
 
 The phase: the failing rank's own frames first (a save, a load, a collective);
@@ -36,10 +42,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchchaos.incident.observations import Observation, Source
+from torchchaos.incident import script_source
+from torchchaos.incident.observations import Observation, Source, phase_of_frames
 
-KINDS = ("oom", "crash", "exception", "hang", "preempt", "kill", "node", "torn_write",
-         "power_loss", "unknown")
+KINDS = ("oom", "crash", "dataloader", "abort", "exception", "hang", "preempt", "kill", "node",
+         "torn_write", "power_loss", "unknown")
 PHASES = ("startup", "between_saves", "mid_save", "load", "after_resume", "exit", "unknown")
 FATAL = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL")
 # An error that reports another rank's failure, not one of its own. The last line is
@@ -85,8 +92,9 @@ class Finding:
     how: str = ""               # SIGKILL, SIGTERM, SIGSEGV, "RuntimeError: ...", OOM
     collective: str | None = None
     step_window: tuple[int | None, int | None] = (None, None)
-    # other kinds the same artefacts fit, said rather than chosen between
+    # other kinds the same artefacts fit, said rather than chosen between, and why
     alternatives: list[str] = field(default_factory=list)
+    alternatives_why: str = ""
     rules: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
 
@@ -117,7 +125,10 @@ class Incident:
                 **({"world_size": self.world_size} if self.world_size else {})}
 
 
-def attribute(observations: list[Observation]) -> Incident:
+def attribute(observations: list[Observation],
+              sources: dict[str, list[str]] | None = None) -> Incident:
+    """The incident `observations` tell; `sources` (the script files their tracebacks
+    quote, from `gather`) let a silent script's peers say where its failure fell."""
     everything = _with_ranks(observations)
     stopped = {o.pid for o in everything if o.reason == "stopped by the launcher" and o.pid}
     obs, later = _first_failure(everything, stopped)
@@ -126,7 +137,7 @@ def attribute(observations: list[Observation]) -> Incident:
     for rank in {o.rank for o in everything if o.rank is not None} - set(ranks):
         ranks[rank] = RankStory(rank)  # seen only later: still a rank of the job
     finding = Finding()
-    for rule in (_oom, _crash, _exception, _hang, _preempt, _kill, _silent_peer, _node,
+    for rule in (_oom, _crash, _dataloader, _abort, _exception, _hang, _preempt, _kill, _silent_peer, _node,
                  _checkpoint_only):
         if rule(obs, stopped, ranks, finding):
             break
@@ -143,7 +154,7 @@ def attribute(observations: list[Observation]) -> Incident:
                             and (o.extra.get("loads") is False or o.extra.get("temp"))]
     incident.world_size = max(ranks) + 1 if ranks else None
     incident.script = _script(obs)
-    _place(obs, incident, later)
+    _place(obs, incident, later, sources or {})
     return incident
 
 
@@ -333,6 +344,43 @@ def _crash(obs, stopped, ranks, f: Finding) -> bool:
     return True
 
 
+WORKER_DIED = re.compile(r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\) (is killed by signal:"
+                         r" ?([^.]+)|exited unexpectedly)")
+# gloo's word for a group aborted under the rank (NCCL's "communicator was aborted" is
+# also what its watchdog leaves after a timeout: a hang's echo, left to the hang rule)
+GROUP_GONE = re.compile(r"Default process group has not been initialized")
+
+
+def _dataloader(obs, stopped, ranks, f: Finding) -> bool:
+    died = [o for o in _own_errors(obs) if WORKER_DIED.search(o.detail)]
+    if not died:
+        return False
+    first = next((o for o in died if o.rank is not None), died[0])
+    m = WORKER_DIED.search(first.detail)
+    f.kind, f.rank = "dataloader", first.rank
+    f.how = f"worker killed by signal: {m.group(2).strip()}" if m.group(2) else \
+        "worker exited unexpectedly"
+    _say(f, f"dataloader: rank {first.rank}'s DataLoader worker (pid {m.group(1).strip()})"
+            f" died: {first.detail[:120]!r} ({first.source})", first)
+    f.phase, f.phase_seen = "between_saves", True
+    f.rules.append("phase between_saves: the rank was fetching a training batch")
+    return True
+
+
+def _abort(obs, stopped, ranks, f: Finding) -> bool:
+    """A process group that was there (the rank got as far as a collective) and is gone:
+    aborted under the rank, not a script that never made one."""
+    gone = [o for o in obs if o.what == "error" and GROUP_GONE.search(o.detail)
+            and o.phase == "collective" and "init_process_group" not in " ".join(o.frames)]
+    if not gone or any(o.what == "collective_timeout" for o in obs):
+        return False
+    first = next((o for o in gone if o.rank is not None), gone[0])
+    f.kind, f.rank, f.how = "abort", first.rank, first.detail[:160]
+    _say(f, f"abort: rank {first.rank}'s collective found its process group gone"
+            f" ({first.detail[:100]!r}, {first.source}): it was aborted under the rank", first)
+    return True
+
+
 def _exception(obs, stopped, ranks, f: Finding) -> bool:
     errors = _own_errors(obs)
     if not errors:
@@ -374,6 +422,8 @@ def _hang(obs, stopped, ranks, f: Finding) -> bool:
     inside = [o for o in stacks if o.phase == "collective"]
     if inside and len({o.rank for o in outside}) == 1:
         f.rank = outside[0].rank
+        if outside[0].phase == "data":
+            f.how = "waiting for a batch from its DataLoader worker"
         f.collective = next((o.collective for o in inside if o.collective), None)
         where = outside[0].frames[-1] if outside[0].frames else "no frame"
         _say(f, f"rank {f.rank}'s stack is outside every collective (in {where}) while the"
@@ -445,11 +495,17 @@ def _silent_peer(obs, stopped, ranks, f: Finding) -> bool:
     _say(f, f"a peer closed its connection ({echoes[0].source}): the rank that died did so"
             " without a traceback", echoes[0])
     f.kind, f.how = "kill", "SIGKILL (no traceback, no exit line)"
+    # torchrun names only the first rank it sees fail; the one that died first may be
+    # gone with no line at all, whatever the signal
+    f.alternatives = ["crash", "oom"]
+    f.alternatives_why = ("a SIGKILL, the OOM killer, and a fatal signal in a script with"
+                          " no faulthandler all end a rank without a word; no exit line or"
+                          " kernel log says which")
     if len(silent) == 1:
         f.rank = silent[0]
         f.rules.append(f"kill: rank {f.rank} is the only rank with no word in the logs; a"
-                       " death that leaves none is a SIGKILL or the OOM killer (no kernel log"
-                       " says which)")
+                       " death that leaves none is a SIGKILL, the OOM killer, or a fatal"
+                       " signal with no faulthandler (no exit line or kernel log says which)")
     else:
         f.rules.append("the rank that died is not known: more than one rank left no word")
     return True
@@ -495,7 +551,8 @@ def _checkpoint_only(obs, stopped, ranks, f: Finding) -> bool:
 
 # -- where in the job ---------------------------------------------------------------------
 
-def _place(obs: list[Observation], incident: Incident, later: list[Observation]) -> None:
+def _place(obs: list[Observation], incident: Incident, later: list[Observation],
+           sources: dict[str, list[str]]) -> None:
     """The phase, the step window and the role of the finding, each with its rule."""
     f = incident.finding
     story = incident.ranks.get(f.rank) if f.rank is not None else None
@@ -510,7 +567,7 @@ def _place(obs: list[Observation], incident: Incident, later: list[Observation])
     next_steps = [s for s in steps if last is not None and s > last]
     f.step_window = (last, next_steps[0] if next_steps else None)
     if f.phase == "unknown":
-        _phase(obs, incident, story, failed_at, later)
+        _phase(obs, incident, story, failed_at, later, sources)
     if f.kind == "node" or f.node is not None and f.rank is None:
         f.role = "node"
     elif f.rank is not None:
@@ -523,16 +580,17 @@ def _place(obs: list[Observation], incident: Incident, later: list[Observation])
     if f.kind == "node" and f.phase == "mid_save":
         f.alternatives.append("torn_write")
     if f.alternatives:
+        why = f.alternatives_why or ("a power loss that drops nothing fsynced, and a write"
+                                     " cut short by the death, leave what a node loss leaves")
         incident.unknowns.append(f"{f.kind} or {' or '.join(f.alternatives)}: the artefacts"
-                                 " fit each (a power loss that drops nothing fsynced, and a"
-                                 " write cut short by the death, leave what a node loss"
-                                 " leaves)")
+                                 f" fit each ({why})")
     if f.step_window[0] is None:
         incident.unknowns.append(f"no step is known for the {f.kind}: the log names none"
                                  " before it")
 
 
-def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later) -> None:
+def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later,
+           sources: dict[str, list[str]]) -> None:
     f = incident.finding
     if story and story.phase in ("save", "load"):
         f.phase, f.phase_seen = {"save": "mid_save", "load": "load"}[story.phase], True
@@ -573,6 +631,8 @@ def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later) -
             f.rules.append(f"phase after_resume: it failed after {resumes[-1].source}"
                            " resumed and before any step was logged")
             return
+    if not (story and story.frame) and _peers_waiting(obs, f, sources):
+        return  # (the failing rank's own frames, where it printed any, say more)
     if story and story.phase == "collective" or f.kind == "hang":
         f.phase, f.phase_seen = "between_saves", story is not None and story.phase is not None
         f.rules.append("phase between_saves: in a collective of a training step"
@@ -586,6 +646,62 @@ def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later) -
     f.phase, f.phase_seen = "between_saves", False
     f.rules.append(f"phase between_saves by rule: no frame of the {f.kind} is known, no"
                    " save was left unfinished, and the log shows steps before it")
+
+
+def _peers_waiting(obs: list[Observation], f: Finding, sources: dict[str, list[str]]) -> bool:
+    """The phase from where the surviving ranks waited when the failing one went: a
+    collective the script reaches right after its checkpoint save (the failing rank never
+    got there: it was saving), a collective inside a save, or a training step's collective
+    in a script whose saves are fenced by a collective (no rank runs ahead of a save)."""
+    if f.kind in ("hang", "node", "unknown", "torn_write", "power_loss"):
+        return False
+    said: dict[str, str] = {}
+    for o in obs:
+        if o.what != "error" or o.rank == f.rank or not ECHO.search(o.detail):
+            continue
+        if any(phase_of_frames([frame]) == "save" for frame in o.frames):
+            said.setdefault("mid_save", f"rank {o.rank} waited inside a checkpoint save"
+                                        f" ({o.frames[-1]}) ({o.source})")
+            continue
+        code = [c for c in o.extra.get("code") or () if c[0] in sources]
+        if not code or o.phase != "collective":
+            continue
+        waited = _after_save(code, sources)
+        if waited is not None:
+            (path, number, quoted), save = waited
+            name = path.rsplit("/", 1)[-1]
+            said.setdefault("mid_save", f"rank {o.rank} waited in `{quoted}` ({name}:{number},"
+                                        f" {o.source}), which the script reaches right after"
+                                        f" its save (`{sources[path][save - 1].strip()}`,"
+                                        f" {name}:{save}): the failing rank never got there")
+            continue
+        fenced = next(((c, fence) for c in reversed(code)
+                       if (fence := script_source.fenced_save(sources[c[0]]))), None)
+        if fenced is not None:
+            (path, number, quoted), (save, fence) = fenced
+            lines, name = sources[path], path.rsplit("/", 1)[-1]
+            said.setdefault("between_saves", f"rank {o.rank} waited in a training step's"
+                            f" collective (`{quoted}`, {name}:{number}, {o.source}), and the"
+                            f" script fences its save ({name}:{save}) with"
+                            f" `{lines[fence - 1].strip()}` ({name}:{fence}): no rank"
+                            " runs a step while another saves")
+    if len(said) != 1:
+        return False
+    (phase, why), = said.items()
+    f.phase, f.phase_seen = phase, True
+    f.rules.append(f"phase {phase}: {why}")
+    return True
+
+
+def _after_save(code: list, sources: dict[str, list[str]]):
+    """The innermost frame of the user's code that is a collective call the script makes
+    right after a save, with the save's line; None where there is none."""
+    for path, number, quoted in reversed(code):
+        if script_source.COLLECTIVE_CALL.search(quoted):
+            save = script_source.save_before(sources[path], number)
+            if save is not None:
+                return (path, number, quoted), save
+    return None
 
 
 def save_interval(obs: list[Observation]) -> int | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchchaos.errors import UsageError
+from torchchaos.incident import script_source
 from torchchaos.incident.formats import checkpoints
 from torchchaos.incident.observations import Observation, Source
 from torchchaos.incident.readers import BadArtefact, Reader, all_readers
@@ -30,11 +31,15 @@ class Gathered:
     read: dict[str, list[str]] = field(default_factory=dict)  # shown name -> reader names
     passed_over: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # the script files the tracebacks quote, read where they still say what was quoted
+    sources: dict[str, list[str]] = field(default_factory=dict)
 
 
-def gather(paths: list[Path]) -> Gathered:
+def gather(paths: list[Path], script: Path | None = None) -> Gathered:
     """Read every named file and folder; UsageError (one line per bad file) on a file
-    that cannot be read, on an unknown file named on its own, or when nothing is known."""
+    that cannot be read, on an unknown file named on its own, or when nothing is known.
+    The script files the tracebacks point into are read too (`script` stands in for a
+    path that does not exist here), never written."""
     readers = all_readers()
     found, problems = Gathered(), []
     for path in paths:
@@ -53,6 +58,8 @@ def gather(paths: list[Path]) -> Gathered:
         raise UsageError(f"nothing torchchaos can read in {', '.join(map(str, paths))}"
                          f" (it reads: {', '.join(r.name for r in readers)}, and checkpoint"
                          " folders)")
+    codes = [c for o in found.observations for c in o.extra.get("code", ())]
+    found.sources = script_source.read_sources(codes, script)
     return found
 
 

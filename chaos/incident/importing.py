@@ -32,10 +32,10 @@ def import_artefacts(paths: list[Path], scenario: Scenario, cache_dir: Path | No
     The script's fault-free reference run (made if the cache dir does not hold it) places
     the faults as the battery places its rows; on the script the incident came from (the
     name its logs give), a step the logs show is kept as it was, with no reference run."""
-    gathered = gather(paths)
+    gathered = gather(paths, script=Path(scenario.script))
     progress(f"read {len(gathered.read)} artefact(s): {len(gathered.observations)}"
              " observation(s)")
-    incident = attribute(gathered.observations)
+    incident = attribute(gathered.observations, gathered.sources)
     same_script = incident.script is not None and Path(scenario.script).name == incident.script
     place = Placement(last_rank=scenario.world_size - 1)
     if cache_dir is not None and _needs_reference(incident, same_script):
@@ -62,7 +62,8 @@ def judge_replay(incident: dict, out_dir: Path, name: str, verdict: str,
 
     run_dir = out_dir / "chaos"
     try:
-        replayed = attribute(gather([run_dir]).observations)
+        seen = gather([run_dir])
+        replayed = attribute(seen.observations, seen.sources)
         got = Signature.of(replayed)
         ranks = {str(r): s.to_dict() for r, s in replayed.ranks.items()}
     except UsageError:

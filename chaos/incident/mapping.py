@@ -77,6 +77,10 @@ def faults_for(incident: Incident, place: Placement, same_script: bool) -> list[
     if f.kind == "power_loss":
         spec = place.power_loss or f"storage:mode=lose_unsynced,rank={place.writer},{at}"
         return [(spec, "a power loss: what was not fsynced is gone")]
+    if f.kind == "hang" and "DataLoader" in f.how:
+        return [(f"dataloader:rank={rank},{at},mode=stop",
+                 f"rank {rank}'s DataLoader worker stops; the rank waits for its batch and"
+                 f" the others for the rank; {why}")]
     if f.kind == "hang":
         mode = "collective" if f.collective or f.phase_seen else "stop"
         return [(f"hang:rank={rank},{at},mode={mode}",
@@ -104,6 +108,10 @@ def _kind_and_params(incident: Incident) -> tuple[str, str]:
         return "oom", ""  # the kernel's OOM killer, under a cgroup limit on that rank
     if f.kind == "exception":
         return "raise", f",type={exception_name(f.how)}"
+    if f.kind == "dataloader":
+        return "dataloader", ",mode=kill"
+    if f.kind == "abort":
+        return "abort", ""
     if f.kind == "crash":  # another fatal signal (SIGILL, SIGFPE): the nearest, a NULL read
         return "crash", f",signal={CRASH_SIGNALS.get(f.how, 'segv')}"
     return "kill", ",signal=SIGTERM,grace=30" if f.kind == "preempt" else ""
@@ -129,6 +137,10 @@ def _what(incident: Incident) -> str:
         return "fails to allocate memory (the allocator's own error)"
     if f.kind == "oom":
         return "is killed by the kernel's OOM killer (its own memory cgroup limit)"
+    if f.kind == "dataloader":
+        return "loses a DataLoader worker (SIGKILL), and raises torch's own error for it"
+    if f.kind == "abort":
+        return "has its process group aborted under it; its next collective fails"
     return f"dies ({f.how or f.kind})"
 
 

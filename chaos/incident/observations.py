@@ -30,6 +30,7 @@ WHATS = (
     "flight",        # a flight-recorder dump: a rank's last collectives
     "checkpoint",    # the checkpoint folder as found: a file that loads or does not
     "log_file",      # a log was given (detail "empty" when it holds nothing)
+    "rank_line",     # a rank printed something: it was a rank of the job
     "injected",      # this project's own record of a fault (report.json, replay.yaml)
 )
 

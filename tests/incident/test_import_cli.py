@@ -136,7 +136,8 @@ def test_no_artefact_makes_the_import_fail_inside(tmp_path, data):
     path.write_bytes(body)
     try:
         from torchchaos.incident.attribute import attribute
-        attribute(gather([path]).observations)
+        gathered = gather([path])
+        attribute(gathered.observations, gathered.sources)
     except UsageError as exc:
         assert path.name in str(exc) or "nothing torchchaos" in str(exc)
     finally:

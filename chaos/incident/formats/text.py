@@ -46,10 +46,25 @@ def frame_text(m: re.Match[str]) -> str:
     return f"{m.group('func')} ({short}:{m.group('line')})"
 
 
-def tracebacks(lines: list[tuple[int, str]]) -> list[tuple[int, tuple[str, ...], str]]:
+# A frame's code as the traceback quotes it: (file as printed, line, the source line)
+Code = tuple[str, int, str]
+
+
+def script_code(m: re.Match[str], quoted: str) -> Code | None:
+    """A frame of the user's own code (not a library's, not `<string>`), with the line the
+    traceback quotes under it: what lets `script_source` find the file and check it."""
+    path = m.group("file")
+    if path.startswith("<") or "-packages/" in path or "/lib/python" in path:
+        return None
+    return path, int(m.group("line")), quoted.strip()
+
+
+def tracebacks(lines: list[tuple[int, str]]
+               ) -> list[tuple[int, tuple[str, ...], str, tuple[Code, ...]]]:
     """Each Python traceback in (line number, text) pairs of one stream: the line it
-    starts on, its frames (innermost last) and its last line ("Type: message")."""
-    found: list[tuple[int, tuple[str, ...], str]] = []
+    starts on, its frames (innermost last), its last line ("Type: message") and the code
+    of its frames in the user's own files."""
+    found: list[tuple[int, tuple[str, ...], str, tuple[Code, ...]]] = []
     i = 0
     while i < len(lines):
         number, text = lines[i]
@@ -57,12 +72,16 @@ def tracebacks(lines: list[tuple[int, str]]) -> list[tuple[int, tuple[str, ...],
             i += 1
             continue
         frames: list[str] = []
+        code: list[Code] = []
         j = i + 1
         while j < len(lines):
             body = lines[j][1]
             m = FRAME.match(body)
             if m:
                 frames.append(frame_text(m))
+                quoted = lines[j + 1][1] if j + 1 < len(lines) else ""
+                if (mine := script_code(m, "" if FRAME.match(quoted) else quoted)):
+                    code.append(mine)
             elif body.startswith((" ", "\t")) or not body.strip():
                 pass  # the source line and its carets
             elif body.startswith("Traceback (most recent call last)"):
@@ -71,6 +90,6 @@ def tracebacks(lines: list[tuple[int, str]]) -> list[tuple[int, tuple[str, ...],
                 break
             j += 1
         last = lines[j][1].strip() if j < len(lines) else ""
-        found.append((number, tuple(frames), last))
+        found.append((number, tuple(frames), last, tuple(code)))
         i = j + 1
     return found

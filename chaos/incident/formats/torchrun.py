@@ -128,13 +128,25 @@ class TorchrunLog(Reader):
             streams.setdefault(rank, []).append((number, body))
         found = []
         for rank, stream in streams.items():
-            for number, frames, last in text.tracebacks(stream):
+            for number, frames, last, code in text.tracebacks(stream):
                 if "ChildFailedError" in last or any("elastic/" in f and "launch_agent" in f
                                                       for f in frames[-2:]):
                     continue
                 found.append(Observation("error", Source(name, number), rank=rank, detail=last,
-                                         frames=frames, phase=phase_of_frames(frames)))
-        return found
+                                         frames=frames, phase=phase_of_frames(frames),
+                                         extra={"code": code} if code else {}))
+        return found + _ranks_heard(lines, name)
+
+
+def _ranks_heard(lines: list[str], name: str) -> list[Observation]:
+    """The first line each global rank printed ("[rank3]:..."): a rank of the job, even
+    one that died without a word of its own (a warning is enough to know it was there)."""
+    first: dict[int, int] = {}
+    for number, line in enumerate(lines, 1):
+        rank, _, _ = text.split_tag(line)
+        if rank is not None and line.lstrip().startswith("[rank") and rank not in first:
+            first[rank] = number
+    return [Observation("rank_line", Source(name, n), rank=r) for r, n in sorted(first.items())]
 
 
 def _summary_entry(fields: dict, where: Source, root: bool, script: str | None) -> Observation:

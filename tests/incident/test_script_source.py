@@ -1,0 +1,107 @@
+"""Where a silent script's peers waited, read in the script's own lines.
+
+The logs are harness runs of tests/scripts/plain_ddp.py (tests/data/incidents/harness/),
+which prints no step and no save. Each test moves the log's script path to one that does
+not exist here, so the script the test writes (or the real one) is found only by name,
+as `--script` finds it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torchchaos.incident import script_source
+from torchchaos.incident.attribute import attribute
+from torchchaos.incident.gather import gather
+
+REPO = Path(__file__).resolve().parents[2]
+PLAIN = REPO / "tests" / "scripts" / "plain_ddp.py"
+HARNESS = REPO / "tests" / "data" / "incidents" / "harness"
+ELSEWHERE = "/cluster/jobs/1234/plain_ddp.py"  # where the job ran: not on this machine
+
+
+def finding(case: str, tmp_path: Path, script: Path | None, edit=None):
+    """Import `case`'s log as if the job ran the script elsewhere; `script` stands in."""
+    log = (HARNESS / case / "launch-0-node-0.log").read_text()
+    folder = tmp_path / "artefacts"
+    folder.mkdir()
+    (folder / "launcher.log").write_text(log.replace(str(PLAIN), ELSEWHERE))
+    if script is not None and edit is not None:
+        lines = PLAIN.read_text().splitlines()
+        edit(lines)
+        script.write_text("\n".join(lines) + "\n")
+    gathered = gather([folder], script=script)
+    return attribute(gathered.observations, gathered.sources).finding
+
+
+def _replace(old: str, new: str):
+    def edit(lines: list[str]) -> None:
+        at = next(i for i, line in enumerate(lines) if line.strip() == old)
+        lines[at] = lines[at].replace(old, new)  # same line count: the quoted lines stay
+    return edit
+
+
+def test_a_peer_at_the_barrier_after_the_save_places_the_kill_mid_save(tmp_path):
+    found = finding("silent_mid_save", tmp_path, PLAIN)
+    assert (found.kind, found.rank, found.phase, found.phase_seen) == \
+        ("kill", 0, "mid_save", True)
+    assert any("`dist.barrier()` (plain_ddp.py:94" in r and "plain_ddp.py:93" in r
+               for r in found.rules), found.rules
+
+
+def test_a_barrier_with_no_save_before_it_says_nothing_of_a_save(tmp_path):
+    script = tmp_path / "plain_ddp.py"
+    found = finding("silent_mid_save", tmp_path, script,
+                    _replace("save(step, net, optim)", "pass"))
+    assert found.phase != "mid_save", found.rules
+
+
+def test_a_peer_in_backward_places_the_kill_between_fenced_saves(tmp_path):
+    found = finding("silent_between", tmp_path, PLAIN)
+    assert (found.kind, found.rank, found.phase, found.phase_seen) == \
+        ("kill", 0, "between_saves", True)
+    assert any("fences its save" in r for r in found.rules), found.rules
+
+
+def test_without_the_fence_a_peer_in_backward_leaves_the_phase_unknown(tmp_path):
+    # the writer could be saving while its peer runs the next step: nothing tells
+    script = tmp_path / "plain_ddp.py"
+    found = finding("silent_between", tmp_path, script,
+                    _replace("dist.barrier()", "pass"))
+    assert found.phase == "unknown", found.rules
+
+
+def test_a_script_whose_lines_moved_is_not_read_as_the_one_that_failed(tmp_path):
+    script = tmp_path / "plain_ddp.py"
+    found = finding("silent_mid_save", tmp_path, script, lambda lines: lines.insert(0, "#"))
+    assert found.phase == "unknown", found.rules
+
+
+def test_without_the_script_the_phase_is_said_unknown(tmp_path):
+    found = finding("silent_mid_save", tmp_path, None)
+    assert (found.kind, found.rank, found.phase) == ("kill", 0, "unknown")
+
+
+def test_a_rank_that_left_no_line_of_its_own_is_the_one_that_died():
+    gathered = gather([HARNESS / "quiet_peer"])
+    found = attribute(gathered.observations, gathered.sources).finding
+    assert (found.kind, found.rank) == ("kill", 1), found.rules
+    assert any("only rank with no word" in r for r in found.rules)
+
+
+def test_fences_and_saves_in_other_ways_of_writing_them():
+    lines = ["for step in range(10):",
+             "    train(step)",
+             "    if step % 5 == 0:",
+             "        if rank == 0:",
+             "            torch.save(model.state_dict(), 'ckpt.pt')",
+             "",
+             "        torch.distributed.barrier()",
+             "def save(x):",
+             "    torch.save(x, 'p')",
+             "    return x"]
+    assert script_source.save_before(lines, 7) == 5
+    assert script_source.fenced_save(lines) == (5, 7)
+    assert script_source.save_before(lines, 2) is None
+    unfenced = lines[:6] + ["        log('saved')"]
+    assert script_source.fenced_save(unfenced) is None
