@@ -137,8 +137,8 @@ def attribute(observations: list[Observation],
     for rank in {o.rank for o in everything if o.rank is not None} - set(ranks):
         ranks[rank] = RankStory(rank)  # seen only later: still a rank of the job
     finding = Finding()
-    for rule in (_oom, _crash, _dataloader, _abort, _exception, _hang, _preempt, _kill, _silent_peer, _node,
-                 _checkpoint_only):
+    for rule in (_oom, _crash, _dataloader, _abort, _exception, _hang, _preempt, _kill,
+                 _silent_peer, _node, _checkpoint_only):
         if rule(obs, stopped, ranks, finding):
             break
     incident = Incident(finding, ranks)

@@ -55,9 +55,9 @@ def test_the_import_finds_what_was_done_or_says_it_cannot_tell(case):
 
 
 def test_most_of_the_corpus_is_told_exactly():
-    """Kind, rank and phase all right: 14 of 14 on 2026-11-26, 17 of 17 with harness/. (An earlier corpus had one
-    miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank and whose
-    launcher line, racing, named the peer's SIGTERM.)"""
+    """Kind, rank and phase all right: 14 of 14 on 2026-11-26, 17 of 17 with harness/.
+    (An earlier corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump
+    names no rank and whose launcher line, racing, named the peer's SIGTERM.)"""
     exact = [case.name for case in CASES if (lambda f, w: (f.kind, f.rank, f.phase)
              == (w["kind"], w["rank"], w["phase"]))(imported(case).finding,
                                                      json.loads((case / "expected.json")
