@@ -317,7 +317,16 @@ def _oom(obs, stopped, ranks, f: Finding) -> bool:
         f"pid {first.pid}" if first.pid else "a process"
     _say(f, f"oom: {first.reason or 'the OOM killer'} killed {who} ({first.source})", first)
     if first.rank is None:
-        f.rules.append(f"no launcher line names pid {first.pid}: the rank is not known")
+        silent = _silent_ranks(obs, ranks)
+        if len(silent) == 1 and first.pid and first.pid not in {o.pid for o in obs if o.rank
+                                                                 is not None}:
+            f.rank = silent[0]
+            f.rules.append(f"no launcher line names pid {first.pid}, and rank {f.rank} is the"
+                           " only rank with no word in the logs while a peer saw its"
+                           " connection close: the process the OOM killer took was rank"
+                           f" {f.rank}")
+        else:
+            f.rules.append(f"no launcher line names pid {first.pid}: the rank is not known")
     return True
 
 
@@ -487,11 +496,7 @@ def _silent_peer(obs, stopped, ranks, f: Finding) -> bool:
     echoes = [o for o in obs if o.what == "peer_lost"]
     if not echoes:
         return False
-    spoke = {o.rank for o in obs if o.what in ("peer_lost", "error", "exit", "stack",
-                                                "collective_timeout") and o.rank is not None}
-    exits = [o for o in obs if o.what == "exit" and o.rank is not None]
-    spoke |= {o.rank for o in exits}
-    silent = sorted(set(ranks) - spoke)
+    silent = _silent_ranks(obs, ranks)
     _say(f, f"a peer closed its connection ({echoes[0].source}): the rank that died did so"
             " without a traceback", echoes[0])
     f.kind, f.how = "kill", "SIGKILL (no traceback, no exit line)"
@@ -509,6 +514,16 @@ def _silent_peer(obs, stopped, ranks, f: Finding) -> bool:
     else:
         f.rules.append("the rank that died is not known: more than one rank left no word")
     return True
+
+
+def _silent_ranks(obs: list[Observation], ranks: dict[int, RankStory]) -> list[int]:
+    """The job's ranks with no word of their own (no error, exit, stack or timeout) where
+    a peer saw its connection close; [] where no peer did."""
+    if not any(o.what == "peer_lost" for o in obs):
+        return []
+    spoke = {o.rank for o in obs if o.what in ("peer_lost", "error", "exit", "stack",
+                                                "collective_timeout") and o.rank is not None}
+    return sorted(set(ranks) - spoke)
 
 
 def _node(obs, stopped, ranks, f: Finding) -> bool:
@@ -631,17 +646,18 @@ def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later,
             f.rules.append(f"phase after_resume: it failed after {resumes[-1].source}"
                            " resumed and before any step was logged")
             return
-    if not (story and story.frame) and _peers_waiting(obs, f, sources):
-        return  # (the failing rank's own frames, where it printed any, say more)
+    if not (story and story.phase) and _peers_waiting(obs, f, sources):
+        return  # (the failing rank's own frames, where they tell a phase, say more)
     if story and story.phase == "collective" or f.kind == "hang":
         f.phase, f.phase_seen = "between_saves", story is not None and story.phase is not None
         f.rules.append("phase between_saves: in a collective of a training step"
                        if f.phase_seen else "phase between_saves: a hang in a training step")
         return
-    if f.step_window[0] is None and not any(o.what == "step" for o in obs):
+    if f.step_window[0] is None:
         f.phase = "unknown"
         incident.unknowns.append(f"the phase of the {f.kind} is not known: no frame, no"
-                                 " checkpoint leftover and no step in the artefacts")
+                                 " checkpoint leftover and no step before it in the"
+                                 " artefacts")
         return
     f.phase, f.phase_seen = "between_saves", False
     f.rules.append(f"phase between_saves by rule: no frame of the {f.kind} is known, no"

@@ -40,8 +40,9 @@ class TrainingLog(Reader):
         found = []
         for number, line in enumerate(text.decode(data).splitlines(), 1):
             rank, body, _ = text.split_tag(line)
-            if NOT_OURS.match(body) or "torch/distributed" in body:
-                continue
+            if NOT_OURS.match(body) or "torch/distributed" in body or \
+                    text.EXCEPTION_LINE.match(body.strip()):
+                continue  # an error's message may name a step; it is not the counter
             where = Source(name, number)
             step = STEP.search(body)
             number_ = int(step.group(1)) if step else None
