@@ -197,6 +197,8 @@ def replay(corpus: Path, planted: bool, only: list[str]) -> int:
         if only and not any(fnmatch.fnmatch(f"{name}/{case.name}", o) for o in only):
             continue
         script, args = SCRIPTS[name]
+        spec = json.loads((case / "injected.json").read_text())["spec"]
+        args = args + (LOADER if spec.startswith("dataloader") else [])
         base = Scenario.build(str(script), args=args, hang_timeout=REPLAY_HANG_BOUND)
         imported = import_artefacts([case / "left"], base, cache, lambda m: None)
         incident = imported.file.incident

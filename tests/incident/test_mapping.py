@@ -1,0 +1,68 @@
+"""The incident's fault as the harness injects it: each corpus case maps onto a fault
+spec the harness accepts, of the kind that makes what the artefacts showed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from torchchaos.incident.attribute import Finding, Incident, attribute
+from torchchaos.incident.gather import gather
+from torchchaos.incident.mapping import Placement, faults_for
+from torchchaos.scenario.spec import parse_fault_spec
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "incidents"
+CASES = sorted(p.parent for p in DATA.glob("**/expected.json"))
+# the fault kind that replays each kind the import finds
+REPLAYED_BY = {"kill": "kill", "preempt": "kill", "crash": "crash", "oom": "oom",
+               "exception": "raise", "dataloader": "dataloader", "abort": "abort",
+               "hang": "hang", "node": "kill", "torn_write": "storage",
+               "power_loss": "storage"}
+
+
+def _incident(case: Path) -> Incident:
+    gathered = gather([p for p in sorted(case.iterdir()) if p.name != "expected.json"])
+    return attribute(gathered.observations, gathered.sources)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_every_case_maps_onto_faults_the_harness_takes(case):
+    incident = _incident(case)
+    specs = faults_for(incident, Placement(between=6), same_script=False)
+    faults = [parse_fault_spec(spec) for spec, _note in specs]  # raises on a bad spec
+    told = incident.finding.kind
+    if told == "node" and incident.finding.phase == "mid_save":
+        assert faults[-1].kind == "storage"  # the node went down inside the save
+    elif told in REPLAYED_BY:
+        assert faults[-1].kind == REPLAYED_BY[told], specs
+    assert all(note for _spec, note in specs)
+
+
+def test_a_dead_loader_worker_replays_as_one_killed_and_an_aborted_group_as_an_abort():
+    worker = faults_for(_incident(DATA / "harness" / "loader_worker_killed"), Placement(),
+                        same_script=True)
+    assert worker[0][0].startswith("dataloader:rank=1,") and "mode=kill" in worker[0][0]
+    aborted = faults_for(_incident(DATA / "harness" / "group_aborted"), Placement(),
+                         same_script=True)
+    assert aborted[0][0].startswith("abort:rank=1,")
+
+
+def test_a_rank_hung_in_its_data_loader_replays_as_a_stopped_worker():
+    finding = Finding(kind="hang", rank=1, role="other", phase="between_saves",
+                      how="waiting for a batch from its DataLoader worker",
+                      step_window=(11, None))
+    spec, _note = faults_for(Incident(finding, {}), Placement(), same_script=True)[0]
+    assert spec == "dataloader:rank=1,step=12,mode=stop"
+    plain = Finding(kind="hang", rank=1, role="other", phase="between_saves",
+                    how="collective timeout", step_window=(11, None))
+    assert faults_for(Incident(plain, {}), Placement(), same_script=True)[0][0] \
+        .startswith("hang:rank=1,step=12")
+
+
+def test_the_expected_kinds_of_the_corpus_are_ones_the_import_knows():
+    from torchchaos.incident.attribute import KINDS
+
+    for case in CASES:
+        assert json.loads((case / "expected.json").read_text())["kind"] in KINDS
