@@ -671,13 +671,13 @@ def _peers_waiting(obs: list[Observation], f: Finding, sources: dict[str, list[s
     in a script whose saves are fenced by a collective (no rank runs ahead of a save)."""
     if f.kind in ("hang", "node", "unknown", "torn_write", "power_loss"):
         return False
-    said: dict[str, str] = {}
+    said: dict[str, tuple[str, Observation]] = {}
     for o in obs:
         if o.what != "error" or o.rank == f.rank or not ECHO.search(o.detail):
             continue
         if any(phase_of_frames([frame]) == "save" for frame in o.frames):
-            said.setdefault("mid_save", f"rank {o.rank} waited inside a checkpoint save"
-                                        f" ({o.frames[-1]}) ({o.source})")
+            said.setdefault("mid_save", (f"rank {o.rank} waited inside a checkpoint save"
+                                         f" ({o.frames[-1]}) ({o.source})", o))
             continue
         code = [c for c in o.extra.get("code") or () if c[0] in sources]
         if not code or o.phase != "collective":
@@ -686,26 +686,27 @@ def _peers_waiting(obs: list[Observation], f: Finding, sources: dict[str, list[s
         if waited is not None:
             (path, number, quoted), save = waited
             name = path.rsplit("/", 1)[-1]
-            said.setdefault("mid_save", f"rank {o.rank} waited in `{quoted}` ({name}:{number},"
-                                        f" {o.source}), which the script reaches right after"
-                                        f" its save (`{sources[path][save - 1].strip()}`,"
-                                        f" {name}:{save}): the failing rank never got there")
+            said.setdefault("mid_save", (f"rank {o.rank} waited in `{quoted}` ({name}:{number},"
+                                         f" {o.source}), which the script reaches right after"
+                                         f" its save (`{sources[path][save - 1].strip()}`,"
+                                         f" {name}:{save}): the failing rank never got there",
+                                         o))
             continue
         fenced = next(((c, fence) for c in reversed(code)
                        if (fence := script_source.fenced_save(sources[c[0]]))), None)
         if fenced is not None:
             (path, number, quoted), (save, fence) = fenced
             lines, name = sources[path], path.rsplit("/", 1)[-1]
-            said.setdefault("between_saves", f"rank {o.rank} waited in a training step's"
+            said.setdefault("between_saves", (f"rank {o.rank} waited in a training step's"
                             f" collective (`{quoted}`, {name}:{number}, {o.source}), and the"
                             f" script fences its save ({name}:{save}) with"
                             f" `{lines[fence - 1].strip()}` ({name}:{fence}): no rank"
-                            " runs a step while another saves")
+                            " runs a step while another saves", o))
     if len(said) != 1:
         return False
-    (phase, why), = said.items()
+    (phase, (why, peer)), = said.items()
     f.phase, f.phase_seen = phase, True
-    f.rules.append(f"phase {phase}: {why}")
+    _say(f, f"phase {phase}: {why}", peer)
     return True
 
 
