@@ -25,18 +25,13 @@ starts each of them once instead of twice.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+from torchchaos.harness.errorlines import COLLATERAL, error_lines
 from torchchaos.rundir.heartbeat import Beat
 from torchchaos.rundir.history import Event, History, read_a_checkpoint
 from torchchaos.rundir.layout import RunLayout
 
-ERROR_LINE = re.compile(r"\b\w+(Error|Exception)\b: ")
-COLLATERAL = re.compile(r"Connection (reset|closed|refused)|Broken pipe|DistNetworkError")
-# torchrun's own report that a rank failed (a command's, or a forked rank's: warmrun):
-# an echo of the rank's error, never its cause
-LAUNCHER_ECHO = re.compile(r"ChildFailedError|Process(Exited|Raised)Exception")
 Attempt = tuple[int, int]  # (launch, attempt)
 
 
@@ -48,7 +43,7 @@ class RepeatWatch:
         # a crash state's recovery: every attempt, the first too, resumes a checkpoint
         self.resumes_at_start = resumes_at_start
         self.deaths: dict[Attempt, str | None] = {}  # None: it stepped, or a fault fired
-        self.errors_seen: dict[int, int] = {}  # launch -> error lines its logs had
+        self.lines_seen: dict[str, int] = {}  # log name -> lines read from it so far
 
     def poll(self, exits: list[Beat]) -> str | None:
         """Why to stop the job now (its ranks in `exits` just exited), or None."""
@@ -71,7 +66,8 @@ class RepeatWatch:
         how = self.deaths.get(last)
         if how is None or how != self.deaths.get(before):
             return None
-        return (f"the resume died twice in a row before its first step with the same error"
+        who = "the resume" if read_a_checkpoint(_events_of(history, last)) else "the job"
+        return (f"{who} died twice in a row before its first step with the same error"
                 f" ({how}), no fault between: every restart would die so again, and the"
                 " harness stopped the job instead of waiting for them")
 
@@ -86,19 +82,19 @@ class RepeatWatch:
         raised = [r for r in raised if not COLLATERAL.search(r)]
         if raised:
             return raised[0]
-        errors = self._errors(attempt[0])
-        new = errors[self.errors_seen.get(attempt[0], 0):]
-        self.errors_seen[attempt[0]] = len(errors)
-        causes = [e for e in new if not COLLATERAL.search(e)]
+        causes = [e for e in self._new_errors(attempt[0]) if not COLLATERAL.search(e)]
         return causes[-1] if causes else None
 
-    def _errors(self, launch: int) -> list[str]:
-        """The error lines the launch's nodes printed so far, in order."""
+    def _new_errors(self, launch: int) -> list[str]:
+        """The error lines the launch's nodes printed since the last look, in order; the
+        last line the script printed counts (its ranks just exited: a `SystemExit`'s
+        message, argparse's refusal)."""
         found = []
         for log in sorted(self.layout.logs_dir.glob(f"launch-{launch}-node-*.log")):
-            for line in log.read_text(errors="replace").splitlines():
-                if ERROR_LINE.search(line) and not LAUNCHER_ECHO.search(line):
-                    found.append(line.strip()[:300])
+            lines = log.read_text(errors="replace").splitlines()
+            seen = self.lines_seen.get(log.name, 0)
+            self.lines_seen[log.name] = len(lines)
+            found += [line[:300] for line in error_lines(lines[seen:], open_end=True)]
         return found
 
 

@@ -28,10 +28,11 @@ from typing import Any
 from torchchaos import env
 from torchchaos.faults.contract import JobContext, JobResource
 from torchchaos.faults.registry import get_kind
+from torchchaos.harness import errorlines
 from torchchaos.harness.gate import Gate, GateError
 from torchchaos.harness.hangwatch import STATE_ORDER, Hang, HangWatch
 from torchchaos.harness.nemesis import Nemesis
-from torchchaos.harness.repeats import COLLATERAL, ERROR_LINE, LAUNCHER_ECHO, RepeatWatch
+from torchchaos.harness.repeats import RepeatWatch
 from torchchaos.host import lifeline, netns, procs, shortcuts, stacks
 from torchchaos.host.busy import RunCpu
 from torchchaos.host.mounts import mounts_under
@@ -95,6 +96,12 @@ class JobOutcome:
         lines, causes = self._last_launch_errors()
         return _shorten(causes[0] if causes else (lines or [""])[-1], 300)
 
+    def last_log(self) -> Path | None:
+        """The log of the last launch: where a user reads the script's whole output."""
+        logs = sorted(RunLayout(self.run_dir).logs_dir.glob("launch-*.log"),
+                      key=lambda p: p.stat().st_mtime)
+        return logs[-1] if logs else None
+
     def last_error(self) -> str:
         """The last error line of the last launch: how its last attempt died (a resume
         that failed after a fault in an earlier attempt of the same launch)."""
@@ -102,16 +109,14 @@ class JobOutcome:
         return _shorten(causes[-1], 300) if causes else ""
 
     def _last_launch_errors(self) -> tuple[list[str], list[str]]:
-        logs = sorted(RunLayout(self.run_dir).logs_dir.glob("launch-*.log"),
-                      key=lambda p: p.stat().st_mtime)
-        if not logs:
+        log = self.last_log()
+        if log is None:
             return [], []
-        lines = [ln.strip() for ln in logs[-1].read_text(errors="replace").splitlines()
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines()
                  if ln.strip()]
-        errors = [ln for ln in lines if ERROR_LINE.search(ln) and not LAUNCHER_ECHO.search(ln)]
         # a peer's lost connection is the echo of a death, not its cause; with ranks
         # printing at once it can come first
-        return lines, [ln for ln in errors if not COLLATERAL.search(ln)] or errors
+        return lines, errorlines.causes(lines)
 
 
 def _shorten(line: str, limit: int) -> str:

@@ -170,6 +170,34 @@ def test_a_target_that_crashes_without_faults_cannot_be_judged(tmp_path):
     assert "planted crash" in lines[0]
 
 
+# A user's script that fails on its own, before any step: argparse refuses an option, a
+# check raises SystemExit with a message. No torchrun banner in the answer, their words.
+OWN_FAILURES = {
+    "argparse": ("import argparse\np = argparse.ArgumentParser()\np.parse_args()\n",
+                 ["--ckpt_dir", "x"], "error: unrecognized arguments: --ckpt_dir x"),
+    "system_exit": ("raise SystemExit('no training data in /data/shards: mount it first')\n",
+                    [], "no training data in /data/shards: mount it first"),
+}
+
+
+@pytest.mark.parametrize("command", ["run", "doctor"])
+@pytest.mark.parametrize("case", sorted(OWN_FAILURES))
+def test_a_script_that_fails_on_its_own_says_its_own_words_and_where_its_output_is(
+        tmp_path, command, case):
+    source, args, said = OWN_FAILURES[case]
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n" + source)
+    result = cli(command, "--quiet", "--out", str(tmp_path / "out"), "--cache-dir",
+                 str(tmp_path / "cache"), "--", str(script), *args, cwd=tmp_path)
+    shown = result.stdout + result.stderr
+    reason = next(line for line in shown.splitlines() if "fails without faults" in line)
+    assert said in reason, shown  # before: torchrun's banner, a row of "="
+    log = re.search(r"its whole output: (\S+\.log)", reason)
+    assert log and said in Path(log.group(1)).read_text(), shown
+    # stopped after two attempts died alike, not after every restart and relaunch
+    assert log.group(1).endswith("launch-0-node-0.log"), shown
+
+
 def test_a_hung_target_meets_the_deadline_and_is_reaped(tmp_path):
     start = time.monotonic()
     result = cli("run", "--quiet", "--timeout", "8", "--out", str(tmp_path / "out"),
