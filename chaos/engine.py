@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from torchchaos.errors import UsageError
+from torchchaos.harness import reachable
 from torchchaos.harness.hangwatch import default_timeout
 from torchchaos.harness.reference import check_cache_dir, get_reference
 from torchchaos.harness.runner import Job, Progress, torchrun_command
@@ -22,7 +23,10 @@ from torchchaos.scenario.model import Scenario
 def check_out_dir(out_dir: Path) -> None:
     """Refuse an output directory that holds data or cannot be written, before anything
     is started or written: found later, a run would be lost half way."""
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"output directory {out_dir} is a file, not a folder; choose a"
+                         " new folder (--out)")
+    if out_dir.exists() and any(out_dir.iterdir()):
         raise UsageError(f"output directory {out_dir} already exists and is not empty;"
                          " choose a new one")
     why = unwritable(out_dir)
@@ -60,11 +64,18 @@ def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
     scenario.validate()
     faults = schedule.resolve(scenario.faults, scenario.seed, scenario.nproc, scenario.nodes)
     check_cache_dir(cache_dir)  # before replay.yaml: a refused run leaves --out unused
+    made = not out_dir.exists()
     prepare_out_dir(out_dir)
     # Written first, so that even a run cut short can be replayed; again at the end with
     # the verdict, so that a replay says whether it reproduced.
     replay = scenario_file.for_run(scenario, faults).save(out_dir / scenario_file.REPLAY_FILE)
     reference = get_reference(scenario, cache_dir, say)
+    never = reachable.unreachable(faults, reference.history(), scenario.nproc)
+    if never:  # refused before the run with faults: --out is left as it was found
+        replay.unlink()
+        if made:
+            out_dir.rmdir()
+        raise UsageError(never)
     say(f"chaos run with {len(faults)} fault(s): {', '.join(f.spec for f in faults) or 'none'}")
     chaos_dir = out_dir / "chaos"
     chaos_dir.mkdir()

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
-from torchchaos.errors import UsageError
+from torchchaos.errors import UsageError, did_you_mean
 
 
 def installed(group: str) -> dict[str, str]:
@@ -62,7 +62,7 @@ class Registry(Generic[T]):
         if name not in self._loaded:
             paths = self.paths()
             if name not in paths:
-                raise UsageError(f"unknown {self.what} {name!r}"
+                raise UsageError(f"unknown {self.what} {name!r}{did_you_mean(name, paths)}"
                                  f" (known: {', '.join(sorted(paths))})")
             found = load_object(paths[name], f"{self.what} {name!r}")
             self._loaded[name] = self.accept(name, paths[name], found)

@@ -7,6 +7,10 @@ reference run times out) is a `CannotJudge`. Both end the CLI with exit 2 and a
 one-line reason; neither is ever shown as a traceback.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+
 
 class ChaosError(Exception):
     """Base class: the harness could not produce a verdict."""
@@ -23,3 +27,13 @@ class Unavailable(UsageError):
 
 class CannotJudge(ChaosError):
     """The target or the environment keeps the harness from judging."""
+
+
+def did_you_mean(word: str, choices: Iterable[object]) -> str:
+    """" (did you mean 'rank'?)" where one of `choices` is close to `word` (a typo),
+    else ""."""
+    import difflib
+
+    names = [str(c) for c in choices]
+    close = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

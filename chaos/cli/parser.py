@@ -11,12 +11,13 @@ option is parsed as it would be without them.
 from __future__ import annotations
 
 import argparse
+import re
 import textwrap
 from pathlib import Path
 from typing import Any, NoReturn
 
 from torchchaos.cli import multinode
-from torchchaos.errors import ChaosError, UsageError
+from torchchaos.errors import ChaosError, UsageError, did_you_mean
 
 EXAMPLES = """\
 fault specs (KIND:key=value,...):
@@ -119,12 +120,32 @@ GROUPS = {
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, exit 2, no usage dump
-        raise UsageError(message)
+        raise UsageError(message + _suggestion(self, message))
 
     def format_help(self) -> str:
         if callable(self.epilog):  # made when asked for: it loads every fault kind
             self.epilog = self.epilog()
         return super().format_help()
+
+
+def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
+    """The close option or command for a typo in an argparse error, or ""."""
+    if (m := re.search(r"invalid choice: '([^']+)'", message)):
+        choices = re.findall(r"'([^']+)'", message.split("choose from", 1)[-1])
+        return did_you_mean(m.group(1), choices)
+    if (m := re.search(r"unrecognized arguments: (-\S+)", message)):
+        return did_you_mean(m.group(1).split("=")[0], _option_strings(parser))
+    return ""
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option of `parser` and of its subcommands."""
+    found = {o for o in parser._option_string_actions if o.startswith("--")}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _option_strings(sub)
+    return found
 
 
 Groups = dict[str, Any]  # group name -> argparse argument group

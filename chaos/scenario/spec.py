@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from torchchaos.errors import UsageError
+from torchchaos.errors import UsageError, did_you_mean
 from torchchaos.faults.contract import Trigger
 from torchchaos.faults.registry import get_kind
 
 PHASES = ("checkpoint_save", "checkpoint_load")
+TARGET_KEYS = ("rank", "node")
+TRIGGER_KEYS = ("step", "phase", "save", "event", "time", "p")
 SYMBOLIC_TARGETS = ("one",)
 
 
@@ -107,6 +109,19 @@ def _parse_target(text: str, pairs: dict[str, str],
     return key, value
 
 
+def _refuse_unknown_keys(kind_name: str, own: list[str], pairs: dict[str, str]) -> None:
+    """Every key a kind takes, said at once, with the close one for a typo: a key left out
+    of the list reads as one the kind refuses."""
+    known = [*TARGET_KEYS, *TRIGGER_KEYS, *own]
+    for key in pairs:
+        if key not in known:
+            raise UsageError(
+                f"fault {kind_name!r} has no key {key!r}{did_you_mean(key, known)}; it takes"
+                f" rank= or node= (the target), step=, phase= (with save=, event=), time= or"
+                f" p= (the trigger)"
+                + (f", and its own {', '.join(k + '=' for k in own)}" if own else ""))
+
+
 def parse_fault_spec(text: str) -> FaultSpec:
     """Parse `KIND:key=value,...`; raises UsageError with a one-line reason."""
     kind_name, sep, body = text.partition(":")
@@ -115,6 +130,7 @@ def parse_fault_spec(text: str) -> FaultSpec:
         raise UsageError(f"malformed fault spec {text!r}: expected KIND:key=value,...")
     kind = get_kind(kind_name)
     pairs = _split_pairs(text, body) if sep and body.strip() else {}
+    _refuse_unknown_keys(kind_name, sorted(kind.params), pairs)
     target_type, target = _parse_target(text, pairs, kind.targets)
     if target_type not in kind.targets:
         raise UsageError(f"fault {kind_name!r} hits a {' or '.join(kind.targets)}, not a"
@@ -122,11 +138,7 @@ def parse_fault_spec(text: str) -> FaultSpec:
     trigger = _parse_trigger(text, pairs)
     params: dict[str, object] = {}
     for key, value in pairs.items():
-        parser = kind.params.get(key)
-        if parser is None:
-            known = ", ".join(sorted(kind.params)) or "none"
-            raise UsageError(f"fault {kind_name!r} has no parameter {key!r}"
-                             f" (its parameters: {known})")
+        parser = kind.params[key]
         try:
             params[key] = parser(value)
         except ValueError as exc:

@@ -92,6 +92,24 @@ def test_what_can_be_checked_before_a_run_is_refused_before_it(tmp_path, args, r
     assert time.monotonic() - started < 30  # no job was started and waited for
 
 
+@pytest.mark.parametrize("args,said", [
+    (["run", "--fualt", "kill:rank=1,step=3"], "unrecognized arguments: --fualt (did you mean"
+                                               " '--fault'?)"),
+    (["batery"], "invalid choice: 'batery'"),
+    (["batery"], "(did you mean 'battery'?)"),
+])
+def test_a_typo_in_an_option_or_a_command_is_answered_with_the_close_one(tmp_path, args, said):
+    result = cli(*args, "--", str(TARGET), cwd=tmp_path)
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_an_output_path_that_is_a_file_is_said_to_be_one(tmp_path):
+    (tmp_path / "out").write_text("")
+    result = cli("run", "--out", str(tmp_path / "out"), "--", str(TARGET), cwd=tmp_path)
+    assert result.returncode == 2 and "is a file, not a folder" in result.stderr
+
+
 def test_an_existing_output_directory_is_never_touched(tmp_path):
     out = tmp_path / "precious"
     out.mkdir()
@@ -210,12 +228,22 @@ def test_a_hung_target_meets_the_deadline_and_is_reaped(tmp_path):
 # `run` writing report.json, and `report` reprinting it: tests/report/test_report_html.py's real run
 
 
-def test_a_fault_that_never_fires_is_not_a_pass(tmp_path, shared_cache):
+@pytest.mark.parametrize("fault,said", [
+    # refused before the run with faults: the reference knows the job's last step, its saves
+    ("kill:rank=1,step=500", "would never fire: step=500 is past rank 1's last step, 20"),
+    ("kill:rank=0,phase=checkpoint_save,save=9", "rank 0 makes 4 checkpoint save(s)"),
+    # what the reference cannot tell is run, and judged: not a pass
+    ("kill:rank=1,time=900", "never fired"),
+])
+def test_a_fault_that_never_fires_is_not_a_pass(tmp_path, shared_cache, fault, said):
     """On the battery's job: its reference is the session's."""
     result = cli("run", "--quiet", "--out", str(tmp_path / "out"), "--cache-dir",
-                 str(shared_cache), "--fault", "kill:rank=1,step=500", "--",
+                 str(shared_cache), "--fault", fault, "--",
                  str(TARGET), "--steps", "20", "--ckpt-every", "5", cwd=tmp_path)
-    assert result.returncode == 2 and "never fired" in result.stderr
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+    if said != "never fired":
+        assert "would never fire" in result.stderr
+        assert not (tmp_path / "out").exists()  # refused: --out left as it was
 
 
 def test_interrupt_reaps_every_process_and_leaves_a_report(tmp_path, shared_cache):

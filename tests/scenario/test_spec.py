@@ -44,7 +44,13 @@ def test_contract_examples_parse():
     ("kill:rank=0,node=1,step=2", "names both rank= and node="),
     ("kill:rank=-1,step=2", "rank= must be >= 0"),
     ("kill:rank=0,step=2,signal=SIGFOO", "unknown signal"),
-    ("kill:rank=0,step=2,color=red", "has no parameter 'color'"),
+    ("kill:rank=0,step=2,color=red", "has no key 'color'; it takes rank= or node="),
+    # a typo: the close key is suggested, and every key the kind takes is listed
+    ("kill:rnak=1,step=3", "no key 'rnak' (did you mean 'rank'?); it takes rank= or node="
+                           " (the target), step=, phase= (with save=, event=), time= or p="
+                           " (the trigger), and its own code=, grace=, signal="),
+    ("kill:rank=1,setp=3", "no key 'setp' (did you mean 'step'?)"),
+    ("kil:rank=1,step=3", "unknown fault kind 'kil' (did you mean 'kill'?)"),
     ("kill:rank=0,phase=checkpoint_sav", "unknown phase"),
     ("kill:rank=0,p=1.5", "p= must be >= 0 and <= 1"),
     (":rank=0", "malformed fault spec"),
