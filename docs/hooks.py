@@ -8,6 +8,7 @@ A page asks for a generated part with a marker on a line of its own:
     <!-- torchchaos:checks -->          the table of built-in checks (name, when it runs)
     <!-- torchchaos:toml-keys -->       the keys of [tool.torchchaos]
     <!-- torchchaos:pytest-options -->  the plugin's pytest options and markers
+    <!-- torchchaos:marker-keywords -->  the keyword arguments of @pytest.mark.chaos
     <!-- torchchaos:scenario-keys -->   the keys of a scenario file
     <!-- torchchaos:api -->             the public API (torchchaos.__all__), by mkdocstrings
     <!-- torchchaos:include PATH -->    a file of the repository, as it is (bench/README.md)
@@ -368,6 +369,51 @@ def make_pytest_options() -> str:
     return "\n".join(rows)
 
 
+# The marker's own keywords (not a Scenario field), with what they do
+MARKER_KEYWORDS = {
+    "script": ("required", "the training script (or the marker's first positional argument)"),
+    "faults": ("`[]`", "fault specs, `KIND:key=value,...` (the [fault reference](faults.md))"),
+    "expect": ("`pass`", "`pass` or `fail`: the verdict the test wants"),
+}
+
+
+def make_marker_keywords() -> str:
+    """`@pytest.mark.chaos(...)` and `chaos_run(...)` take the scenario's fields as
+    keywords: each with its default and the comment beside it in the code."""
+    from torchchaos.scenario.model import Scenario
+
+    rows = ["| keyword | default | what it does |", "| --- | --- | --- |"]
+    rows += [f"| `{name}` | {default} | {what} |"
+             for name, (default, what) in MARKER_KEYWORDS.items()]
+    for name, default, what in _fields_with_comments(Scenario):
+        if name not in MARKER_KEYWORDS:
+            if not what:  # strict builds fail: a keyword nobody can look up
+                log.warning(f"Scenario.{name} has no comment to document it as a keyword")
+            rows.append(f"| `{name}` | `{default}` | {_cell(what)} |")
+    return "\n".join(rows)
+
+
+def _fields_with_comments(cls: type) -> list[tuple[str, str, str]]:
+    """(name, default, comment) of a dataclass's fields, as its source writes them: the
+    comment on the lines above a field, else the one after it on its line."""
+    found, above = [], []
+    for line in inspect.getsource(cls).splitlines()[1:]:
+        text = line.strip()
+        if text.startswith("def ") or text.startswith("@"):
+            break
+        if text.startswith("#"):
+            above.append(text.lstrip("# "))
+            continue
+        m = re.match(r"(\w+): [^=#]+?(?: = ([^#]+?))?\s*(?:# (.*))?$", text)
+        if m:
+            default = m.group(2) or "required"
+            default = "[]" if "default_factory=list" in default else \
+                "{}" if "default_factory=dict" in default else default
+            found.append((m.group(1), default, " ".join(above) or (m.group(3) or "")))
+        above = []
+    return found
+
+
 def make_scenario_keys() -> str:
     from torchchaos.scenario import files
 
@@ -422,6 +468,7 @@ MAKERS = {
     "checks": make_checks,
     "toml-keys": make_toml_keys,
     "pytest-options": make_pytest_options,
+    "marker-keywords": make_marker_keywords,
     "scenario-keys": make_scenario_keys,
     "api": make_api,
     "include": make_include,

@@ -29,9 +29,9 @@ RANK_TASKS_FLOOR = 4  # threads count against pid_max and RLIMIT_NPROC too
 @dataclass
 class Scenario:
     script: str
-    args: list[str] = field(default_factory=list)
-    nproc: int = 2
-    nodes: int = 1
+    args: list[str] = field(default_factory=list)  # the script's own arguments
+    nproc: int = 2  # ranks per node (torchrun --nproc-per-node)
+    nodes: int = 1  # simulated nodes on this machine, each its own torchrun
     # "netns": each node in its own network namespace (root); "host": the nodes share
     # the machine's loopback; "auto": netns for 2+ nodes where it can be made
     network: str = "auto"
@@ -39,12 +39,12 @@ class Scenario:
     faults: list[FaultSpec] = field(default_factory=list)
     checks: list[str] | None = None  # None: every check that applies
     max_lost_steps: int | None = None  # None: the checkpoint interval seen in the reference
-    max_lost_seconds: float | None = None
+    max_lost_seconds: float | None = None  # bounded_lost_work in seconds (None: unbounded)
     max_detect_steps: int | None = None  # sdc_detected: None means the checkpoint interval
     # hang_detected: the job is hung after this many seconds without progress on any rank
     # (None: 10 s, or 3x the longest the reference went without progress)
     hang_timeout: float | None = None
-    seed: int = 0
+    seed: int = 0  # picks `one` targets and p= triggers, the same each run
     timeout: float = 300.0  # seconds, for each run (reference and chaos)
     max_restarts: int = 3  # torchrun's elastic restarts within one launch
     max_relaunches: int = 2  # times the whole job is requeued after it died
@@ -58,7 +58,7 @@ class Scenario:
     # A folder copied into the chaos run's directory before it starts (crash points start
     # from the checkpoints there were before the save under test); never the reference's.
     start_from: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # added to the ranks' environment
     # Files and folders every run directory shows under their own names (symlinks): what a
     # script opens by a fixed relative name, nanoGPT's configurator.py and data/
     links: list[str] = field(default_factory=list)
