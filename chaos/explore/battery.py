@@ -248,17 +248,23 @@ def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: 
     started = time.monotonic()
     finished: list[int] = []
     chosen = list(numbers) if numbers is not None else list(range(1, len(entries) + 1))
+    began: dict[int, float] = {}
+    costs: dict[str, list[float]] = {}  # row kind -> what its finished rows took
 
     def run(number: int) -> None:
+        began[number] = time.monotonic()
         _run_entry(entries[number - 1], number, len(entries), base, out_dir, cache_dir,
                    progress)
 
     def after(number: int) -> None:
         finished.append(number)
         entry = entries[number - 1]
+        costs.setdefault(row_kind(entry.fault), []).append(time.monotonic() - began[number])
+        left = time_left(costs, [row_kind(entries[n - 1].fault) for n in chosen
+                                 if n not in finished], jobs)
         verdict = entry.report.verdict.upper() if entry.report else "ERROR"
         progress(f"[{number}/{len(entries)}] {verdict:<5} "
-                 f"{progress_bar(len(finished), len(chosen), time.monotonic() - started)}")
+                 f"{progress_bar(len(finished), len(chosen), time.monotonic() - started, left)}")
         write_index(entries, out_dir, title, sorted(finished))
         if exitfirst and verdict != "PASS":
             raise _NotPassed
@@ -337,13 +343,28 @@ def _in_parallel(run: Callable[[int], None], after: Callable[[int], None],
             raise
 
 
-def progress_bar(done: int, total: int, elapsed: float, width: int = 20) -> str:
-    """`[########------------] 40% 1m12s, about 1m48s left` (the estimate assumes the
-    runs still to come take as long as those done)."""
+def progress_bar(done: int, total: int, elapsed: float, left: float, width: int = 20) -> str:
+    """`[########------------] 40% 1m12s, about 1m48s left`."""
     filled = round(width * done / total) if total else width
-    left = elapsed / done * (total - done) if done else 0.0
     return (f"[{'#' * filled}{'-' * (width - filled)}] {100 * done // max(total, 1)}%"
             f" {_duration(elapsed)}, about {_duration(left)} left")
+
+
+def row_kind(fault: str) -> str:
+    """Rows that cost alike: the fault's kind, and whether it fires inside a save (its
+    resume then meets a torn or lost checkpoint, and often fails and restarts)."""
+    return fault.split(":", 1)[0] + (" in a save" if "phase=checkpoint_save" in fault else "")
+
+
+def time_left(costs: dict[str, list[float]], remaining: list[str], jobs: int = 1) -> float:
+    """Seconds the rows still to run should take, from what the finished rows took: each
+    at the mean of its kind's finished rows, a kind none has finished yet at the dearest
+    kind's mean (a battery runs its cheap rows, kills between saves, first)."""
+    means = {kind: sum(took) / len(took) for kind, took in costs.items() if took}
+    if not means:
+        return 0.0
+    dearest = max(means.values())
+    return sum(means.get(kind, dearest) for kind in remaining) / max(jobs, 1)
 
 
 def _duration(seconds: float) -> str:

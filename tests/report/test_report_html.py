@@ -314,11 +314,19 @@ def test_a_real_run_writes_the_page_and_the_picture(tmp_path, shared_cache):
 
 
 def test_the_progress_bar_of_a_long_sweep_estimates_what_is_left():
-    from torchchaos.explore.battery import progress_bar
+    from torchchaos.explore.battery import progress_bar, row_kind, time_left
 
-    assert progress_bar(2, 5, 60.0) == "[########------------] 40% 1m00s, about 1m30s left"
-    assert progress_bar(5, 5, 301.0).startswith("[####################] 100% 5m01s")
-    assert progress_bar(1, 3, 9.6, width=6) == "[##----] 33% 10s, about 19s left"
+    assert progress_bar(2, 5, 60.0, 90.0) == "[########------------] 40% 1m00s, about 1m30s left"
+    assert progress_bar(5, 5, 301.0, 0.0).startswith("[####################] 100% 5m01s")
+    assert progress_bar(1, 3, 9.6, 19.2, width=6) == "[##----] 33% 10s, about 19s left"
+    # from what the finished rows of each kind cost; a kind not seen yet at the dearest's
+    kill, torn = row_kind("kill:rank=0,step=12"), row_kind(
+        "storage:mode=torn,rank=0,phase=checkpoint_save,save=2,event=7")
+    assert kill == "kill" and torn == "storage in a save"
+    costs = {kill: [10.0, 12.0], "kill in a save": [30.0]}
+    assert time_left(costs, [kill, torn, torn]) == 11.0 + 30.0 + 30.0
+    assert time_left(costs, [kill, kill], jobs=2) == 11.0
+    assert time_left({}, [kill]) == 0.0
 
 
 def test_the_failing_check_that_names_the_cause_leads_everywhere(tmp_path):
