@@ -13,6 +13,7 @@ each linked to its own page.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from html import escape
 from pathlib import Path
@@ -284,32 +285,53 @@ def _strip_xml_header(svg: str) -> str:
 
 def write_index(out_dir: Path, runs: Sequence[tuple[str, str, str, Report | None]],
                 title: str) -> Path:
-    """out_dir/index.html: one row per run (its folder's name, its name, its fault, its
-    report or None when it could not be judged); a run's page is FOLDER/report.html."""
-    rows = []
+    """out_dir/index.html: the runs (their folder's name, their name, their fault, their
+    report or None when it could not be judged) grouped by what they came to: runs that
+    failed for the same cause under one heading that says it once (the rows that did not
+    pass first); a run's page is FOLDER/report.html."""
     counts = {"pass": 0, "fail": 0, "error": 0}
+    groups: dict[tuple[str, str], list[str]] = {}
+    causes: dict[tuple[str, str], str] = {}
     for folder, name, fault, report in runs:
         verdict = report.verdict if report else "error"
         counts[verdict] = counts.get(verdict, 0) + 1
-        failing = [] if report is None else report.failing()
-        why = ("could not judge" if report is None else
-               "; ".join(f"{n}: {report.checks[n]['detail']}" for n in failing)
-               or report.reason)
+        cause = _cause(report)
+        key = (verdict, re.sub(r"\d+", "#", cause))  # the same cause at another step
+        causes.setdefault(key, cause)
         link = f"{folder}/{HTML_FILE}"
         page = (f'<a href="{link}">{link}</a>' if (out_dir / link).is_file()
                 else '<span class="muted">none</span>')
-        rows.append(f'<tr class="{"failed" if verdict == "fail" else ""}"><td>{escape(folder)}</td>'
-                    f"<td>{escape(name)}</td><td><code>{escape(fault)}</code></td>"
-                    f'<td class="mark v-text-{verdict}">{verdict.upper()}</td>'
-                    f"<td>{escape(', '.join(failing))}<div class=muted>{escape(why)}</div></td>"
-                    f"<td>{page}</td></tr>")
+        groups.setdefault(key, []).append(
+            f'<tr class="{"failed" if verdict == "fail" else ""}"><td>{escape(folder)}</td>'
+            f"<td>{escape(name)}</td><td><code>{escape(fault)}</code></td>"
+            f'<td class="mark v-text-{verdict}">{verdict.upper()}</td><td>{page}</td></tr>')
+    order = {"fail": 0, "error": 1, "pass": 2}
+    rows = []
+    for key in sorted(groups, key=lambda k: order.get(k[0], 1)):
+        verdict, members = key[0], groups[key]
+        like = f" ({len(members)} runs)" if len(members) > 1 else ""
+        rows.append(f'<tr class="cause"><th colspan=5 class="v-text-{verdict}">'
+                    f"{escape(verdict.upper())}: {escape(causes[key] or 'every check passed')}"
+                    f"{escape(like)}</th></tr>")
+        rows += members
     summary = ", ".join(f"{n} {v}" for v, n in counts.items() if n) or "no runs"
     body = (f"<h1>{escape(title)}</h1><p>{len(runs)} run(s): <b>{escape(summary)}</b>"
             f' <span class=muted>in {escape(str(out_dir))}</span></p>'
             "<table><thead><tr><th>#</th><th>run</th><th>fault</th><th>verdict</th>"
-            "<th>failing checks</th><th>report</th></tr></thead>"
+            "<th>report</th></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
-    page_css = ".v-text-pass{color:#15803d}.v-text-fail{color:#b91c1c}.v-text-error{color:#b45309}"
+    page_css = (".v-text-pass{color:#15803d}.v-text-fail{color:#b91c1c}"
+                ".v-text-error{color:#b45309}tr.cause th{text-align:left;padding-top:1em}")
     path = out_dir / INDEX_FILE
     path.write_text(_page(title, f"<style>{page_css}</style>{body}"))
     return path
+
+
+def _cause(report: Report | None) -> str:
+    """What a run came to, in one line: its failing checks with their details, or why it
+    could not be judged; "" for a pass."""
+    if report is None:
+        return "could not judge"
+    failing = report.failing()
+    return "; ".join(f"{n}: {report.checks[n]['detail']}" for n in failing) or (
+        report.reason if report.verdict != "pass" else "")

@@ -274,10 +274,20 @@ def test_the_index_lists_every_run_with_its_verdict_and_a_link(tmp_path):
     assert "3 run(s): <b>1 pass, 1 fail, 1 error</b>" in page
     assert '<a href="01/report.html">' in page and '<a href="02/report.html">' in page
     assert "03/report.html" not in page  # that run could not be judged: no page
-    rows = page.split("<tr")[2:]
-    assert ">PASS<" in rows[0] and ">FAIL<" in rows[1] and ">ERROR<" in rows[2]
-    assert "deterministic_resume" in rows[1] and "deterministic_resume" not in rows[0]
-    assert "kill:node=0,step=12" in rows[2] and "could not judge" in rows[2]
+    rows = page.split("<tr")[2:]  # grouped by cause, what did not pass first
+    assert 'class="cause"' in rows[0] and "FAIL: deterministic_resume" in rows[0]
+    assert ">FAIL<" in rows[1] and "kill rank 1 again" in rows[1]
+    assert "ERROR: could not judge" in rows[2] and "kill:node=0,step=12" in rows[3]
+    assert "PASS: every check passed" in rows[4] and ">PASS<" in rows[5]
+
+
+def test_runs_that_fail_for_one_cause_are_listed_under_it_once(tmp_path):
+    failing, _ = judged(chaos_run(diverge_at=11), tmp_path)
+    page = html_report.write_index(
+        tmp_path, [(f"{n:02d}", f"kill rank 1 run {n}", FAULT, failing) for n in (1, 2, 3)],
+        "torchchaos battery").read_text()
+    assert page.count("deterministic_resume:") == 1 and "(3 runs)" in page
+    assert page.count(">FAIL<") == 3
 
 
 def test_a_real_run_writes_the_page_and_the_picture(tmp_path, shared_cache):
