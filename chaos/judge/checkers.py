@@ -335,14 +335,26 @@ def _what_was_not_restored(ev: Evidence, step: Event, ref: dict[str, str],
     # differs; an RNG is only one way to get there
     if batch_differs and (component == "data" or names) and (
             other := _replayed_batch(ev, step)) is not None:
-        also = (f"; the RNG differs too ({names}): if the data order is drawn from it,"
-                " restore it" if names else "")
+        also = (f"; the RNG differs too ({names}), second to the data: a data loader"
+                " drawing from it at a replayed position makes it differ, as does a"
+                " checkpoint without it (fix the data position first)" if names else "")
         return (f"data position not restored: step {step['step']} was given the batch of"
                 f" step {other} (data replayed or skipped){also}")
     if names:
         tail = "; the data order depends on it" if batch_differs else ""
         return f"RNG not restored ({names}{tail})"
     return f"{component} not restored"
+
+
+def _headline(what: str) -> str:
+    """The cause a divergence's words name first ("data position not restored"), for the
+    places that have room for a few words (the timeline's label): the same cause."""
+    depth = 0
+    for i, char in enumerate(what):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char in ":;" and depth == 0:
+            return what[:i].strip()
+    return what.strip()
 
 
 def deterministic_resume(ev: Evidence) -> CheckResult:
@@ -387,7 +399,7 @@ def deterministic_resume(ev: Evidence) -> CheckResult:
         return CheckResult(False, f"diverged from the reference at step {e['step']} on rank"
                                   f" {e['rank']}: {what}",
                            {"divergent_step": e["step"], "rank": e["rank"],
-                            "component": component})
+                            "component": component, "cause": _headline(what)})
     if not ev.completed:
         return CheckResult(None, f"job did not complete; the {compared} steps it ran matched")
     end = "up to the stop after the recovery" if ev.stopped else "final parameters equal"

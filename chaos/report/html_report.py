@@ -85,7 +85,8 @@ def divergence_of(report: Report) -> timeline.Divergence | None:
     resume = report.checks.get("deterministic_resume", {})
     if resume.get("divergent_step") is not None:
         return timeline.Divergence(resume["divergent_step"], resume.get("rank", 0),
-                                   f"{resume.get('component', 'state')} differs")
+                                   resume.get("cause")  # the verdict's own words
+                                   or f"{resume.get('component', 'state')} differs")
     sdc = report.checks.get("sdc_detected", {})
     ranks = sdc.get("reference_divergent_ranks") or [0]
     if sdc.get("reference_divergent_step") is not None:

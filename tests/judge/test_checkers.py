@@ -506,7 +506,8 @@ def test_a_batch_of_another_step_names_the_data_position_before_the_rng():
     assert result.ok is False
     assert result.detail.startswith("diverged from the reference at step 11 on rank")
     assert ": data position not restored: step 11 was given the batch of step 7" in result.detail
-    assert "the RNG differs too (torch)" in result.detail
+    assert "the RNG differs too (torch), second to the data" in result.detail
+    assert result.data["cause"] == "data position not restored"  # what the timeline says
     # a batch of no other step: the RNG (the data order drawn from it) is still named
     fresh = {step: fp(step, **{"rng.torch": "other", "batch": "never seen", "params": "x"})
              for step in range(11, 21)}

@@ -143,6 +143,10 @@ def test_a_failing_run_page_names_the_failed_check_and_marks_the_divergence(tmp_
             '<td class="mark ok-false">FAIL</td>') in page
     [ring] = groups(svg, "divergence")
     assert "step 11 on rank 1" in tip(ring)
+    # the timeline names the cause the verdict names, in its words, not a component's
+    cause = report.checks["deterministic_resume"]["cause"]
+    assert cause and cause in report.checks["deterministic_resume"]["detail"]
+    assert f"({cause})" in tip(ring) and "differs)" not in tip(ring)
     top, bottom = lane_span(svg, 1)
     assert top < centre_y(ring) < bottom, "the divergence is marked on rank 1's lane"
     # the redone step 11 (after the restart), not the first one, diverged
