@@ -8,19 +8,22 @@ order they are tried for the first failure (the first that applies wins):
    named that pid.
 2. **crash**: a rank died of a fatal signal of its own (SIGSEGV, SIGABRT,
    SIGBUS, SIGFPE, SIGILL), from its exit status or faulthandler's dump.
-3. **dataloader**: a rank's error says one of its DataLoader workers died
-   (torch's "DataLoader worker (pid N) is killed by signal" / "exited
-   unexpectedly"); **abort**: a rank's collective found its process group
-   gone mid-training (gloo's "Default process group has not been initialized"
-   from inside a collective: aborted under the rank).
+3. **abort**: a rank's collective found its process group gone mid-training
+   (gloo's "Default process group has not been initialized" from inside a
+   collective: aborted under the rank).
 4. **exception**: a rank raised an error that is not the echo of another's
    failure (a peer that closed its connection, a collective timeout, a SIGTERM
-   the launcher sent, torchrun's own ChildFailedError).
+   the launcher sent, torchrun's own ChildFailedError), nor a DataLoader
+   worker's death (rule 5b).
 5. **hang**: a collective timed out (gloo's receive timeout, NCCL's watchdog), or
    a watchdog took every rank's stack before the job was killed. The rank waited
    for is the one behind in the flight recorder, else the one whose stack is
    outside every collective, else, in a job of two ranks, the other one. A
    hung rank whose stack is in the data loader waited on a stopped worker.
+   **5b. dataloader**: a rank's error says one of its DataLoader workers died
+   (torch's "DataLoader worker (pid N) is killed by signal" / "exited
+   unexpectedly") where no collective timed out (there, a stopped rank's
+   workers die with it, after the hang).
 6. **preempt**: a rank ended by SIGTERM (or exit 143) that the launcher did not
    send, or a scheduler says the job was preempted.
 7. **kill**: a rank ended by SIGKILL that the launcher did not send.
@@ -137,7 +140,9 @@ def attribute(observations: list[Observation],
     for rank in {o.rank for o in everything if o.rank is not None} - set(ranks):
         ranks[rank] = RankStory(rank)  # seen only later: still a rank of the job
     finding = Finding()
-    for rule in (_oom, _crash, _dataloader, _abort, _exception, _hang, _preempt, _kill,
+    # a DataLoader worker's death where a collective timed out is the hang's aftermath
+    # (a stopped rank's workers die with it): the hang rule goes before the data loader's
+    for rule in (_oom, _crash, _abort, _exception, _hang, _dataloader, _preempt, _kill,
                  _silent_peer, _node, _checkpoint_only):
         if rule(obs, stopped, ranks, finding):
             break
@@ -391,7 +396,7 @@ def _abort(obs, stopped, ranks, f: Finding) -> bool:
 
 
 def _exception(obs, stopped, ranks, f: Finding) -> bool:
-    errors = _own_errors(obs)
+    errors = [o for o in _own_errors(obs) if not WORKER_DIED.search(o.detail)]
     if not errors:
         return False
     roots = [o for o in errors if o.extra.get("root_cause")]
