@@ -6,11 +6,11 @@ from pathlib import Path
 
 from torchchaos.errors import UsageError
 from torchchaos.harness import reachable
+from torchchaos.harness.evidence_from import evidence_from
 from torchchaos.harness.hangwatch import default_timeout
 from torchchaos.harness.reference import check_cache_dir, get_reference
 from torchchaos.harness.runner import Job, Progress, torchrun_command
 from torchchaos.judge import interval
-from torchchaos.judge.evidence import Evidence
 from torchchaos.report.model import Report
 from torchchaos.report.verdict import fault_summary, judge, write_html
 from torchchaos.rundir.folders import unwritable
@@ -90,20 +90,8 @@ def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
         raise
     say(f"chaos run done in {outcome.wall_seconds:.1f} s ({outcome.launches} launch(es))")
     chaos_history = History.of_run(chaos_dir)
-    evidence = Evidence(
-        chaos=chaos_history, reference=reference_history, completed=outcome.completed,
-        deadline_hit=outcome.deadline_hit, exit_codes=outcome.exit_codes,
-        wall_seconds=outcome.wall_seconds, reference_wall_seconds=reference.wall_seconds,
-        leftovers=outcome.leftovers, leftover_mounts=outcome.leftover_mounts,
-        leftover_network=outcome.leftover_network,
-        reaped=outcome.reaped, stopped=outcome.stopped,
-        reference_deterministic=reference.deterministic, reference_detail=reference.detail,
-        max_lost_steps=scenario.max_lost_steps, max_lost_seconds=scenario.max_lost_seconds,
-        log_tail=outcome.log_tail(), last_error=outcome.last_error(),
-        max_detect_steps=scenario.max_detect_steps,
-        chaos_dir=chaos_dir, reference_dir=reference.run_dir, hang=outcome.hang,
-        exit_hang=outcome.exit_hang, hang_timeout=hang_timeout,
-    )
+    evidence = evidence_from(chaos_history, outcome, reference, scenario, chaos_dir,
+                             hang_timeout)
     report = judge(
         evidence, faults, scenario.checks, run_dir=str(chaos_dir),
         reference_dir=str(reference.run_dir), wall_seconds=outcome.wall_seconds,

@@ -71,10 +71,10 @@ from torchchaos.explore.crashstates import (
 from torchchaos.explore.extents import Blobs
 from torchchaos.explore.shards import Shard, link_or_copy
 from torchchaos.explore.warm import HeldJob
+from torchchaos.harness.evidence_from import evidence_from
 from torchchaos.harness.hangwatch import default_timeout
 from torchchaos.harness.reference import Reference, get_reference
 from torchchaos.harness.runner import Job, JobOutcome, Progress
-from torchchaos.judge.evidence import Evidence
 from torchchaos.report.verdict import judge, write_html
 from torchchaos.rundir.folders import write_atomic
 from torchchaos.rundir.history import Event, History
@@ -486,19 +486,8 @@ def _judge(base: Scenario, reference: Reference, record: Record, recovery: Recov
     events.sort(key=lambda e: e["t"])
     outcome = recovery.outcome
     hang_timeout = base.hang_timeout or default_timeout(reference.history())
-    evidence = Evidence(
-        chaos=History(events), reference=reference.history(), completed=outcome.completed,
-        deadline_hit=outcome.deadline_hit, exit_codes=outcome.exit_codes,
-        wall_seconds=outcome.wall_seconds, reference_wall_seconds=reference.wall_seconds,
-        leftovers=outcome.leftovers, leftover_mounts=outcome.leftover_mounts,
-        leftover_network=outcome.leftover_network, reaped=outcome.reaped,
-        stopped=outcome.stopped, reference_deterministic=reference.deterministic,
-        reference_detail=reference.detail, max_lost_steps=base.max_lost_steps,
-        max_lost_seconds=base.max_lost_seconds, log_tail=outcome.log_tail(),
-        last_error=outcome.last_error(),
-        max_detect_steps=base.max_detect_steps, chaos_dir=recovery.run_dir,
-        reference_dir=reference.run_dir, hang=outcome.hang, exit_hang=outcome.exit_hang,
-        hang_timeout=hang_timeout)
+    evidence = evidence_from(History(events), outcome, reference, base, recovery.run_dir,
+                             hang_timeout)
     report = judge(evidence, [fault], base.checks, run_dir=str(recovery.run_dir),
                    reference_dir=str(reference.run_dir), wall_seconds=outcome.wall_seconds,
                    crash_state=state.detail, recording=str(record.run_dir),
