@@ -9,8 +9,9 @@ from torchchaos.harness import reachable
 from torchchaos.harness.evidence_from import evidence_from
 from torchchaos.harness.hangwatch import default_timeout
 from torchchaos.harness.reference import check_cache_dir, get_reference
-from torchchaos.harness.runner import Job, Progress, torchrun_command
+from torchchaos.harness.runner import Job, torchrun_command
 from torchchaos.judge import interval
+from torchchaos.progress import Progress
 from torchchaos.report.model import Report
 from torchchaos.report.verdict import fault_summary, judge, write_html
 from torchchaos.rundir.folders import unwritable

@@ -15,7 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 FLOORS: list[tuple[str, ...]] = [
-    ("torchchaos.errors", "torchchaos.env", "torchchaos.api"),
+    ("torchchaos.errors", "torchchaos.env", "torchchaos.api", "torchchaos.progress"),
     ("torchchaos.entrypoints",),
     ("torchchaos.host",),
     ("torchchaos.rundir",),

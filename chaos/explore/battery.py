@@ -36,7 +36,7 @@ from torchchaos.explore.keywords import PLACE
 from torchchaos.faults.registry import get_kind
 from torchchaos.harness import runner
 from torchchaos.harness.reference import get_reference
-from torchchaos.harness.runner import Progress
+from torchchaos.progress import Progress
 from torchchaos.report import html_report
 from torchchaos.report.model import Report
 from torchchaos.rundir.history import Event, History

@@ -18,8 +18,8 @@ from torchchaos.errors import UsageError
 from torchchaos.explore.battery import Entry
 from torchchaos.faults.registry import get_kind
 from torchchaos.harness.reference import get_reference
-from torchchaos.harness.runner import Progress
 from torchchaos.judge.sdc import CATEGORIES
+from torchchaos.progress import Progress
 from torchchaos.scenario.model import Scenario
 
 # The in-memory tensors a campaign flips (the bit flip kind's others: the loss, a file).

@@ -40,7 +40,7 @@ from torchchaos import env
 from torchchaos.errors import CannotJudge, UsageError
 from torchchaos.explore.battery import Entry, dir_param
 from torchchaos.harness.reference import get_reference
-from torchchaos.harness.runner import Progress
+from torchchaos.progress import Progress
 from torchchaos.rundir.history import Event, History
 from torchchaos.rundir.layout import RunLayout
 from torchchaos.scenario.model import Scenario
@@ -113,14 +113,14 @@ def sample(points: list[T], cap: int | None, seed: int) -> list[T]:
 
 
 @dataclass
-class Plan:
+class PointPlan:
     points: list[CrashPoint]  # the sample to run
     total: int  # points there are in all
     start_from: Path | None  # the checkpoints before the save under test, if snapshotted
 
 
 def plan(base: Scenario, cache_dir: Path, progress: Progress, save: int, modes: list[str],
-         cap: int | None, from_snapshot: bool = True) -> Plan:
+         cap: int | None, from_snapshot: bool = True) -> PointPlan:
     """The sampled points of save `save`. With `from_snapshot` (and a save before it),
     the reference run also takes the snapshot the points start from: the variable
     asking for it goes into `base.env`, so the points' runs find that same reference."""
@@ -147,7 +147,7 @@ def plan(base: Scenario, cache_dir: Path, progress: Progress, save: int, modes: 
                      f" reference run's own folder {reference.run_dir}, so a copy of it"
                      " would not resume as the job does")
             start_from = None
-    return Plan(sample(points, cap, base.seed), len(points), start_from)
+    return PointPlan(sample(points, cap, base.seed), len(points), start_from)
 
 
 def _holds_path(snapshot: Path, run_dir: Path) -> str | None:
@@ -172,7 +172,7 @@ def holds_bytes(path: Path, text: str, chunk: int = 8 << 20) -> bool:
     return False
 
 
-def entries(found: Plan, save: int) -> list[Entry]:
+def entries(found: PointPlan, save: int) -> list[Entry]:
     """The points as battery entries. A run started from the snapshot taken after save
     `save - 1` makes the save under test first in every process: `save=1`."""
     result = []

@@ -75,14 +75,14 @@ class Unsupported(Exception):
 
 
 @dataclass
-class Node:
+class FileNode:
     kind: str  # "file", "dir" or "link"
     content: Content | None = None  # a file's
     entries: dict[str, int] = field(default_factory=dict)  # a directory's
     target: str = ""  # a link's
 
-    def copy(self) -> Node:
-        return Node(self.kind, self.content, dict(self.entries), self.target)
+    def copy(self) -> FileNode:
+        return FileNode(self.kind, self.content, dict(self.entries), self.target)
 
 
 class Folder:
@@ -91,7 +91,7 @@ class Folder:
 
     def __init__(self, blobs: Blobs) -> None:
         self.blobs = blobs
-        self.nodes: dict[int, Node] = {0: Node("dir")}
+        self.nodes: dict[int, FileNode] = {0: FileNode("dir")}
         self.durable_data: dict[int, Content] = {}
         self.durable_entries: dict[int, dict[str, int]] = {0: {}}
         self.changed: dict[int, int] = {}  # inode -> number of the operation that last changed it
@@ -118,7 +118,7 @@ class Folder:
             ino = node.entries[part]
         return ino
 
-    def _parent(self, path: str) -> tuple[Node, str]:
+    def _parent(self, path: str) -> tuple[FileNode, str]:
         parts = _parts(path)
         if not parts:
             raise Unsupported("an operation on the folder's root itself")
@@ -127,13 +127,13 @@ class Folder:
             raise Unsupported(f"no folder holds {path}")
         return self.nodes[ino], parts[-1]
 
-    def _node(self, path: str) -> tuple[int, Node]:
+    def _node(self, path: str) -> tuple[int, FileNode]:
         ino = self._lookup(path)
         if ino is None:
             raise Unsupported(f"{path} was never created")
         return ino, self.nodes[ino]
 
-    def _add(self, path: str, node: Node) -> int:
+    def _add(self, path: str, node: FileNode) -> int:
         parent, name = self._parent(path)
         ino = self._next
         self._next += 1
@@ -169,7 +169,7 @@ class Folder:
         if kind in ("create", "open"):
             ino = self._lookup(path)
             if ino is None:
-                self._add(path, Node("file", Content.empty(self.blobs)))
+                self._add(path, FileNode("file", Content.empty(self.blobs)))
             elif op.get("trunc"):
                 self.nodes[ino].content = self.nodes[ino].content.truncate(0)
         elif kind == "write":
@@ -185,7 +185,7 @@ class Folder:
             ino, node = self._node(path)
             self.durable_entries[ino] = dict(node.entries)
         elif kind == "mkdir":
-            self._add(path, Node("dir"))
+            self._add(path, FileNode("dir"))
         elif kind in ("unlink", "rmdir"):
             parent, name = self._parent(path)
             if parent.entries.pop(name, None) is None:
@@ -203,7 +203,7 @@ class Folder:
         elif kind == "symlink":
             if "source" not in op:
                 raise Unsupported(f"symlink {path} without its target")
-            self._add(path, Node("link", target=op["source"]))
+            self._add(path, FileNode("link", target=op["source"]))
 
     # -- images --------------------------------------------------------------
     def image(self, kept: Kept | None = None,

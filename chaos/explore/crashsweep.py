@@ -74,7 +74,8 @@ from torchchaos.explore.warm import HeldJob
 from torchchaos.harness.evidence_from import evidence_from
 from torchchaos.harness.hangwatch import default_timeout
 from torchchaos.harness.reference import Reference, get_reference
-from torchchaos.harness.runner import Job, JobOutcome, Progress
+from torchchaos.harness.runner import Job, JobOutcome
+from torchchaos.progress import Progress
 from torchchaos.report.verdict import judge, write_html
 from torchchaos.rundir.folders import write_atomic
 from torchchaos.rundir.history import Event, History
@@ -99,7 +100,7 @@ SHOWN_OPERATIONS = 40  # a report lists at most the last this many operations be
 
 
 @dataclass
-class Recovery:
+class StateRecovery:
     """One recovery run and what it looked at."""
 
     run_dir: Path
@@ -118,8 +119,8 @@ class Sweep:
     candidates: int  # planned at the chosen cuts (before --cap)
     distinct_images: int = 0  # among the states built (every planned one, in every shard)
     covers: str = ""  # what the sample covers, mode by mode (crashstates.coverage)
-    recoveries: list[Recovery] = field(default_factory=list)
-    recovery_of: dict[int, Recovery] = field(default_factory=dict)  # state -> its recovery
+    recoveries: list[StateRecovery] = field(default_factory=list)
+    recovery_of: dict[int, StateRecovery] = field(default_factory=dict)  # state -> its recovery
     seconds: float = 0.0
 
     def groups(self) -> dict[int, str]:
@@ -422,7 +423,7 @@ def _ranks(record: Record) -> Ranks | None:
     return Ranks([rank_of.get(op.get("tgid", op.get("pid"))) for op in record.ops], entered)
 
 
-def _matching(recoveries: list[Recovery], state: CrashState) -> Recovery | None:
+def _matching(recoveries: list[StateRecovery], state: CrashState) -> StateRecovery | None:
     for recovery in recoveries:
         if view_key(state.image, recovery.view) == recovery.key:
             return recovery
@@ -455,7 +456,7 @@ def _begin_recovery(held: HeldJob, state: CrashState, record: Record,
     return held
 
 
-def _end_recovery(running: HeldJob, folder: str, state: CrashState) -> Recovery:
+def _end_recovery(running: HeldJob, folder: str, state: CrashState) -> StateRecovery:
     """The recovery once it ended, and what it looked at."""
     outcome = running.outcome()
     chaos_dir = running.job.layout.run_dir
@@ -466,11 +467,11 @@ def _end_recovery(running: HeldJob, folder: str, state: CrashState) -> Recovery:
         # sizes and holes (the bytes were the recording's and the recovery's blob
         # files'); IMAGE_FILE rebuilds what it started from
         shutil.rmtree(checkpoints)
-    return Recovery(chaos_dir, outcome, history, view, view_key(state.image, view))
+    return StateRecovery(chaos_dir, outcome, history, view, view_key(state.image, view))
 
 
 # -- judging -----------------------------------------------------------------
-def _judge(base: Scenario, reference: Reference, record: Record, recovery: Recovery,
+def _judge(base: Scenario, reference: Reference, record: Record, recovery: StateRecovery,
            state: CrashState, crash: Crash, out_dir: Path) -> Entry:
     t_cut, rank, process, spec = crash.t_cut, crash.rank, crash.process, crash.spec
     fault = schedule.resolve([parse_fault_spec(spec)], base.seed, base.nproc, base.nodes)[0]

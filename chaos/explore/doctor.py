@@ -19,7 +19,7 @@ from pathlib import Path
 from torchchaos.engine import run_scenario
 from torchchaos.errors import CannotJudge
 from torchchaos.harness.reference import Unjudgeable, get_reference
-from torchchaos.harness.runner import Progress
+from torchchaos.progress import Progress
 from torchchaos.rundir.history import History
 from torchchaos.scenario.model import Scenario
 from torchchaos.scenario.spec import parse_fault_spec

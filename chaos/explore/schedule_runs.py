@@ -13,7 +13,7 @@ from pathlib import Path
 from torchchaos.engine import run_scenario
 from torchchaos.errors import CannotJudge
 from torchchaos.explore.search import ERROR
-from torchchaos.harness.runner import Progress
+from torchchaos.progress import Progress
 from torchchaos.report.model import Report
 from torchchaos.scenario.model import Scenario
 from torchchaos.scenario.spec import parse_fault_spec

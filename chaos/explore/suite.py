@@ -23,8 +23,8 @@ from torchchaos.explore import battery, campaign, crashpoints
 from torchchaos.explore.battery import Entry
 from torchchaos.faults.registry import get_kind
 from torchchaos.harness.reference import get_reference
-from torchchaos.harness.runner import Progress
 from torchchaos.host import netns
+from torchchaos.progress import Progress
 from torchchaos.rundir.history import Event, History
 from torchchaos.scenario.model import Scenario
 from torchchaos.scenario.spec import FaultSpec, parse_fault_spec

@@ -56,7 +56,7 @@ class RankState:
 
 
 @dataclass
-class Hang:
+class HangFinding:
     seconds: float  # since the job's last progress (or since a rank exited)
     ranks: list[RankState]  # the live ranks, the likely culprit first
     after_exit: list[int] = field(default_factory=list)  # ranks that had exited: teardown hung
@@ -79,7 +79,7 @@ class HangWatch:
         self.launched_at = 0.0
         self.excused_until = 0.0
 
-    def poll(self, now: float | None = None) -> tuple[list[Beat], Hang | None]:
+    def poll(self, now: float | None = None) -> tuple[list[Beat], HangFinding | None]:
         """Ranks of the current attempt that exited since the last poll (each once),
         and the hang, if the job is hung."""
         now = time.monotonic() if now is None else now
@@ -99,7 +99,7 @@ class HangWatch:
         bound then counts from its heal, so an earlier `t` never takes that back)."""
         self.excused_until = max(self.excused_until, t)
 
-    def _hang(self, live: list[Beat], gone: list[Beat], now: float) -> Hang | None:
+    def _hang(self, live: list[Beat], gone: list[Beat], now: float) -> HangFinding | None:
         working = [b for b in live if not b.stopped]
         if not working:
             return self._between_attempts(live, gone, now)
@@ -113,17 +113,18 @@ class HangWatch:
         if now - since < limit:
             return None
         ranks = sorted((_state(b, now) for b in working), key=_culprit_order)
-        return Hang(now - since, ranks, sorted(b.rank for b in gone), at_exit=at_exit)
+        return HangFinding(now - since, ranks, sorted(b.rank for b in gone), at_exit=at_exit)
 
 
-    def _between_attempts(self, live: list[Beat], gone: list[Beat], now: float) -> Hang | None:
+    def _between_attempts(self, live: list[Beat], gone: list[Beat],
+                          now: float) -> HangFinding | None:
         if live or not gone:  # ranks stopped as asked, or none started yet
             return None
         since = max([b.beat_t for b in gone] + [self.launched_at, self.excused_until])
         if now - since < self.timeout:
             return None
         # every rank ended its training and exited; what waits is torchrun itself
-        return Hang(now - since, [], sorted(b.rank for b in gone), between_attempts=True,
+        return HangFinding(now - since, [], sorted(b.rank for b in gone), between_attempts=True,
                     at_exit=all(b.at_exit for b in gone))
 
 

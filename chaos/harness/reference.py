@@ -32,9 +32,10 @@ from pathlib import Path
 import torchchaos
 from torchchaos.errors import CannotJudge, UsageError
 from torchchaos.harness.hangwatch import REFERENCE_TIMEOUT
-from torchchaos.harness.runner import Job, Progress
+from torchchaos.harness.runner import Job
 from torchchaos.judge.components import same_state
 from torchchaos.judge.hangs import describe_hang
+from torchchaos.progress import Progress
 from torchchaos.rundir.folders import unwritable, write_atomic
 from torchchaos.rundir.history import Event, History
 from torchchaos.rundir.layout import RunLayout

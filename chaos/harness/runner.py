@@ -20,7 +20,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,13 +29,14 @@ from torchchaos.faults.contract import JobContext, JobResource
 from torchchaos.faults.registry import get_kind
 from torchchaos.harness import errorlines
 from torchchaos.harness.gate import Gate, GateError
-from torchchaos.harness.hangwatch import STATE_ORDER, Hang, HangWatch
+from torchchaos.harness.hangwatch import STATE_ORDER, HangFinding, HangWatch
 from torchchaos.harness.nemesis import Nemesis
 from torchchaos.harness.repeats import RepeatWatch
 from torchchaos.host import lifeline, netns, procs, shortcuts, stacks
 from torchchaos.host.busy import RunCpu
 from torchchaos.host.mounts import mounts_under
 from torchchaos.host.netns import Network
+from torchchaos.progress import Progress
 from torchchaos.rundir.history import History, HistoryWriter
 from torchchaos.rundir.layout import RunLayout
 from torchchaos.scenario import schedule
@@ -51,7 +51,6 @@ STORE_PORT = 29400  # the rendezvous store's port on node 0 (torchrun's usual on
 # KeyboardInterrupt in its own thread, so its `finally` heals and reaps as usual.
 _CANCELLED = threading.Event()
 
-Progress = Callable[[str], None]
 
 
 def cancel_all() -> None:
@@ -263,7 +262,7 @@ class Job:
                 self.hangs.launch_began()
                 log.record("launch", launch=launch, pids=[p.pid for p in self.nodes])
                 codes, ended = self._wait(deadline, log)
-                if isinstance(ended, Hang):
+                if isinstance(ended, HangFinding):
                     found = self._capture_hang(ended, log)
                     if ended.at_exit:
                         outcome.exit_hang = found
@@ -383,7 +382,7 @@ class Job:
                 ))
 
     def _wait(self, deadline: float,
-              log: HistoryWriter) -> tuple[list[int | None], str | Hang | GaveUp]:
+              log: HistoryWriter) -> tuple[list[int | None], str | HangFinding | GaveUp]:
         """Wait until every node exited, one failed, every rank stopped as asked, the job
         hung, its resume died twice the same way or the deadline passed. Returns the exit
         codes and "exited", "stopped", "deadline", the hang or why it gave up."""
@@ -412,7 +411,7 @@ class Job:
                 return codes, GaveUp(why)
             time.sleep(POLL_SECONDS)
 
-    def _capture_hang(self, hang: Hang, log: HistoryWriter) -> dict[str, Any]:
+    def _capture_hang(self, hang: HangFinding, log: HistoryWriter) -> dict[str, Any]:
         """Take every hung rank's stacks into the run, record the hang, say where."""
         if hang.between_attempts:
             return self._capture_stalled_agents(hang, log)
@@ -446,7 +445,7 @@ class Job:
                       " tearing the job down")
         return event
 
-    def _ended_training(self, hang: Hang, texts: list[str]) -> bool:
+    def _ended_training(self, hang: HangFinding, texts: list[str]) -> bool:
         """Had every hung rank ended its training? Their marks say so (`hang.at_exit`), but
         only at the reference's final step: a rank told to stop (SIGTERM) may save and tear
         down mid-run. Without marks, a rank at the final step whose script has returned
@@ -467,7 +466,7 @@ class Job:
             self._final_step = History.of_run(self.reference).final_step()
         return self._final_step
 
-    def _capture_stalled_agents(self, hang: Hang, log: HistoryWriter) -> dict[str, Any]:
+    def _capture_stalled_agents(self, hang: HangFinding, log: HistoryWriter) -> dict[str, Any]:
         """No worker is left: the torchrun agents' stacks say what they wait for."""
         final = self._reference_final_step()
         if hang.at_exit and final is not None:  # ranks that exited cleanly mid-run (told
@@ -519,7 +518,7 @@ class Job:
         holder = stacks.gil_holder(text)
         return {**found, "gil_holder": holder} if holder else found
 
-    def _record_hang(self, hang: Hang, log: HistoryWriter, **found: Any) -> dict[str, Any]:
+    def _record_hang(self, hang: HangFinding, log: HistoryWriter, **found: Any) -> dict[str, Any]:
         return log.record("hang", seconds=round(hang.seconds, 1), timeout=self.hangs.timeout,
                           after_exit=hang.after_exit, **found,
                           stacks_dir=str(self.layout.stacks_dir.relative_to(self.layout.run_dir)))

@@ -47,7 +47,7 @@ def _num(value: Any) -> str:
 
 
 @dataclass
-class Divergence:
+class FlipSpread:
     step: int
     ranks: list[int]  # the ranks that differ (from the reference, or from their replicas)
     component: str
@@ -66,8 +66,8 @@ class SdcAnalysis:
     injection: Injection
     category: str
     replicas: list[list[int]]
-    replica_divergence: Divergence | None
-    reference_divergence: Divergence | None
+    replica_divergence: FlipSpread | None
+    reference_divergence: FlipSpread | None
     detection: Detection | None
     steps_corrupted: int  # steps trained on corrupted state, until detection or the end
     ended_equal: bool | None  # None: the run did not finish
@@ -163,7 +163,7 @@ def _steps_after(ev: Evidence, t: float) -> list[tuple[tuple[int, int], Event]]:
 
 
 def replica_divergence(ev: Evidence, after: float,
-                       groups: list[list[int]]) -> Divergence | None:
+                       groups: list[list[int]]) -> FlipSpread | None:
     """The first step after `after` where replicas disagree, and who disagrees."""
     if not groups:
         return None
@@ -179,7 +179,7 @@ def replica_divergence(ev: Evidence, after: float,
                     continue  # a light step of some replica: compare what all of them took
                 values = {row[r]["fp"][key] for r in present}
                 if len(values) > 1:
-                    return Divergence(step, _odd_ones(row, present, key, reference, step),
+                    return FlipSpread(step, _odd_ones(row, present, key, reference, step),
                                       "weights")
     return None
 
@@ -197,7 +197,7 @@ def _odd_ones(row: dict[int, Event], ranks: list[int], key: str,
     return [r for r in ranks if r not in majority]
 
 
-def reference_divergence(ev: Evidence, after: float) -> Divergence | None:
+def reference_divergence(ev: Evidence, after: float) -> FlipSpread | None:
     """The first step after `after` that differs from the reference, on which ranks."""
     reference = ev.reference_steps()
     first: tuple[int, int] | None = None
@@ -213,7 +213,7 @@ def reference_divergence(ev: Evidence, after: float) -> Divergence | None:
         return None
     # The rank whose own state differs (not just the gradients it received) is the cause.
     component = min(found.values(), key=cause_rank)
-    return Divergence(first[0], sorted(found), component)
+    return FlipSpread(first[0], sorted(found), component)
 
 
 def _last_step_before(ev: Evidence, rank: int, t: float) -> int:

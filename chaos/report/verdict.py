@@ -6,7 +6,6 @@ state judged from a recording), so each verdict is reached the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +14,10 @@ from torchchaos.faults.registry import get_kind
 from torchchaos.judge.checkers import CheckResult
 from torchchaos.judge.evidence import Evidence
 from torchchaos.judge.registry import run_checks
+from torchchaos.progress import Progress
 from torchchaos.report import html_report
 from torchchaos.report.model import Report
 from torchchaos.rundir.history import History
-
-Progress = Callable[[str], None]
 
 
 def fault_summary(faults: list[ResolvedFault], history: History) -> list[dict]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TARGET
 
-from torchchaos.explore.crashpoints import CrashPoint, Plan, entries, enumerate_points, sample
+from torchchaos.explore.crashpoints import CrashPoint, PointPlan, entries, enumerate_points, sample
 from torchchaos.faults.faultfs.mount import unavailable_reason
 from torchchaos.rundir.history import History
 
@@ -55,9 +55,9 @@ def test_storage_points_name_the_folder_their_fault_filesystem_goes_on():
 def test_from_a_snapshot_the_save_under_test_is_the_first_of_the_process():
     kill = CrashPoint(1, _event(2, "write", rank=1), "kill")
     power = CrashPoint(1, _event(2, "write", rank=1), "lose_unsynced")
-    [scratch] = entries(Plan([kill], 1, None), 3)
+    [scratch] = entries(PointPlan([kill], 1, None), 3)
     assert scratch.fault.endswith("save=3,event=2") and scratch.start_from is None
-    fast, slow = entries(Plan([kill, power], 2, Path("snap")), 3)
+    fast, slow = entries(PointPlan([kill, power], 2, Path("snap")), 3)
     assert fast.fault.endswith("save=1,event=2") and fast.start_from == "snap"
     # what a power loss drops depends on the earlier saves' fsyncs: a copy has none
     assert slow.fault.endswith("save=3,event=2") and slow.start_from is None
