@@ -369,7 +369,11 @@ def _dataloader(obs, stopped, ranks, f: Finding) -> bool:
     died = [o for o in _own_errors(obs) if WORKER_DIED.search(o.detail)]
     if not died:
         return False
-    first = next((o for o in died if o.rank is not None), died[0])
+    # a worker "killed by signal: Terminated" is the launcher's SIGTERM reaching the
+    # workers of a rank it stops: an echo, where another worker died first
+    killed = [o for o in died if "Terminated" not in o.detail] or died
+    killed.sort(key=lambda o: (o.source.file, o.source.line or 0))
+    first = next((o for o in killed if o.rank is not None), killed[0])
     m = WORKER_DIED.search(first.detail)
     f.kind, f.rank = "dataloader", first.rank
     f.how = f"worker killed by signal: {m.group(2).strip()}" if m.group(2) else \

@@ -58,7 +58,7 @@ def test_the_import_finds_what_was_done_or_says_it_cannot_tell(case):
 
 
 def test_most_of_the_corpus_is_told_exactly():
-    """Kind, rank and phase all right: 14 of 14 on 2026-11-26; 20 of 21 with harness/, the
+    """Kind, rank and phase all right: 14 of 14 on 2026-11-26; 21 of 22 with harness/, the
     21st (`told_as`) a SIGBUS that left no word, named as a kill with a crash among the
     alternatives. (An earlier corpus had one miss, said as unknown: a SIGSEGV whose
     faulthandler dump names no rank and whose launcher line, racing, named the peer's
