@@ -27,7 +27,7 @@ from torchchaos.harness.reference import check_cache_dir, default_cache_dir
 from torchchaos.host import leftovers, owners
 
 if TYPE_CHECKING:
-    from torchchaos.explore.battery import Entry
+    from torchchaos.explore.sweep import Entry
     from torchchaos.scenario.model import Scenario
 
 def _scenario(ns: argparse.Namespace, script: str, args: list[str], faults: list[str]) -> Any:
@@ -106,39 +106,37 @@ def _battery_base(ns: argparse.Namespace) -> tuple[Scenario, Path, Path]:
 
 
 def _print_battery(entries: list[Entry], out: Path, summary: str = "") -> int:
-    from torchchaos.explore import battery
+    from torchchaos.explore import sweep
 
-    print(battery.table(entries))
+    print(sweep.table(entries))
     if summary:
         print(summary)
     print(f"runs: {out} (pages: {out / 'index.html'})")
-    return battery.exit_code(entries)
+    return sweep.exit_code(entries)
 
 
-TITLES = {"battery": "torchchaos battery", "crashpoints": "torchchaos crash points",
-          "crashstates": "torchchaos crash states", "campaign": "torchchaos bit-flip campaign"}
 
 
 def _run_sweep(ns: argparse.Namespace, command: str, entries: list[Entry], base: Scenario,
                out: Path, cache: Path, extra: dict[str, object] | None = None) -> list[int]:
     """Run the planned entries (this shard's, with --shard); returns their numbers."""
-    from torchchaos.explore import battery
+    from torchchaos.explore import sweep
 
     numbers = ns.shard.numbers(len(entries)) if ns.shard else list(range(1, len(entries) + 1))
     if ns.shard:
         progress_printer(ns.quiet)(f"shard {ns.shard}: runs {', '.join(map(str, numbers))}"
                                    f" of {len(entries)}")
     try:
-        battery.run_entries(entries, base, out, cache, progress_printer(ns.quiet),
-                            title=TITLES[command], jobs=ns.jobs, numbers=numbers,
-                            exitfirst=getattr(ns, "exitfirst", False))
-    except battery.SweepInterrupted as stop:  # what finished is shown, then exit 130
+        sweep.run_entries(entries, base, out, cache, progress_printer(ns.quiet),
+                          title=sweep.TITLES[command], jobs=ns.jobs, numbers=numbers,
+                          exitfirst=getattr(ns, "exitfirst", False))
+    except sweep.SweepInterrupted as stop:  # what finished is shown, then exit 130
         _finish_sweep(command, entries, stop.finished, out, ns.junitxml, f"{stop}")
         raise
     if ns.shard:
         from torchchaos.explore.shards import write_manifest
 
-        write_manifest(out, command, TITLES[command], ns.shard, entries, extra)
+        write_manifest(out, command, sweep.TITLES[command], ns.shard, entries, extra)
     return numbers
 
 
@@ -148,15 +146,15 @@ def _finish_sweep(command: str, entries: list[Entry], numbers: list[int], out: P
     """What every way of running a sweep ends with: the table (of `rows` where given:
     crash states in groups), the pages, campaign.json, JUnit XML, the exit status; over
     the runs `numbers` (a shard's, or all)."""
-    from torchchaos.explore import battery, campaign
+    from torchchaos.explore import campaign, sweep
     from torchchaos.explore.shards import folder_digits
     from torchchaos.report import junit
 
     chosen = [entries[n - 1] for n in numbers]
     digits = folder_digits(command)
-    battery.write_index(entries, out, TITLES[command], numbers, digits)
+    sweep.write_index(entries, out, sweep.TITLES[command], numbers, digits)
     if junitxml is not None:
-        junit.write(junitxml, TITLES[command], [
+        junit.write(junitxml, sweep.TITLES[command], [
             (f"{n:0{digits}d}", entries[n - 1].name, entries[n - 1].fault,
              entries[n - 1].report, entries[n - 1].error) for n in numbers])
     if command != "campaign":
@@ -200,7 +198,7 @@ def _merge_searches(searches: list[tuple[Path, dict]], out: Path) -> int:
 
 def cmd_battery(ns: argparse.Namespace) -> int:
     from torchchaos.engine import prepare_out_dir
-    from torchchaos.explore import battery
+    from torchchaos.explore import battery, sweep
     from torchchaos.explore.keywords import Keywords
 
     keywords = Keywords(ns.keyword) if ns.keyword is not None else None
@@ -220,7 +218,7 @@ def cmd_battery(ns: argparse.Namespace) -> int:
     prepare_out_dir(out)
     try:
         numbers = _run_sweep(ns, "battery", entries, base, out, cache)
-    except battery.SweepStopped as stop:  # -x: what finished is shown, the exit as theirs
+    except sweep.SweepStopped as stop:  # -x: what finished is shown, the exit as theirs
         return _finish_sweep("battery", entries, stop.finished, out, ns.junitxml, f"{stop}")
     return _finish_sweep("battery", entries, numbers, out, ns.junitxml)
 
@@ -351,6 +349,7 @@ def cmd_crashpoints(ns: argparse.Namespace) -> int:
             raise
         if ns.shard:
             from torchchaos.explore.shards import CRASH_STATES, write_manifest
+            from torchchaos.explore.sweep import TITLES
 
             write_manifest(out, CRASH_STATES, TITLES[CRASH_STATES], ns.shard, result.entries,
                            crashsweep.shard_extra(base, result, ns.save, modes, ns.cap),

@@ -38,11 +38,13 @@ from typing import TypeVar
 
 from torchchaos import env
 from torchchaos.errors import CannotJudge, UsageError
-from torchchaos.explore.battery import Entry, dir_param
+from torchchaos.explore.battery import dir_param
+from torchchaos.explore.sweep import Entry
 from torchchaos.harness.reference import get_reference
 from torchchaos.progress import Progress
 from torchchaos.rundir.history import Event, History
 from torchchaos.rundir.layout import RunLayout
+from torchchaos.rundir.written import holds_bytes
 from torchchaos.scenario.model import Scenario
 
 MODES = ("kill", "lose_unsynced", "torn")
@@ -159,17 +161,6 @@ def _holds_path(snapshot: Path, run_dir: Path) -> str | None:
         if holds_bytes(path, needle):
             return str(path.relative_to(snapshot))
     return None
-
-
-def holds_bytes(path: Path, text: str, chunk: int = 8 << 20) -> bool:
-    """Whether the file holds `text` (read a chunk at a time: checkpoints are GB)."""
-    needle, tail = text.encode(), b""
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            if needle in tail + block:
-                return True
-            tail = block[-len(needle):]
-    return False
 
 
 def entries(found: PointPlan, save: int) -> list[Entry]:

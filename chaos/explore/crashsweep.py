@@ -49,8 +49,7 @@ from pathlib import Path
 from torchchaos import env
 from torchchaos.engine import prepare_out_dir
 from torchchaos.errors import CannotJudge, UsageError
-from torchchaos.explore.battery import Entry, dir_param
-from torchchaos.explore.crashpoints import holds_bytes
+from torchchaos.explore.battery import dir_param
 from torchchaos.explore.crashstates import (
     CrashState,
     Enumeration,
@@ -70,6 +69,7 @@ from torchchaos.explore.crashstates import (
 )
 from torchchaos.explore.extents import Blobs
 from torchchaos.explore.shards import Shard, link_or_copy
+from torchchaos.explore.sweep import Entry
 from torchchaos.explore.warm import HeldJob
 from torchchaos.harness.evidence_from import evidence_from
 from torchchaos.harness.hangwatch import default_timeout
@@ -80,7 +80,7 @@ from torchchaos.report.verdict import judge, write_html
 from torchchaos.rundir.folders import write_atomic
 from torchchaos.rundir.history import Event, History
 from torchchaos.rundir.layout import RunLayout
-from torchchaos.rundir.written import files_differ, written_files
+from torchchaos.rundir.written import files_differ, holds_bytes, written_files
 from torchchaos.scenario import files as scenario_file
 from torchchaos.scenario import schedule
 from torchchaos.scenario.model import Scenario

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from torchchaos.engine import check_out_dir
 from torchchaos.errors import UsageError
-from torchchaos.explore.battery import Entry
+from torchchaos.explore.sweep import Entry
 from torchchaos.report.model import Report
 
 MANIFEST = "shard.json"

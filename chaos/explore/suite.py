@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from torchchaos.errors import ChaosError, UsageError
 from torchchaos.explore import battery, campaign, crashpoints
-from torchchaos.explore.battery import Entry
+from torchchaos.explore.sweep import Entry
 from torchchaos.faults.registry import get_kind
 from torchchaos.harness.reference import get_reference
 from torchchaos.host import netns

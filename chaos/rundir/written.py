@@ -75,3 +75,14 @@ def files_differ(entry: Path, runs: list[Path], recorded: dict[str, list],
             return f"{entry / name} changed since it was written (its digest differs)"
     added = sorted(set(now) - set(recorded))
     return f"{entry / added[0]} was not there when the entry was written" if added else ""
+
+
+def holds_bytes(path: Path, text: str, chunk: int = 8 << 20) -> bool:
+    """Whether the file holds `text` (read a chunk at a time: checkpoints are GB)."""
+    needle, tail = text.encode(), b""
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            if needle in tail + block:
+                return True
+            tail = block[-len(needle):]
+    return False

@@ -20,7 +20,7 @@ from conftest import REPO, TARGET, chaos_processes
 from histories import Timeline
 
 from torchchaos.errors import UsageError
-from torchchaos.explore import battery
+from torchchaos.explore import battery, sweep
 from torchchaos.explore.keywords import Keywords
 from torchchaos.harness import runner
 from torchchaos.report.model import Report
@@ -200,9 +200,9 @@ def test_exitfirst_stops_at_the_first_run_that_does_not_pass(monkeypatch, tmp_pa
 
     monkeypatch.setattr(battery, "_run_entry", run_entry)
     monkeypatch.setattr(battery, "write_index", lambda *a, **k: None)
-    entries = [battery.Entry(f"row {n}", f"kill:rank=0,step={n}") for n in verdicts]
-    with pytest.raises(battery.SweepStopped) as stop:
-        battery.run_entries(entries, Scenario(script=str(TARGET)), tmp_path, tmp_path,
+    entries = [sweep.Entry(f"row {n}", f"kill:rank=0,step={n}") for n in verdicts]
+    with pytest.raises(sweep.SweepStopped) as stop:
+        sweep.run_entries(entries, Scenario(script=str(TARGET)), tmp_path, tmp_path,
                             lambda _m: None, jobs=jobs, exitfirst=True)
     runner.reset_cancel()
     assert stop.value.finished == [1, 2] and stop.value.planned == 4
@@ -254,12 +254,12 @@ def test_the_table_names_checks_as_check_does_and_fits_100_columns():
             name: {"ok": False if name in failing else (True if name in CHECKS[:5] else None),
                    "detail": f"{name} went wrong"} for name in CHECKS})
 
-    entries = [battery.Entry("kill rank 0 at step 12", "kill:rank=0,step=12", report()),
-               battery.Entry("kill rank 0 mid-write in its 2nd save", "kill:rank=0,...",
+    entries = [sweep.Entry("kill rank 0 at step 12", "kill:rank=0,step=12", report()),
+               sweep.Entry("kill rank 0 mid-write in its 2nd save", "kill:rank=0,...",
                              report("completes", "atomic_recovery")),
-               battery.Entry("power loss on rank 0 after a rename in its 2nd save", "s",
+               sweep.Entry("power loss on rank 0 after a rename in its 2nd save", "s",
                              error="no FUSE")]
-    lines = battery.table(entries).splitlines()
+    lines = sweep.table(entries).splitlines()
     assert lines[0].split() == ["scenario", "verdict", "failing", "checks"]
     assert lines[2].endswith("  PASS")
     assert lines[3].endswith("  FAIL     atomic_recovery, completes")  # the cause first

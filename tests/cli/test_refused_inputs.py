@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TARGET, chaos_processes
 
-from torchchaos.explore.battery import Entry
 from torchchaos.explore.shards import Shard, write_manifest
+from torchchaos.explore.sweep import Entry
 
 CLI = [sys.executable, "-m", "torchchaos.cli"]
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")

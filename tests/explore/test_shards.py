@@ -18,7 +18,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from torchchaos.errors import UsageError
-from torchchaos.explore.battery import Entry
 from torchchaos.explore.shards import (
     Shard,
     from_environment,
@@ -27,6 +26,7 @@ from torchchaos.explore.shards import (
     write_manifest,
     write_search_manifest,
 )
+from torchchaos.explore.sweep import Entry
 from torchchaos.faults.faultfs.mount import unavailable_reason
 from torchchaos.report.model import Report
 

@@ -37,7 +37,7 @@ from matrix.runs import BatteryRow, OnEvent, Target, progress, run_one, sweep_st
 from matrix.tally import Incident, MatrixPlugin, Outcome, Tally
 
 from torchchaos.explore import battery, crashpoints
-from torchchaos.explore.battery import Entry
+from torchchaos.explore.sweep import Entry
 from torchchaos.faults.faultfs.mount import unavailable_reason
 
 TARGETS = {t.name: t for t in [

@@ -14,7 +14,7 @@ from pathlib import Path
 from torchchaos import env
 from torchchaos.errors import ChaosError
 from torchchaos.explore import battery, crashsweep
-from torchchaos.explore.battery import Entry, run_entries
+from torchchaos.explore.sweep import Entry, run_entries
 from torchchaos.harness.reference import get_reference
 from torchchaos.rundir.history import History
 from torchchaos.scenario.model import Scenario

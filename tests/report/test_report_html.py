@@ -328,7 +328,7 @@ def test_a_real_run_writes_the_page_and_the_picture(tmp_path, shared_cache):
 
 
 def test_the_progress_bar_of_a_long_sweep_estimates_what_is_left():
-    from torchchaos.explore.battery import progress_bar, row_kind, time_left
+    from torchchaos.explore.sweep import progress_bar, row_kind, time_left
 
     assert progress_bar(2, 5, 60.0, 90.0) == "[########------------] 40% 1m00s, about 1m30s left"
     assert progress_bar(5, 5, 301.0, 0.0).startswith("[####################] 100% 5m01s")
