@@ -15,8 +15,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 # name -> the module that defines it
 _PUBLIC = {
     "Scenario": "torchchaos.scenario.model",
@@ -61,6 +59,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # kept in torchchaos.version, the lowest floor's
+        return importlib.import_module("torchchaos.version").__version__
     if name not in _PUBLIC:
         raise AttributeError(f"module 'torchchaos' has no attribute {name!r}")
     value = getattr(importlib.import_module(_PUBLIC[name]), _RENAMED.get(name, name))

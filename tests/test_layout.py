@@ -15,7 +15,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 FLOORS: list[tuple[str, ...]] = [
-    ("torchchaos.errors", "torchchaos.env", "torchchaos.api", "torchchaos.progress"),
+    ("torchchaos.errors", "torchchaos.env", "torchchaos.api", "torchchaos.progress",
+     "torchchaos.version"),
     ("torchchaos.entrypoints",),
     ("torchchaos.host",),
     ("torchchaos.rundir",),

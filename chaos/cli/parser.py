@@ -233,14 +233,14 @@ def _version() -> str:
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
-    import torchchaos
+    from torchchaos.version import __version__
 
     try:
         torch = version("torch")
     except PackageNotFoundError:
         torch = "not installed"
     python = platform.python_version()
-    return f"torchchaos {torchchaos.__version__} (torch {torch}, Python {python})"
+    return f"torchchaos {__version__} (torch {torch}, Python {python})"
 
 
 def build_parser() -> argparse.ArgumentParser:

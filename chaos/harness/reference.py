@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-import torchchaos
 from torchchaos.errors import CannotJudge, UsageError
 from torchchaos.harness.hangwatch import REFERENCE_TIMEOUT
 from torchchaos.harness.runner import Job
@@ -41,6 +40,7 @@ from torchchaos.rundir.history import Event, History
 from torchchaos.rundir.layout import RunLayout
 from torchchaos.rundir.written import files_differ, written_files
 from torchchaos.scenario.model import Scenario
+from torchchaos.version import __version__
 
 
 @dataclass
@@ -152,7 +152,7 @@ def cache_key(scenario: Scenario) -> str:
         "args": scenario.args, "files": argument_files(scenario.args),
         "links": linked_files(scenario.links),
         "nproc": scenario.nproc, "nodes": scenario.nodes,
-        "env": scenario.env, "torch": _torch_version(), "torchchaos": torchchaos.__version__,
+        "env": scenario.env, "torch": _torch_version(), "torchchaos": __version__,
         "fingerprints": FINGERPRINT_FORMAT,
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:20]
