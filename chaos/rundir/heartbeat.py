@@ -63,6 +63,7 @@ class Heartbeat:
         now = time.monotonic()
         self.beat = Beat(rank, os.getpid(), launch, attempt, None, "boot", now, now)
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
 
     def progress(self, doing: str, step: int | None) -> None:
         with self._lock:
@@ -86,17 +87,22 @@ class Heartbeat:
             self.write()
 
     def write(self) -> None:
-        with self._lock:
-            self.beat.beat_t = time.monotonic()
-            data = json.dumps(asdict(self.beat)).encode()
-        tmp = self.path.with_name(f".{self.path.name}.{self.beat.pid}")
-        # a whole new file renamed over the old one: a reader never sees half a beat
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        # One writer at a time: the beat thread and the main thread (at teardown) share
+        # the temporary name, and two at once renamed it twice (the second found it gone,
+        # and a rank that had finished its training died of FileNotFoundError). In order,
+        # too: a beat taken earlier never lands over a later one.
+        with self._write_lock:
+            with self._lock:
+                self.beat.beat_t = time.monotonic()
+                data = json.dumps(asdict(self.beat)).encode()
+            tmp = self.path.with_name(f".{self.path.name}.{self.beat.pid}")
+            # a whole new file renamed over the old one: a reader never sees half a beat
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
 
 
 def read_beats(beats_dir: Path) -> list[Beat]:
