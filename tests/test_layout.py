@@ -8,6 +8,7 @@ for type checking (`if TYPE_CHECKING:`) do not count: they never run.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -223,3 +224,13 @@ def test_the_public_face_exports_each_name_and_loads_nothing_until_asked() -> No
             "assert missing == [], missing\n"
             "assert sorted(torchchaos.__all__) == sorted(torchchaos._PUBLIC)\n")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
+
+
+def test_the_bundled_targets_use_nothing_of_the_harness_but_its_opt_in_calls() -> None:
+    """targets/ are training scripts like a user's (ARCHITECTURE.md): of torchchaos they
+    may import `torchchaos.api` only, or a verdict on them would rest on the harness."""
+    root = Path(__file__).resolve().parents[1] / "targets"
+    found = {(path.name, name) for path in root.glob("*.py")
+             for name in re.findall(r"^\s*(?:from|import) (torchchaos[\w.]*)",
+                                    path.read_text(), re.MULTILINE)}
+    assert found and {name for _, name in found} == {"torchchaos.api"}, found
