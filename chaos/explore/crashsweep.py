@@ -49,11 +49,10 @@ from pathlib import Path
 from torchchaos import env
 from torchchaos.engine import prepare_out_dir
 from torchchaos.errors import CannotJudge, UsageError
-from torchchaos.explore.battery import dir_param
+from torchchaos.explore.crashrecord import Crash, Places, Record, load_record, ranks_of
 from torchchaos.explore.crashstates import (
     CrashState,
     Enumeration,
-    Ranks,
     StateSpec,
     Unsupported,
     View,
@@ -63,11 +62,9 @@ from torchchaos.explore.crashstates import (
     lay,
     plan_states,
     recovery_view,
-    replayable,
     sample_specs,
     view_key,
 )
-from torchchaos.explore.extents import Blobs
 from torchchaos.explore.shards import Shard, link_or_copy
 from torchchaos.explore.sweep import Entry
 from torchchaos.explore.warm import HeldJob
@@ -79,7 +76,6 @@ from torchchaos.progress import Progress
 from torchchaos.report.verdict import judge, write_html
 from torchchaos.rundir.folders import write_atomic
 from torchchaos.rundir.history import Event, History
-from torchchaos.rundir.layout import RunLayout
 from torchchaos.rundir.written import files_differ, holds_bytes, written_files
 from torchchaos.scenario import files as scenario_file
 from torchchaos.scenario import schedule
@@ -126,18 +122,6 @@ class Sweep:
     def groups(self) -> dict[int, str]:
         """State number -> the name of the recovery that served it (its folder's)."""
         return {n: recovery.run_dir.parent.name for n, recovery in self.recovery_of.items()}
-
-
-@dataclass
-class Record:
-    """The recording run: its history, the operations on the folder and their bytes."""
-
-    run_dir: Path
-    history: History
-    ops: list[Event]
-    blobs: Blobs  # the recording's blob file, read in place
-    first: int  # index of the save's first operation
-    end: float  # the moment the job went on after the save (its first `stopped`)
 
 
 def sweep(base: Scenario, out_dir: Path, cache_dir: Path, progress: Progress, save: int,
@@ -285,7 +269,7 @@ def planned_states(record: Record, modes: list[str], seed: int,
                    cap: int | None) -> tuple[Enumeration, list[StateSpec]]:
     """Every crash state of the recorded save, and the sample of them to judge."""
     try:
-        found = plan_states(record.ops, record.first, modes, seed, ranks=_ranks(record))
+        found = plan_states(record.ops, record.first, modes, seed, ranks=ranks_of(record))
     except Unsupported as exc:
         raise CannotJudge(f"the recorded save cannot be replayed: {exc}; use --per-point"
                           ) from None
@@ -395,34 +379,6 @@ def _record(base: Scenario, reference: Reference, run_dir: Path, folder: str, sa
     return load_record(run_dir, save)
 
 
-def load_record(run_dir: Path, save: int) -> Record:
-    """A recording run's record, from its folder (a merge reads a shard's)."""
-    history = History.of_run(run_dir)
-    ops = replayable(history.of("fs"))
-    saved = [e["t"] for e in history.of("save_begin") if e.get("save") == save]
-    if not saved:
-        raise CannotJudge(f"the recording run made no save {save}")
-    # the save starts after its rank's last step: ops from then on are the save's
-    last_step = max((e["t"] for e in history.steps() if e["t"] <= min(saved)), default=0.0)
-    first = next((n for n, e in enumerate(ops) if e["t"] > last_step), len(ops))
-    end = min(e["t"] for e in history.of("stopped"))
-    blobs = next(iter(sorted((RunLayout(run_dir).chaos_dir / "faultfs").glob("*.blobs"))))
-    return Record(run_dir, history, ops, Blobs(blobs), first, end)
-
-
-def _ranks(record: Record) -> Ranks | None:
-    """Who made each operation and when each rank entered its collectives; None where a
-    collective of a subgroup was seen (not every rank waits there)."""
-    syncs = record.history.of("sync")
-    if any(e.get("group") != "world" for e in syncs):
-        return None
-    rank_of = {e["pid"]: e["rank"] for e in record.history.of("boot")}
-    entered: dict[int, list[float]] = {}
-    for e in syncs:
-        entered.setdefault(e["rank"], []).append(e["t"])
-    return Ranks([rank_of.get(op.get("tgid", op.get("pid"))) for op in record.ops], entered)
-
-
 def _matching(recoveries: list[StateRecovery], state: CrashState) -> StateRecovery | None:
     for recovery in recoveries:
         if view_key(state.image, recovery.view) == recovery.key:
@@ -502,70 +458,6 @@ def _judge(base: Scenario, reference: Reference, record: Record, recovery: State
     if report.verdict != "pass":
         write_html(report, out_dir, evidence, lambda _msg: None)
     return Entry(f"{state.detail}", spec, report)
-
-
-@dataclass
-class Crash:
-    """Where a state's crash falls in the record, and the chaos-run fault nearest it."""
-
-    t_cut: float
-    rank: int
-    process: Event  # the boot event of the crashed rank's process
-    spec: str
-
-
-class Places:
-    """Where each planned state's crash falls in the record (looked up once per record:
-    a save of 1 GB per rank has thousands of operations and states)."""
-
-    def __init__(self, record: Record, save: int, folder: str) -> None:
-        self.record, self.save, self.folder = record, save, folder
-        self.boots = {e["pid"]: e for e in record.history.of("boot")}
-        self.saved: dict[int, list[tuple[float, int]]] = {}  # rank -> (t, file event index)
-        for e in record.history.of("file"):
-            if e.get("save") == save:
-                self.saved.setdefault(e["rank"], []).append((e["t"], e["index"]))
-        for events in self.saved.values():
-            events.sort()
-
-    def crash(self, spec: StateSpec) -> Crash:
-        t_cut = self._time(spec.cut)
-        rank, process = self._process(spec.cut, t_cut)
-        return Crash(t_cut, rank, process, self._spec(spec, rank, t_cut))
-
-    def _time(self, cut: int) -> float:
-        record = self.record
-        if cut == len(record.ops):
-            return record.end - 1e-6  # after the whole save: the job went on past it
-        if cut == record.first:
-            return record.ops[record.first]["t"] - 1e-6
-        return record.ops[cut - 1]["t"]
-
-    def _process(self, cut: int, t_cut: float) -> tuple[int, Event]:
-        """The rank whose operation the crash follows (rank 0 before the save), and the
-        boot event of its process."""
-        if cut > self.record.first:
-            op = self.record.ops[cut - 1]
-            boot = self.boots.get(op.get("tgid", op.get("pid")))
-            if boot is not None:
-                return boot["rank"], boot
-        boot = min((e for e in self.boots.values() if e["t"] <= t_cut),
-                   key=lambda e: e["rank"])
-        return boot["rank"], boot
-
-    def _spec(self, spec: StateSpec, rank: int, t_cut: float) -> str:
-        """The chaos-run fault that leads to this state, as near as one spec says it (the
-        rank's last file event in the save before the crash): `--per-point` replays it."""
-        events = self.saved.get(rank, [])
-        before = bisect.bisect_right(events, (t_cut, float("inf")))
-        where = f"rank={rank},phase=checkpoint_save,save={self.save}"
-        if before:
-            where += f",event={max(index for _, index in events[:before])}"
-        if spec.mode == "kill":
-            return f"kill:{where}"
-        if spec.mode == "torn":
-            return f"storage:mode=torn,keep={spec.keep},{where}{dir_param(self.folder)}"
-        return f"storage:mode=lose_unsynced,{where}{dir_param(self.folder)}"
 
 
 def _fs_crash(state: CrashState, fault_id: str, t_cut: float) -> Event:

@@ -1,0 +1,129 @@
+"""The recording run as a crash-state sweep reads it, and where each state's crash falls.
+
+The recording run makes the save under test once, on the fault filesystem,
+which logs every operation on the folder and keeps their bytes (the blob file).
+A `Record` is that run read back: its history, the save's operations, their
+bytes. `Places` puts each planned state's crash in it: the moment, the rank
+whose operation it follows, and the chaos-run fault nearest it (`--per-point`
+replays that one). `crashstates` plans the states from the operations;
+`crashsweep` judges each state's recovery against the record.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchchaos.errors import CannotJudge
+from torchchaos.explore.battery import dir_param
+from torchchaos.explore.crashstates import Ranks, StateSpec, replayable
+from torchchaos.explore.extents import Blobs
+from torchchaos.rundir.history import Event, History
+from torchchaos.rundir.layout import RunLayout
+
+
+@dataclass
+class Record:
+    """The recording run: its history, the operations on the folder and their bytes."""
+
+    run_dir: Path
+    history: History
+    ops: list[Event]
+    blobs: Blobs  # the recording's blob file, read in place
+    first: int  # index of the save's first operation
+    end: float  # the moment the job went on after the save (its first `stopped`)
+
+
+def load_record(run_dir: Path, save: int) -> Record:
+    """A recording run's record, from its folder (a merge reads a shard's)."""
+    history = History.of_run(run_dir)
+    ops = replayable(history.of("fs"))
+    saved = [e["t"] for e in history.of("save_begin") if e.get("save") == save]
+    if not saved:
+        raise CannotJudge(f"the recording run made no save {save}")
+    # the save starts after its rank's last step: ops from then on are the save's
+    last_step = max((e["t"] for e in history.steps() if e["t"] <= min(saved)), default=0.0)
+    first = next((n for n, e in enumerate(ops) if e["t"] > last_step), len(ops))
+    end = min(e["t"] for e in history.of("stopped"))
+    blobs = next(iter(sorted((RunLayout(run_dir).chaos_dir / "faultfs").glob("*.blobs"))))
+    return Record(run_dir, history, ops, Blobs(blobs), first, end)
+
+
+def ranks_of(record: Record) -> Ranks | None:
+    """Who made each operation and when each rank entered its collectives; None where a
+    collective of a subgroup was seen (not every rank waits there)."""
+    syncs = record.history.of("sync")
+    if any(e.get("group") != "world" for e in syncs):
+        return None
+    rank_of = {e["pid"]: e["rank"] for e in record.history.of("boot")}
+    entered: dict[int, list[float]] = {}
+    for e in syncs:
+        entered.setdefault(e["rank"], []).append(e["t"])
+    return Ranks([rank_of.get(op.get("tgid", op.get("pid"))) for op in record.ops], entered)
+
+
+@dataclass
+class Crash:
+    """Where a state's crash falls in the record, and the chaos-run fault nearest it."""
+
+    t_cut: float
+    rank: int
+    process: Event  # the boot event of the crashed rank's process
+    spec: str
+
+
+class Places:
+    """Where each planned state's crash falls in the record (looked up once per record:
+    a save of 1 GB per rank has thousands of operations and states)."""
+
+    def __init__(self, record: Record, save: int, folder: str) -> None:
+        self.record, self.save, self.folder = record, save, folder
+        self.boots = {e["pid"]: e for e in record.history.of("boot")}
+        self.saved: dict[int, list[tuple[float, int]]] = {}  # rank -> (t, file event index)
+        for e in record.history.of("file"):
+            if e.get("save") == save:
+                self.saved.setdefault(e["rank"], []).append((e["t"], e["index"]))
+        for events in self.saved.values():
+            events.sort()
+
+    def crash(self, spec: StateSpec) -> Crash:
+        t_cut = self._time(spec.cut)
+        rank, process = self._process(spec.cut, t_cut)
+        return Crash(t_cut, rank, process, self._spec(spec, rank, t_cut))
+
+    def _time(self, cut: int) -> float:
+        record = self.record
+        if cut == len(record.ops):
+            return record.end - 1e-6  # after the whole save: the job went on past it
+        if cut == record.first:
+            return record.ops[record.first]["t"] - 1e-6
+        return record.ops[cut - 1]["t"]
+
+    def _process(self, cut: int, t_cut: float) -> tuple[int, Event]:
+        """The rank whose operation the crash follows (rank 0 before the save), and the
+        boot event of its process."""
+        if cut > self.record.first:
+            op = self.record.ops[cut - 1]
+            boot = self.boots.get(op.get("tgid", op.get("pid")))
+            if boot is not None:
+                return boot["rank"], boot
+        boot = min((e for e in self.boots.values() if e["t"] <= t_cut),
+                   key=lambda e: e["rank"])
+        return boot["rank"], boot
+
+    def _spec(self, spec: StateSpec, rank: int, t_cut: float) -> str:
+        """The chaos-run fault that leads to this state, as near as one spec says it (the
+        rank's last file event in the save before the crash): `--per-point` replays it."""
+        events = self.saved.get(rank, [])
+        before = bisect.bisect_right(events, (t_cut, float("inf")))
+        where = f"rank={rank},phase=checkpoint_save,save={self.save}"
+        if before:
+            where += f",event={max(index for _, index in events[:before])}"
+        if spec.mode == "kill":
+            return f"kill:{where}"
+        if spec.mode == "torn":
+            return f"storage:mode=torn,keep={spec.keep},{where}{dir_param(self.folder)}"
+        return f"storage:mode=lose_unsynced,{where}{dir_param(self.folder)}"
+
+
