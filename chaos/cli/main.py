@@ -288,7 +288,7 @@ def cmd_merge(ns: argparse.Namespace) -> int:
     numbers = list(range(1, len(merged.entries) + 1))
     summary = ""
     if merged.command == "crashstates":
-        from torchchaos.explore import crashsweep
+        from torchchaos.explore.crash import sweep as crashsweep
 
         groups = crashsweep.merged_groups(ns.out / "record", merged.extra, merged.details)
         ran = sum(len(d["recoveries"]) for d in merged.details)
@@ -320,7 +320,8 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 
 def cmd_crashpoints(ns: argparse.Namespace) -> int:
     from torchchaos.engine import prepare_out_dir
-    from torchchaos.explore import crashpoints, crashsweep
+    from torchchaos.explore.crash import points as crashpoints
+    from torchchaos.explore.crash import sweep as crashsweep
 
     base, out, cache = _battery_base(ns)
     progress = progress_printer(ns.quiet)

@@ -3,7 +3,7 @@
 The `suites/` pytest modules name their cases ("kill rank 0 mid-interval");
 this module turns a name into a concrete fault for the user's job. Steps and
 file events come from the job's fault-free reference run, through the
-planners the CLI uses (`torchchaos.explore.battery.plan`, `torchchaos.explore.crashpoints.plan`,
+planners the CLI uses (`torchchaos.explore.battery.plan`, `torchchaos.explore.crash.points.plan`,
 `torchchaos.explore.campaign.plan`), so a name means the same thing for a 20-step toy and
 for a 10,000-step job: "mid-interval" lands between two of its checkpoints
 wherever they are. pytest parametrizes before anything runs, hence names
@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from torchchaos.errors import ChaosError, UsageError
-from torchchaos.explore import battery, campaign, crashpoints
+from torchchaos.explore import battery, campaign
+from torchchaos.explore.crash import points as crashpoints
 from torchchaos.explore.sweep import Entry
 from torchchaos.faults.registry import get_kind
 from torchchaos.harness.reference import get_reference

@@ -1,7 +1,7 @@
 """Where the ranks wait for each other: the collectives a rank enters (in-rank).
 
 Only in a recording run (`env.RECORD_SYNC`): the crash states of a save
-(torchchaos.explore.crashsweep) let the other ranks run on after one rank died, as far as
+(torchchaos.explore.crash.sweep) let the other ranks run on after one rank died, as far as
 their next collective, which the dead rank never enters. Each public collective
 of `torch.distributed` is wrapped at module level, in `torch.distributed` and in
 `distributed_c10d` where it lives (code that calls `dist.barrier()` and the like,

@@ -39,7 +39,7 @@ class Report:
     # Measured checkpoint cost and the Young/Daly interval (torchchaos.judge.interval.recommend);
     # None when no save finished
     checkpoint: dict[str, Any] | None = None
-    # a crash state judged from a recording (torchchaos.explore.crashsweep): which one, the save's
+    # a crash state judged from a recording (torchchaos.explore.crash.sweep): which one, the save's
     # operations that led to it, and the recording run
     crash_state: str = ""
     operations: list[str] = field(default_factory=list)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TARGET
 
-from torchchaos.explore.crashpoints import CrashPoint, PointPlan, entries, enumerate_points, sample
+from torchchaos.explore.crash.points import CrashPoint, PointPlan, entries, enumerate_points, sample
 from torchchaos.faults.faultfs.mount import unavailable_reason
 from torchchaos.rundir.history import History
 
@@ -121,7 +121,7 @@ def test_capped_enumeration_over_an_async_sharded_save_passes_the_correct_target
 def test_a_snapshot_that_records_its_own_folder_is_not_started_from(tmp_path):
     """Lightning pickles the checkpoint folder's absolute path: copied into a crash
     point's run directory, it resumes otherwise than the job does (issue 17)."""
-    from torchchaos.explore.crashpoints import _holds_path
+    from torchchaos.explore.crash.points import _holds_path
 
     run = tmp_path / "ref" / "run-0"
     snapshot = tmp_path / "snapshot" / "ckpt"

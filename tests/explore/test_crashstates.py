@@ -1,4 +1,4 @@
-"""The crash states a recorded save allows (torchchaos.explore.crashstates): pure, no job."""
+"""The crash states a recorded save allows (torchchaos.explore.crash.states): pure, no job."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import tracemalloc
 
 import pytest
 
-from torchchaos.explore.crashstates import (
+from torchchaos.explore.crash.extents import Blobs, Content
+from torchchaos.explore.crash.states import (
     Ranks,
     Unsupported,
     build_states,
     coverage,
     describe,
-        materialise,
+    materialise,
     plain,
     plan_states,
     rebuild,
@@ -24,7 +25,6 @@ from torchchaos.explore.crashstates import (
     sample_specs,
     view_key,
 )
-from torchchaos.explore.extents import Blobs, Content
 
 
 def _record(*ops: tuple) -> tuple[list[dict], bytes]:

@@ -200,7 +200,7 @@ def test_merged_crash_states_equal_the_unsharded_sweep(tmp_path, shared_cache) -
     # a recovery keeps what rebuilds its image (extents of the recording), not a copy
     first = sorted((tmp_path / "whole" / "recoveries").iterdir())[0]
     assert not (first / "chaos" / "ckpt").exists()
-    rebuilt = subprocess.run([sys.executable, "-m", "torchchaos.explore.crashstates",
+    rebuilt = subprocess.run([sys.executable, "-m", "torchchaos.explore.crash.states",
                               str(first / "image.json"), str(tmp_path / "rebuilt")])
     assert rebuilt.returncode == 0 and (tmp_path / "rebuilt" / "manifest.json").is_file()
     shards = [_cli(*common, "--shard", f"{i}/2", "--out", str(tmp_path / f"shard-{i}"), *job,

@@ -11,8 +11,8 @@ style, each with a correct variant and planted bugs:
 - shard_pointer once more with its folder named run_state/ (one bug case).
 
 Correct variants go through battery rows (torchchaos.explore.battery.plan), every crash state
-of save 2 judged from one recording (torchchaos.explore.crashsweep, as `torchchaos crashpoints`
-runs it) and crash points of save 2 run one chaos run each (torchchaos.explore.crashpoints.plan,
+of save 2 judged from one recording (torchchaos.explore.crash.sweep, as `torchchaos crashpoints`
+runs it) and crash points of save 2 run one chaos run each (torchchaos.explore.crash.points.plan,
 `--per-point`): any check False is a false alarm. Each bug goes through the one
 fault that exposes it: the check declared below must fail, naming the cause where
 words are given; and through the crash states of save 2, where some state must fail
@@ -36,7 +36,8 @@ import pytest
 from matrix.runs import BatteryRow, OnEvent, Target, progress, run_one, sweep_states
 from matrix.tally import Incident, MatrixPlugin, Outcome, Tally
 
-from torchchaos.explore import battery, crashpoints
+from torchchaos.explore import battery
+from torchchaos.explore.crash import points as crashpoints
 from torchchaos.explore.sweep import Entry
 from torchchaos.faults.faultfs.mount import unavailable_reason
 

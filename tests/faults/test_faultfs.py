@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from torchchaos.explore.crashstates import plan_states, replayable
+from torchchaos.explore.crash.states import plan_states, replayable
 from torchchaos.faults.faultfs.mount import Mount, unavailable_reason
 from torchchaos.host.mounts import mounts_under
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchchaos.explore.crashstates import lay
-from torchchaos.explore.extents import Blobs, Content
+from torchchaos.explore.crash.extents import Blobs, Content
+from torchchaos.explore.crash.states import lay
 from torchchaos.faults.faultfs.mount import Mount, unavailable_reason
 from torchchaos.faults.faultfs.recording import Extents
 from torchchaos.host.mounts import mounts_under

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import chaos_processes
 
-from torchchaos.explore.warm import HeldJob
+from torchchaos.explore.crash.warm import HeldJob
 from torchchaos.harness.gate import GateError
 from torchchaos.harness.runner import Job
 from torchchaos.host.mounts import mounts_under

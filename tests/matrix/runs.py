@@ -13,7 +13,8 @@ from pathlib import Path
 
 from torchchaos import env
 from torchchaos.errors import ChaosError
-from torchchaos.explore import battery, crashsweep
+from torchchaos.explore import battery
+from torchchaos.explore.crash import sweep as crashsweep
 from torchchaos.explore.sweep import Entry, run_entries
 from torchchaos.harness.reference import get_reference
 from torchchaos.rundir.history import History

@@ -16,7 +16,8 @@ from conftest import TARGET
 from histories import Timeline
 
 from torchchaos.errors import UsageError
-from torchchaos.explore import battery, crashpoints
+from torchchaos.explore import battery
+from torchchaos.explore.crash import points as crashpoints
 from torchchaos.rundir.history import History
 from torchchaos.scenario.model import Scenario
 from torchchaos.scenario.spec import parse_fault_spec

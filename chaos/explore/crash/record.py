@@ -5,8 +5,8 @@ which logs every operation on the folder and keeps their bytes (the blob file).
 A `Record` is that run read back: its history, the save's operations, their
 bytes. `Places` puts each planned state's crash in it: the moment, the rank
 whose operation it follows, and the chaos-run fault nearest it (`--per-point`
-replays that one). `crashstates` plans the states from the operations;
-`crashsweep` judges each state's recovery against the record.
+replays that one). `states` plans the states from the operations; `sweep`
+judges each state's recovery against the record.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from torchchaos.errors import CannotJudge
 from torchchaos.explore.battery import dir_param
-from torchchaos.explore.crashstates import Ranks, StateSpec, replayable
-from torchchaos.explore.extents import Blobs
+from torchchaos.explore.crash.extents import Blobs
+from torchchaos.explore.crash.states import Ranks, StateSpec, replayable
 from torchchaos.rundir.history import Event, History
 from torchchaos.rundir.layout import RunLayout
 

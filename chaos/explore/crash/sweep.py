@@ -7,7 +7,7 @@
    in the cache beside the reference (two recordings of one save differ, and
    shards, `--shard I/N`, must judge one) and linked into OUT/record.
 2. **Plan** the crash states of that save from the record
-   (`torchchaos.explore.crashstates`): kills after each operation, torn writes, power
+   (`torchchaos.explore.crash.states`): kills after each operation, torn writes, power
    losses with every combination of pending changes lost; with `--cap`, a sample
    across the modes. Then **build** them one at a time as the record is replayed:
    a state's files are extents of the recording's blob file, never its bytes.
@@ -24,7 +24,7 @@
    pass gets a replay file with the nearest chaos-run fault (its rank's last file
    event before the crash), and its report lists the save's operations up to it;
    the recovery's folder keeps what rebuilds the image it started from
-   (`image.json`: `python -m torchchaos.explore.crashstates image.json DIR`): its
+   (`image.json`: `python -m torchchaos.explore.crash.states image.json DIR`): its
    checkpoint folder holds only sizes, and goes once it ended.
 
 A recovery whose resume read the checkpoint and died before its first step is
@@ -49,8 +49,8 @@ from pathlib import Path
 from torchchaos import env
 from torchchaos.engine import prepare_out_dir
 from torchchaos.errors import CannotJudge, UsageError
-from torchchaos.explore.crashrecord import Crash, Places, Record, load_record, ranks_of
-from torchchaos.explore.crashstates import (
+from torchchaos.explore.crash.record import Crash, Places, Record, load_record, ranks_of
+from torchchaos.explore.crash.states import (
     CrashState,
     Enumeration,
     StateSpec,
@@ -65,9 +65,9 @@ from torchchaos.explore.crashstates import (
     sample_specs,
     view_key,
 )
+from torchchaos.explore.crash.warm import HeldJob
 from torchchaos.explore.shards import Shard, link_or_copy
 from torchchaos.explore.sweep import Entry
-from torchchaos.explore.warm import HeldJob
 from torchchaos.harness.evidence_from import evidence_from
 from torchchaos.harness.hangwatch import default_timeout
 from torchchaos.harness.reference import Reference, get_reference
@@ -114,7 +114,7 @@ class Sweep:
     total: int  # crash states that exist
     candidates: int  # planned at the chosen cuts (before --cap)
     distinct_images: int = 0  # among the states built (every planned one, in every shard)
-    covers: str = ""  # what the sample covers, mode by mode (crashstates.coverage)
+    covers: str = ""  # what the sample covers, mode by mode (states.coverage)
     recoveries: list[StateRecovery] = field(default_factory=list)
     recovery_of: dict[int, StateRecovery] = field(default_factory=dict)  # state -> its recovery
     seconds: float = 0.0
@@ -393,7 +393,7 @@ def _image_bytes(state: CrashState) -> int:
 def _hold(scenario: Scenario, reference: Reference, run_dir: Path, folder: str,
           progress: Progress) -> HeldJob:
     """A recovery's job started now, held before its script runs until a state is
-    chosen for it (`torchchaos.explore.warm`)."""
+    chosen for it (`torchchaos.explore.crash.warm`)."""
     chaos_dir = run_dir / "chaos"
     chaos_dir.mkdir(parents=True)
     return HeldJob(lambda gate: Job(scenario, chaos_dir, [], reference.run_dir, progress,
@@ -404,7 +404,7 @@ def _hold(scenario: Scenario, reference: Reference, run_dir: Path, folder: str,
 def _begin_recovery(held: HeldJob, state: CrashState, record: Record,
                     progress: Progress) -> HeldJob:
     """Let the held job recover from the state's folder image (laid out under its
-    recording mount: `crashstates.lay`)."""
+    recording mount: `states.lay`)."""
     progress(f"recovery from the folder of: {state.detail}")
     chaos_dir = held.job.layout.run_dir
     (chaos_dir.parent / IMAGE_FILE).write_text(json.dumps(describe(state, record.blobs.path)))

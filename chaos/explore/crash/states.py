@@ -20,7 +20,7 @@ running the job again (ALICE's idea, for checkpoints):
   sample beyond.
 
 Sizes: a file's content is a list of extents of the blob file
-(`torchchaos.explore.extents`), never its bytes. States are planned first
+(`torchchaos.explore.crash.extents`), never its bytes. States are planned first
 (`plan_states`: a `StateSpec` says which crash, nothing of the folder), sampled
 (`sample_specs`), and only then built, one at a time as the record is replayed
 again (`build_states`, a generator): memory holds the folder model and one
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from torchchaos.explore.extents import ZERO, Blobs, Content
+from torchchaos.explore.crash.extents import ZERO, Blobs, Content
 from torchchaos.rundir.history import Event
 
 if TYPE_CHECKING:
@@ -713,8 +713,8 @@ def _join(rel: str, name: str) -> str:
     return name if rel in ("", ".") else f"{rel}/{name}"
 
 
-if __name__ == "__main__":  # python -m torchchaos.explore.crashstates IMAGE.json INTO
+if __name__ == "__main__":  # python -m torchchaos.explore.crash.states IMAGE.json INTO
     if len(sys.argv) != 3 or Path(sys.argv[2]).exists():
-        sys.exit("usage: python -m torchchaos.explore.crashstates IMAGE.json INTO  (INTO: a"
+        sys.exit("usage: python -m torchchaos.explore.crash.states IMAGE.json INTO  (INTO: a"
                  " folder that does not exist yet)")
     rebuild(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]))
