@@ -198,12 +198,12 @@ def test_exitfirst_stops_at_the_first_run_that_does_not_pass(monkeypatch, tmp_pa
             raise KeyboardInterrupt
         entry.report = _report(verdicts[number])
 
-    monkeypatch.setattr(battery, "_run_entry", run_entry)
-    monkeypatch.setattr(battery, "write_index", lambda *a, **k: None)
+    monkeypatch.setattr(sweep, "_run_entry", run_entry)
+    monkeypatch.setattr(sweep, "write_index", lambda *a, **k: None)
     entries = [sweep.Entry(f"row {n}", f"kill:rank=0,step={n}") for n in verdicts]
     with pytest.raises(sweep.SweepStopped) as stop:
         sweep.run_entries(entries, Scenario(script=str(TARGET)), tmp_path, tmp_path,
-                            lambda _m: None, jobs=jobs, exitfirst=True)
+                          lambda _m: None, jobs=jobs, exitfirst=True)
     runner.reset_cancel()
     assert stop.value.finished == [1, 2] and stop.value.planned == 4
     assert "stopped at the first row that did not pass (-x): 2 of 4" in str(stop.value)
