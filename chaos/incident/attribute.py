@@ -555,8 +555,33 @@ def _node(obs, stopped, ranks, f: Finding) -> bool:
         f.rules.append(f"node: {ended_silent[0]} ends with no failure and no success, and"
                        f" {later_resume[0].source} resumed: the node went down")
         f.sources.append(f"{ended_silent[0]}:end")
+        _lost_save(obs, ended_silent[0], later_resume[0], f)
         return True
     return False
+
+
+# a save the log says is done (not one begun: "saving checkpoint to ...")
+SAVE_DONE = re.compile(r"\b(saved|wrote|written)\b", re.I)
+
+
+def _lost_save(obs: list[Observation], ended: str, resume: Observation, f: Finding) -> None:
+    """A node that vanished after its log said a checkpoint was saved, and a restart that
+    resumed from an older one: the finished save did not survive, as a power loss drops
+    what was never made durable (a killed process's writes stay in the page cache)."""
+    done = [o for o in obs if o.what == "save" and o.source.file == ended
+            and o.step is not None and SAVE_DONE.search(o.detail)]
+    if not done or resume.step is None:
+        return
+    last = max(done, key=lambda o: o.step or 0)
+    if resume.step >= (last.step or 0):
+        return
+    f.kind, f.how, f.alternatives = "power_loss", "a finished save lost with the node", []
+    f.phase, f.phase_seen = "between_saves", True
+    _say(f, f"power_loss: {last.source} says the checkpoint of step {last.step} was saved,"
+            f" yet {resume.source} resumed from step {resume.step}: a finished save did"
+            " not survive the node (never made durable: no fsync of it or its folder)",
+         last, resume)
+    f.rules.append(f"phase between_saves: after the save of step {last.step} was done")
 
 
 def _same_folder(a: str, b: str) -> bool:
