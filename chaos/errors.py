@@ -30,8 +30,8 @@ class CannotJudge(ChaosError):
 
 
 def did_you_mean(word: str, choices: Iterable[object]) -> str:
-    """" (did you mean 'rank'?)" where one of `choices` is close to `word` (a typo),
-    else ""."""
+    """The hint ` (did you mean 'rank'?)` where one of `choices` is close to `word` (a
+    typo), else ""."""
     import difflib
 
     names = [str(c) for c in choices]
