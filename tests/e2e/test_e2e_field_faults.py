@@ -42,11 +42,11 @@ BUNDLED = {
                            ("exception", "RuntimeError")),
     "OOM kill": ("oom:rank=1,step=6", [], -9, ("oom", "OOM")),
     "allocation fails": ("oom:rank=0,step=6,mode=raise", [], 1, ("oom", "allocation")),
-    "communicator abort": ("abort:rank=1,step=6", [], 1, ("exception", "")),
+    "communicator abort": ("abort:rank=1,step=6", [], 1, ("abort", "process group")),
     "DataLoader worker killed": ("dataloader:rank=1,step=6", WORKERS, 1,
-                                 ("exception", "DataLoader worker")),
+                                 ("dataloader", "worker killed by signal")),
     "DataLoader worker stopped": ("dataloader:rank=0,step=6,mode=stop", WORKERS, None,
-                                  ("exception", "")),
+                                  ("hang", "")),
 }
 # the same path as the segfault's (a native crash); the same as the step's exception; the
 # stopped worker's run is the history test's below
