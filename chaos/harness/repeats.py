@@ -44,16 +44,24 @@ class RepeatWatch:
         self.resumes_at_start = resumes_at_start
         self.deaths: dict[Attempt, str | None] = {}  # None: it stepped, or a fault fired
         self.lines_seen: dict[str, int] = {}  # log name -> lines read from it so far
+        # ended attempts whose words are not in the log yet: torchrun prints a rank's exit
+        # status (the line a script's last words are read before) a poll or two after it
+        self.pending: set[Attempt] = set()
 
     def poll(self, exits: list[Beat]) -> str | None:
         """Why to stop the job now (its ranks in `exits` just exited), or None."""
-        ended = sorted({b.attempt_key for b in exits} - set(self.deaths))
+        ended = sorted(({b.attempt_key for b in exits} - set(self.deaths)) | self.pending)
         if not ended:
             return None
         history = History.of_run(self.layout.run_dir)
-        for attempt in ended:
-            self.deaths[attempt] = self._death(history, attempt)
         attempts = sorted({(e["launch"], e["attempt"]) for e in history.of("boot")})
+        for attempt in ended:
+            self.pending.discard(attempt)
+            self.deaths[attempt] = self._death(history, attempt)
+            if self.deaths[attempt] is PENDING:  # until the next attempt boots
+                self.deaths[attempt] = None
+                if not attempts or attempt == attempts[-1]:
+                    self.pending.add(attempt)
         last = ended[-1]
         if (self.resumes_at_start and (how := self.deaths.get(last))
                 and read_a_checkpoint(_events_of(history, last))):
@@ -83,19 +91,27 @@ class RepeatWatch:
         if raised:
             return raised[0]
         causes = [e for e in self._new_errors(attempt[0]) if not COLLATERAL.search(e)]
-        return causes[-1] if causes else None
+        return causes[-1] if causes else PENDING
 
     def _new_errors(self, launch: int) -> list[str]:
-        """The error lines the launch's nodes printed since the last look, in order; the
-        last line the script printed counts (its ranks just exited: a `SystemExit`'s
-        message, argparse's refusal)."""
+        """The error lines the launch's nodes printed since the last look that found one,
+        in order: exceptions, argparse's refusal, and a rank's last line before torchrun
+        says it exited with a status of its own (a `SystemExit`'s message). A clean exit
+        has none, and its lines are looked at again with what comes after them."""
         found = []
         for log in sorted(self.layout.logs_dir.glob(f"launch-{launch}-node-*.log")):
             lines = log.read_text(errors="replace").splitlines()
             seen = self.lines_seen.get(log.name, 0)
-            self.lines_seen[log.name] = len(lines)
-            found += [line[:300] for line in error_lines(lines[seen:], open_end=True)]
+            errors = [line[:300] for line in error_lines(lines[seen:])]
+            if errors:
+                self.lines_seen[log.name] = len(lines)
+            found += errors
         return found
+
+
+# `_death`'s word for an attempt that ended before its first step with no error in the
+# log yet: looked at again at the next poll, while no newer attempt has booted
+PENDING = "pending"
 
 
 def _events_of(history: History, attempt: Attempt) -> list[Event]:
