@@ -14,16 +14,16 @@ order they are tried for the first failure (the first that applies wins):
 4. **exception**: a rank raised an error that is not the echo of another's
    failure (a peer that closed its connection, a collective timeout, a SIGTERM
    the launcher sent, torchrun's own ChildFailedError), nor a DataLoader
-   worker's death (rule 5b).
+   worker's death (rule 4b).
 5. **hang**: a collective timed out (gloo's receive timeout, NCCL's watchdog), or
    a watchdog took every rank's stack before the job was killed. The rank waited
    for is the one behind in the flight recorder, else the one whose stack is
    outside every collective, else, in a job of two ranks, the other one. A
    hung rank whose stack is in the data loader waited on a stopped worker.
-   **5b. dataloader**: a rank's error says one of its DataLoader workers died
-   (torch's "DataLoader worker (pid N) is killed by signal" / "exited
-   unexpectedly") where no collective timed out (there, a stopped rank's
-   workers die with it, after the hang).
+   **4b. dataloader** (tried before the hang): a rank's error says one of its
+   DataLoader workers died (torch's "DataLoader worker (pid N) is killed by
+   signal" / "exited unexpectedly"), before any collective timed out in that log
+   (after one, a stopped rank's workers died with it: the hang's aftermath).
 6. **preempt**: a rank ended by SIGTERM (or exit 143) that the launcher did not
    send, or a scheduler says the job was preempted.
 7. **kill**: a rank ended by SIGKILL that the launcher did not send.
@@ -140,9 +140,7 @@ def attribute(observations: list[Observation],
     for rank in {o.rank for o in everything if o.rank is not None} - set(ranks):
         ranks[rank] = RankStory(rank)  # seen only later: still a rank of the job
     finding = Finding()
-    # a DataLoader worker's death where a collective timed out is the hang's aftermath
-    # (a stopped rank's workers die with it): the hang rule goes before the data loader's
-    for rule in (_oom, _crash, _abort, _exception, _hang, _dataloader, _preempt, _kill,
+    for rule in (_oom, _crash, _abort, _exception, _dataloader, _hang, _preempt, _kill,
                  _silent_peer, _node, _checkpoint_only):
         if rule(obs, stopped, ranks, finding):
             break
@@ -374,6 +372,11 @@ def _dataloader(obs, stopped, ranks, f: Finding) -> bool:
     killed = [o for o in died if "Terminated" not in o.detail] or died
     killed.sort(key=lambda o: (o.source.file, o.source.line or 0))
     first = next((o for o in killed if o.rank is not None), killed[0])
+    if any(t.what == "collective_timeout" and t.source.file == first.source.file
+           and (t.source.line or 0) < (first.source.line or 0) for t in obs):
+        # a collective timed out first: a hang, whose stopped rank's workers died with it
+        # (a worker killed first makes its rank fail, and a peer may time out after it)
+        return False
     m = WORKER_DIED.search(first.detail)
     f.kind, f.rank = "dataloader", first.rank
     f.how = f"worker killed by signal: {m.group(2).strip()}" if m.group(2) else \
