@@ -224,9 +224,10 @@ def _run_once(scenario: Scenario, run_dir: Path, progress: Progress) -> float:
         tail = outcome.log_tail()
         how = "every attempt died so before its first step, and the harness stopped" \
             if outcome.gave_up else f"exit codes {outcome.exit_codes[-1]}"
-        raise CannotJudge(f"the target fails without faults: {tail}"
-                          f"{relative_path_hint(tail)}{gpu_hint(tail)} ({how}; its whole"
-                          f" output: {outcome.last_log() or RunLayout(run_dir).logs_dir})")
+        # what to do, where there is a hint, comes last: the line ends with it
+        raise CannotJudge(f"the target fails without faults: {tail} ({how}; its whole"
+                          f" output: {outcome.last_log() or RunLayout(run_dir).logs_dir})"
+                          f"{relative_path_hint(tail)}{gpu_hint(tail)}")
     history = History.of_run(run_dir)
     if not history.steps():
         raise CannotJudge("the target ran without any optimizer step the agent could see"

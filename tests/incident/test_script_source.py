@@ -8,6 +8,7 @@ as `--script` finds it.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from torchchaos.incident import script_source
@@ -25,7 +26,9 @@ def finding(case: str, tmp_path: Path, script: Path | None, edit=None):
     log = (HARNESS / case / "launch-0-node-0.log").read_text()
     folder = tmp_path / "artefacts"
     folder.mkdir()
-    (folder / "launcher.log").write_text(log.replace(str(PLAIN), ELSEWHERE))
+    # wherever the corpus was made: every plain_ddp.py path in the log moves elsewhere
+    (folder / "launcher.log").write_text(re.sub(r'"[^"]*/plain_ddp\.py"', f'"{ELSEWHERE}"',
+                                                log))
     if script is not None and edit is not None:
         lines = PLAIN.read_text().splitlines()
         edit(lines)
