@@ -61,6 +61,8 @@ ECHO = re.compile(r"Connection (closed|reset) by peer|Timed out waiting|Watchdog
                   r"SignalException|KeyboardInterrupt|NCCL communicator was aborted|"
                   r"DistBackendError|DistNetworkError|ncclRemoteError|the remote worker",
                   re.I)
+# how a hang reads where the rank waited in its data loader (mapping replays it so)
+LOADER_WAIT = "waiting for a batch from its DataLoader worker"
 LOAD_ERROR = re.compile(r"PytorchStreamReader|central directory|Ran out of input|"
                         r"invalid load key|unpickling|checksum|sha256|corrupt|truncated|"
                         r"safetensors|UnpicklingError|EOFError", re.I)
@@ -444,7 +446,7 @@ def _hang(obs, stopped, ranks, f: Finding) -> bool:
     if inside and len({o.rank for o in outside}) == 1:
         f.rank = outside[0].rank
         if outside[0].phase == "data":
-            f.how = "waiting for a batch from its DataLoader worker"
+            f.how = LOADER_WAIT
         f.collective = next((o.collective for o in inside if o.collective), None)
         where = outside[0].frames[-1] if outside[0].frames else "no frame"
         _say(f, f"rank {f.rank}'s stack is outside every collective (in {where}) while the"

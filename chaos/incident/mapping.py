@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from torchchaos.incident.attribute import Incident
+from torchchaos.incident.attribute import LOADER_WAIT, Incident
 
 if TYPE_CHECKING:
     from torchchaos.rundir.history import History
@@ -77,7 +77,7 @@ def faults_for(incident: Incident, place: Placement, same_script: bool) -> list[
     if f.kind == "power_loss":
         spec = place.power_loss or f"storage:mode=lose_unsynced,rank={place.writer},{at}"
         return [(spec, "a power loss: what was not fsynced is gone")]
-    if f.kind == "hang" and "DataLoader" in f.how:
+    if f.kind == "hang" and f.how == LOADER_WAIT:
         return [(f"dataloader:rank={rank},{at},mode=stop",
                  f"rank {rank}'s DataLoader worker stops; the rank waits for its batch and"
                  f" the others for the rank; {why}")]

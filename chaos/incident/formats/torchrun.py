@@ -123,9 +123,12 @@ class TorchrunLog(Reader):
         """Tracebacks a rank printed, tagged [rankN]: or not; torchrun's own (it ends in
         ChildFailedError) is not a rank's."""
         streams: dict[int | None, list[tuple[int, str]]] = {}
+        heard: dict[int, int] = {}  # global rank -> the first line it printed
         for number, line in enumerate(lines, 1):
             rank, body, _ = text.split_tag(line)
             streams.setdefault(rank, []).append((number, body))
+            if rank is not None and line.lstrip().startswith("[rank"):
+                heard.setdefault(rank, number)
         found = []
         for rank, stream in streams.items():
             for number, frames, last, code in text.tracebacks(stream):
@@ -135,18 +138,10 @@ class TorchrunLog(Reader):
                 found.append(Observation("error", Source(name, number), rank=rank, detail=last,
                                          frames=frames, phase=phase_of_frames(frames),
                                          extra={"code": code} if code else {}))
-        return found + _ranks_heard(lines, name)
-
-
-def _ranks_heard(lines: list[str], name: str) -> list[Observation]:
-    """The first line each global rank printed ("[rank3]:..."): a rank of the job, even
-    one that died without a word of its own (a warning is enough to know it was there)."""
-    first: dict[int, int] = {}
-    for number, line in enumerate(lines, 1):
-        rank, _, _ = text.split_tag(line)
-        if rank is not None and line.lstrip().startswith("[rank") and rank not in first:
-            first[rank] = number
-    return [Observation("rank_line", Source(name, n), rank=r) for r, n in sorted(first.items())]
+        # a rank of the job, even one that died without a word of its own: a warning
+        # it printed ("[rank3]:...") is enough to know it was there
+        return found + [Observation("rank_line", Source(name, n), rank=r)
+                        for r, n in sorted(heard.items())]
 
 
 def _summary_entry(fields: dict, where: Source, root: bool, script: str | None) -> Observation:
