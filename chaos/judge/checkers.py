@@ -7,6 +7,7 @@ to judge). `detail` is one sentence a person can act on.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -462,6 +463,10 @@ def bounded_lost_work(ev: Evidence) -> CheckResult:
     bounds = [bound * (1 + _checkpoints_destroyed(ev, rec)) for rec in recoveries]
     data["bound_steps"] = bounds if len(set(bounds)) > 1 else bound
     for rec, steps, limit in zip(recoveries, lost, bounds):
+        if steps and _ignored_checkpoint(ev, rec) is not None:
+            # Starting over beside a committed checkpoint is a failed resume even where the
+            # steps redone fit the bound: the next failure, later in the run, would not.
+            return CheckResult(False, _why_work_was_lost(ev, rec, steps), data)
         if steps is not None and steps > limit:
             return CheckResult(False, f"{_why_work_was_lost(ev, rec, steps)}; bound is"
                                       f" {_bound_text(limit, bound)}", data)
@@ -480,14 +485,23 @@ def _why_work_was_lost(ev: Evidence, rec: Recovery, steps: int) -> str:
     """A recovery that redid too many steps, and what it did wrong if the history shows it."""
     text = (f"redid {steps} steps after the failure at step {rec.failed_step} (resumed from"
             f" step {rec.restored_step})")
-    committed = [s for s in _finished_checkpoints(ev, rec.failed_at)
-                 if s > (rec.restored_step or 0)]
-    if rec.restored_step == 0 and committed:
+    if (ignored := _ignored_checkpoint(ev, rec)) is not None:
         text = (f"did not resume: started again from step 0 although the checkpoint of step"
-                f" {max(committed)} was committed; {text}")
+                f" {ignored} was committed; {text}")
     if overwritten := _overwritten_checkpoint(ev, rec):
         text += f"; {overwritten}"
     return text
+
+
+def _ignored_checkpoint(ev: Evidence, rec: Recovery) -> int | None:
+    """The newest checkpoint a recovery that started again from step 0 passed over: one
+    the job had finished before the failure and no fault since destroyed (a power loss
+    that took its files, bit rot in them), so resuming from it was the job's to do."""
+    if rec.restored_step != 0 or _checkpoints_destroyed(ev, rec):
+        return None
+    damaged = {lost.step for lost in _power_losses(ev, before=rec.started)}
+    kept = [s for s in _finished_checkpoints(ev, rec.failed_at) if s > 0 and s not in damaged]
+    return max(kept, default=None)
 
 
 def _overwritten_checkpoint(ev: Evidence, rec: Recovery) -> str | None:
@@ -595,18 +609,23 @@ def _listed(paths: list[str]) -> str:
 def lost_checkpoint(ev: Evidence) -> LostCheckpoint | None:
     """The newest finished checkpoint a power loss of this run damaged, if any: a file
     its saves wrote or renamed into place among what the loss reverted or removed."""
+    return next(_power_losses(ev), None)
+
+
+def _power_losses(ev: Evidence, before: float = float("inf")) -> Iterator[LostCheckpoint]:
+    """Each finished checkpoint a power loss before `before` damaged, newest first per
+    loss."""
     for loss in ev.chaos.of("fs_crash"):
-        if not loss.get("lose_unsynced"):
-            continue
         fired = _fired_at(ev, loss)
+        if not loss.get("lose_unsynced") or fired >= before:
+            continue
         finished = set(_finished_checkpoints(ev, fired))
         files = _checkpoint_files(ev, finished, fired)
         for step in sorted(finished, reverse=True):
             emptied = [p for p in loss.get("reverted_files", []) if _one_of(p, files[step])]
             removed = [p for p in loss.get("removed", []) if _one_of(p, files[step])]
             if emptied or removed:
-                return LostCheckpoint(step, emptied, removed)
-    return None
+                yield LostCheckpoint(step, emptied, removed)
 
 
 def _checkpoint_files(ev: Evidence, steps: set[int], before: float) -> dict[int, set[str]]:

@@ -86,6 +86,7 @@ class Bug:
     words: tuple[str, ...] = ()  # the check's detail must name the cause
     crashes_on_resume: bool = False  # a resume that raises: one restart is enough
     variant: str = ""  # the target's --variant, where the case's name is not it
+    max_lost_steps: int | None = None  # the job's lost-work bound, where not its interval
 
     @property
     def needs_faultfs(self) -> bool:
@@ -98,12 +99,14 @@ class Bug:
         return fault.startswith("storage:") and "via=agent" not in fault
 
     @property
-    def retries(self) -> dict[str, int]:
+    def overrides(self) -> dict[str, int]:
+        """The scenario's fields this case sets: its lost-work bound, and its retries."""
+        bound = {} if self.max_lost_steps is None else {"max_lost_steps": self.max_lost_steps}
         if not self.crashes_on_resume:
-            return {}
+            return bound
         if self.needs_faultfs:  # a power loss takes the whole job: it needs a relaunch
-            return {"max_restarts": 0, "max_relaunches": 1}
-        return {"max_restarts": 1, "max_relaunches": 0}
+            return {**bound, "max_restarts": 0, "max_relaunches": 1}
+        return {**bound, "max_restarts": 1, "max_relaunches": 0}
 
 
 BUGS = {
@@ -172,6 +175,12 @@ BUGS = {
         "after the kill at step 7 the job trains from step 0 again (7 steps redone with a"
         " checkpoint of step 4 on disk) and saves step-4/ over the one there",
         words=("step 0",)),
+    ("folder_publish", "restart_from_zero-within_bound"): Bug(
+        "kill:rank=1,step=5", "bounded_lost_work",
+        "the same job with a lost-work bound of 8: the kill at step 5 costs 5 steps, within"
+        " the bound, but the restart passed over the committed checkpoint of step 4",
+        words=("did not resume", "step 4 was committed"), variant="restart_from_zero",
+        max_lost_steps=8),
 }
 
 
@@ -315,7 +324,7 @@ def test_planted_bug_is_caught(target: str, variant: str, repeat: int, tally: Ta
     bug = BUGS[(target, variant)]
     if bug.needs_faultfs and unavailable_reason():
         pytest.skip(unavailable_reason())
-    base = ALL_TARGETS[target].scenario(bug.variant or variant, **bug.retries)
+    base = ALL_TARGETS[target].scenario(bug.variant or variant, **bug.overrides)
     out = tmp_path_factory.mktemp(f"matrix-{target}-{variant}")
     spec, error, report = str(bug.fault), "", None
     if not isinstance(bug.fault, str):

@@ -589,6 +589,46 @@ def test_a_restart_from_zero_despite_a_committed_checkpoint_is_named():
             " in ckpt/step-10.pt") in result.detail
 
 
+def _restart_from_zero(kill_at: int) -> Timeline:
+    """Checkpoints finished at steps 5 and 10, a kill at `kill_at`, and a restart that
+    trains from step 0 again (issue 41, item 2: a writer whose completion marker is never
+    written)."""
+    timeline = Timeline()
+    timeline.train(2, range(1, kill_at + 1))
+    for e in list(timeline.events):
+        if e["ev"] == "save_begin":
+            timeline.events.append({**e, "ev": "save_end", "ended": "step", "t": e["t"] + .5})
+    timeline.fault(1, kill_at)
+    timeline.train(2, range(1, 21), attempt=1, restored=0)
+    return timeline
+
+
+def test_a_restart_from_zero_fails_even_where_the_steps_redone_fit_the_bound():
+    """Issue 41, item 2: 12 steps redone fit a bound of 20, but the job passed over the
+    committed checkpoint of step 10; the next failure, at step 90, would lose 90."""
+    history = _restart_from_zero(12).history()
+    result = checkers.bounded_lost_work(evidence(history, max_lost_steps=20))
+    assert result.ok is False
+    assert result.detail.startswith("did not resume: started again from step 0 although the"
+                                    " checkpoint of step 10 was committed")
+    resumed = Timeline()  # the correct job: the same kill, resumed from step 10
+    resumed.train(2, range(1, 13))
+    resumed.fault(1, 12)
+    resumed.train(2, range(11, 21), attempt=1, restored=10)
+    assert checkers.bounded_lost_work(evidence(resumed.history(), max_lost_steps=20)).ok
+
+
+def test_a_restart_from_zero_after_bit_rot_took_the_checkpoint_is_no_ignored_one():
+    """Starting over is the right thing once a fault destroyed the checkpoints: the
+    bound (one interval more per destroyed checkpoint) judges it, not the rule above."""
+    timeline = _restart_from_zero(12)
+    kill = next(e for e in timeline.events if e["ev"] == "fault")
+    timeline.events.append({**kill, "ev": "fs_bitrot", "file": "ckpt/step-10.pt",
+                            "t": kill["t"] - .1})
+    result = checkers.bounded_lost_work(evidence(timeline.history(), max_lost_steps=20))
+    assert result.ok is True, result.detail
+
+
 def test_a_save_killed_mid_write_is_no_newer_checkpoint_a_restart_overwrote():
     """Issue 30, item 5 (nanoGPT as shipped): the save of step 10 was killed mid-write
     and never finished; the restart from step 0 then writes the same file at step 5.
