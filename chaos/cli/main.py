@@ -28,6 +28,7 @@ from torchchaos.host import leftovers, owners
 
 if TYPE_CHECKING:
     from torchchaos.explore.sweep import Entry
+    from torchchaos.progress import Progress
     from torchchaos.scenario.model import Scenario
 
 def _scenario(ns: argparse.Namespace, script: str, args: list[str], faults: list[str]) -> Any:
@@ -335,30 +336,16 @@ def cmd_crashpoints(ns: argparse.Namespace) -> int:
             progress("--jobs applies to --per-point: recoveries from a recording run one at"
                      " a time")
         if ns.record_only:
-            entry = crashsweep.record_only(base, cache, progress, ns.save)
-            print(f"recording of save {ns.save}: {entry}; pass --cache-dir {cache} to the"
+            save = _one_save(ns, "--record-only", progress)
+            entry = crashsweep.record_only(base, cache, progress, save)
+            print(f"recording of save {save}: {entry}; pass --cache-dir {cache} to the"
                   " shards")
             return 0
-        try:
-            result = crashsweep.sweep(base, out, cache, progress, ns.save, modes, ns.cap,
-                                      ns.steps_after_resume or 3, ns.shard)
-        except crashsweep.Interrupted as stop:  # what was judged is shown, then exit 130
-            _finish_sweep("crashstates", stop.result.entries, stop.judged, out, ns.junitxml,
-                          f"save {ns.save}: {stop}",
-                          crashsweep.report_rows(stop.result.entries, stop.judged,
-                                                 stop.result.groups()))
-            raise
-        if ns.shard:
-            from torchchaos.explore.shards import CRASH_STATES, write_manifest
-            from torchchaos.explore.sweep import TITLES
-
-            write_manifest(out, CRASH_STATES, TITLES[CRASH_STATES], ns.shard, result.entries,
-                           crashsweep.shard_extra(base, result, ns.save, modes, ns.cap),
-                           crashsweep.shard_details(result))
-        return _finish_sweep("crashstates", result.entries, result.numbers, out, ns.junitxml,
-                             crashsweep.summary(result, ns.save),
-                             crashsweep.report_rows(result.entries, result.numbers,
-                                                    result.groups()))
+        if ns.save is not None or ns.shard:
+            return _crash_states(ns, base, out, cache, progress, modes,
+                                 _one_save(ns, "--shard", progress), ns.junitxml)
+        return _crash_states_of_each_shape(ns, base, out, cache, progress, modes)
+    ns.save = _one_save(ns, "--per-point", progress)
     found = crashpoints.plan(base, cache, progress, ns.save, modes,
                              50 if ns.cap is None else ns.cap, from_snapshot=not ns.from_scratch)
     prepare_out_dir(out)
@@ -374,6 +361,68 @@ def cmd_crashpoints(ns: argparse.Namespace) -> int:
     return _finish_sweep("crashpoints", entries, numbers, out, ns.junitxml,
                          f"{len(ran)} of {total} points run, {failed} broke the protocol;"
                          f" {len(ran) / minutes:.1f} points per minute")
+
+
+def _one_save(ns: argparse.Namespace, option: str, progress: Progress) -> int:
+    """--save, or save 2 where a mode that takes one save was asked for without it."""
+    if ns.save is None:
+        progress(f"{option} covers one save: save 2, the first with a checkpoint to fall"
+                 " back to (pass --save K for another)")
+        return 2
+    return ns.save
+
+
+def _crash_states_of_each_shape(ns: argparse.Namespace, base: Scenario, out: Path,
+                                cache: Path, progress: Progress, modes: list[str]) -> int:
+    """Without --save: the crash states of one save of each shape the reference shows
+    (torchchaos.explore.crash.shapes), each in OUT/save-K where there are several."""
+    from torchchaos.explore.crash import shapes
+    from torchchaos.harness.reference import get_reference
+
+    chosen = shapes.choose(get_reference(base, cache, progress).history())
+    if not chosen:  # no 2nd save: the sweep of save 2 says so in its own words
+        chosen = [shapes.ChosenSave(2, "the first with a checkpoint to fall back to")]
+    for save in chosen:
+        print(f"save {save.save}: {save.why}", flush=True)
+    codes = []
+    for save in chosen:
+        where = out if len(chosen) == 1 else out / f"save-{save.save}"
+        junitxml = ns.junitxml if len(chosen) == 1 or ns.junitxml is None else (
+            ns.junitxml.with_name(f"{ns.junitxml.stem}-save{save.save}{ns.junitxml.suffix}"))
+        codes.append(_crash_states(ns, base, where, cache, progress, modes, save.save,
+                                   junitxml))
+    if len(chosen) > 1:
+        print(f"saves {', '.join(str(c.save) for c in chosen)}: pages in"
+              f" {', '.join(str(out / f'save-{c.save}') for c in chosen)}")
+    return max(codes)
+
+
+def _crash_states(ns: argparse.Namespace, base: Scenario, out: Path, cache: Path,
+                  progress: Progress, modes: list[str], save: int,
+                  junitxml: Path | None) -> int:
+    """Every crash state of save `save` judged from its recording: the table and pages."""
+    from torchchaos.explore.crash import sweep as crashsweep
+
+    try:
+        result = crashsweep.sweep(base, out, cache, progress, save, modes, ns.cap,
+                                  ns.steps_after_resume or 3, ns.shard)
+    except crashsweep.Interrupted as stop:  # what was judged is shown, then exit 130
+        _finish_sweep("crashstates", stop.result.entries, stop.judged, out, junitxml,
+                      f"save {save}: {stop}",
+                      crashsweep.report_rows(stop.result.entries, stop.judged,
+                                             stop.result.groups()))
+        raise
+    if ns.shard:
+        from torchchaos.explore.shards import CRASH_STATES, write_manifest
+        from torchchaos.explore.sweep import TITLES
+
+        write_manifest(out, CRASH_STATES, TITLES[CRASH_STATES], ns.shard, result.entries,
+                       crashsweep.shard_extra(base, result, save, modes, ns.cap),
+                       crashsweep.shard_details(result))
+    return _finish_sweep("crashstates", result.entries, result.numbers, out, junitxml,
+                         crashsweep.summary(result, save),
+                         crashsweep.report_rows(result.entries, result.numbers,
+                                                result.groups()))
 
 
 def cmd_campaign(ns: argparse.Namespace) -> int:

@@ -385,8 +385,9 @@ def _add_battery_command(sub: Any) -> None:
 
 def _add_crashpoints_command(sub: Any) -> None:
     points = sub.add_parser(
-        "crashpoints", help="judge every crash state of one checkpoint save",
-        description="Runs the job once to the step after save --save with the fault"
+        "crashpoints", help="judge every crash state of the checkpoint saves that differ",
+        description="Runs the job once to the step after save --save (by default each save"
+        " of a shape of its own: see --save) with the fault"
         " filesystem recording its checkpoint folder (every operation of every rank, with"
         " its bytes), then enumerates the crash states of that save from the record, in each"
         " --mode: kill (the job dies after an operation; the page cache survives), torn (a"
@@ -403,9 +404,12 @@ def _add_crashpoints_command(sub: Any) -> None:
     groups = _groups(points, "job", "faults", "sweeps", "checks", "output")
     _add_optional_script(groups["job"])
     faults, sweeps = groups["faults"], groups["sweeps"]
-    faults.add_argument("--save", type=_count, default=2, metavar="K",
-                        help="which checkpoint save to enumerate (default 2: the first one"
-                             " that has an earlier checkpoint to fall back to)")
+    faults.add_argument("--save", type=_count, default=None, metavar="K",
+                        help="which checkpoint save to enumerate (default: one save of each"
+                             " shape the reference run shows, from save 2 on: the first that"
+                             " creates, the first that replaces and the first that deletes"
+                             " an earlier save's file; --per-point, --shard and"
+                             " --record-only: save 2)")
     faults.add_argument("--mode", action="append", default=None, metavar="MODE",
                         help="kill, lose_unsynced, torn (repeatable; default all three)")
     sweeps.add_argument("--cap", type=_count, default=None, metavar="N",

@@ -488,6 +488,8 @@ def _why_work_was_lost(ev: Evidence, rec: Recovery, steps: int) -> str:
     if (ignored := _ignored_checkpoint(ev, rec)) is not None:
         text = (f"did not resume: started again from step 0 although the checkpoint of step"
                 f" {ignored} was committed; {text}")
+    elif deleted := _deleted_checkpoint(ev, rec):
+        text += f"; {deleted}"
     if overwritten := _overwritten_checkpoint(ev, rec):
         text += f"; {overwritten}"
     return text
@@ -502,6 +504,25 @@ def _ignored_checkpoint(ev: Evidence, rec: Recovery) -> int | None:
     damaged = {lost.step for lost in _power_losses(ev, before=rec.started)}
     kept = [s for s in _finished_checkpoints(ev, rec.failed_at) if s > 0 and s not in damaged]
     return max(kept, default=None)
+
+
+def _deleted_checkpoint(ev: Evidence, rec: Recovery) -> str | None:
+    """A recovery that fell back past a newer finished checkpoint because the job itself
+    removed a file of it before the failure (a prune that picked the wrong files, or
+    ran before the new checkpoint was in place)."""
+    newer = [s for s in _finished_checkpoints(ev, rec.failed_at) if s > (rec.restored_step or 0)]
+    if not newer:
+        return None
+    files = _checkpoint_files(ev, set(newer), rec.failed_at)
+    for e in ev.chaos.of("file"):
+        if e["op"] != "remove" or e["t"] >= rec.failed_at:
+            continue
+        for step in sorted(newer, reverse=True):
+            if e["path"] in files[step]:
+                return (f"the job deleted {e['path']} of the finished checkpoint of step"
+                        f" {step} before the failure" + (f" (in save {e['save']})"
+                                                          if e.get("save") else ""))
+    return None
 
 
 def _overwritten_checkpoint(ev: Evidence, rec: Recovery) -> str | None:
@@ -584,11 +605,14 @@ def _fired_at(ev: Evidence, effect: Event) -> float:
 class LostCheckpoint:
     """What a power loss took of a checkpoint the job had finished before it: files
     whose data went back to their last fsync (empty if never fsynced), and names it
-    undid (their folder's entry never fsynced)."""
+    undid because a folder's entry was never fsynced. `entries` maps each entry the loss
+    undid (the top-most: a folder made and never made durable takes what is inside it)
+    to the folder it was in, both relative to the run directory."""
 
     step: int
     emptied: list[str]
     removed: list[str]
+    entries: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> str:
         parts = []
@@ -597,9 +621,28 @@ class LostCheckpoint:
             parts.append(f"reverted {_listed(self.emptied)} to {its} last fsync ({its} data was"
                          f" never fsynced: fsync {file} before it is published)")
         if self.removed:
-            parts.append(f"undid {_listed(self.removed)} (the folder was never fsynced after"
-                         " the file was created or renamed there: fsync the folder)")
+            parts.append(f"undid {_listed(self.removed)} ({self._missing_folder_fsync()})")
         return f"the power loss {' and '.join(parts)}"
+
+    def _missing_folder_fsync(self) -> str:
+        """Which entries were lost from which folder, and the folder to fsync."""
+        by_folder: dict[str, list[str]] = {}
+        for entry, folder in self.entries.items():
+            by_folder.setdefault(folder, []).append(entry.rstrip("/").rsplit("/", 1)[-1]
+                                                    + ("/" if entry.endswith("/") else ""))
+        if not by_folder:
+            return ("the folder was never fsynced after the file was created or renamed"
+                    " there: fsync the folder")
+        said = []
+        for folder, names in sorted(by_folder.items()):
+            where = "the run folder" if folder == "." else f"{folder}/"
+            many = len(names) > 1
+            made = ("made" if any(n.endswith("/") for n in names)
+                    else "created or renamed")
+            said.append(f"the entr{'ies' if many else 'y'} {_listed(sorted(names))} in {where}"
+                        f" {'were' if many else 'was'} lost: {where} was never fsynced after"
+                        f" {'they were' if many else 'it was'} {made} there; fsync {where}")
+        return "; ".join(said)
 
 
 def _listed(paths: list[str]) -> str:
@@ -625,7 +668,27 @@ def _power_losses(ev: Evidence, before: float = float("inf")) -> Iterator[LostCh
             emptied = [p for p in loss.get("reverted_files", []) if _one_of(p, files[step])]
             removed = [p for p in loss.get("removed", []) if _one_of(p, files[step])]
             if emptied or removed:
-                yield LostCheckpoint(step, emptied, removed)
+                entries = _lost_entries(removed, loss.get("removed", []), files[step])
+                yield LostCheckpoint(step, emptied, removed, entries)
+
+
+def _lost_entries(files: list[str], undone: list[str], written: set[str]) -> dict[str, str]:
+    """For each checkpoint file a power loss undid, the top-most name it undid above it (a
+    folder whose own entry was never made durable takes the file with it) -> the folder
+    that entry was in, run-relative. `files` and `undone` are relative to the fault
+    filesystem's folder; `written` (run-relative) tells where that folder is."""
+    undone_set = {u.strip("/") for u in undone}
+    entries: dict[str, str] = {}
+    for dropped in files:
+        parts = dropped.strip("/").split("/")
+        top = next("/".join(parts[:i]) for i in range(1, len(parts) + 1)
+                   if "/".join(parts[:i]) in undone_set)
+        run_path = next(p for p in written if p == dropped or p.endswith("/" + dropped))
+        root = run_path[: len(run_path) - len(dropped)].rstrip("/")
+        entry = f"{root}/{top}" if root else top
+        folder = entry.rsplit("/", 1)[0] if "/" in entry else "."
+        entries[entry + ("/" if top != dropped.strip("/") else "")] = folder
+    return entries
 
 
 def _checkpoint_files(ev: Evidence, steps: set[int], before: float) -> dict[int, set[str]]:

@@ -8,6 +8,8 @@ style, each with a correct variant and planted bugs:
 - flat_files: safetensors weights, torch.save optimizer, numpy.save data order,
   a JSON state written last, keep-last-N rotation;
 - folder_publish: `tmp-step-N/` folders fsynced and renamed to `step-N/`;
+- rank_folders: each rank's own folder `out/rankR/`, temp + fsync + rename, the two
+  newest kept, the ranks agreeing on the newest step they all have;
 - shard_pointer once more with its folder named run_state/ (one bug case).
 
 Correct variants go through battery rows (torchchaos.explore.battery.plan), every crash state
@@ -33,11 +35,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from matrix.runs import BatteryRow, OnEvent, Target, progress, run_one, sweep_states
+from matrix.runs import (
+    BatteryRow,
+    OnEvent,
+    Target,
+    progress,
+    reference_history,
+    run_one,
+    sweep_states,
+)
 from matrix.tally import Incident, MatrixPlugin, Outcome, Tally
 
 from torchchaos.explore import battery
 from torchchaos.explore.crash import points as crashpoints
+from torchchaos.explore.crash import shapes
 from torchchaos.explore.sweep import Entry
 from torchchaos.faults.faultfs.mount import unavailable_reason
 
@@ -46,6 +57,7 @@ TARGETS = {t.name: t for t in [
     Target("epoch_snapshot", ("--out", "checkpoints", "--epochs", "3")),
     Target("flat_files", ("--save-dir", "state", "--keep", "1")),
     Target("folder_publish", ("--output-dir", "outputs/run1")),
+    Target("rank_folders", ("--out", "out")),
 ]}
 # The same sharded trainer with its folder named otherwise: the harness must find the
 # checkpoints wherever the job keeps them (only its bug case runs).
@@ -73,6 +85,7 @@ CI_ROWS = {
     "epoch_snapshot": ("kill rank 1", "preempt", "kill mid-write"),
     "flat_files": ("kill rank 0", "preempt", "torn last write"),
     "folder_publish": ("kill rank 1", "kill node 0", "kill after rename"),
+    "rank_folders": ("power loss",),
 }
 SAMPLED_POINTS = 1  # -m slow: per target, a seeded sample of save 2's per-point crash points
 REPEATS = 5  # -m slow: every row, every crash-point sweep and every bug case this many times
@@ -181,6 +194,17 @@ BUGS = {
         " the bound, but the restart passed over the committed checkpoint of step 4",
         words=("did not resume", "step 4 was committed"), variant="restart_from_zero",
         max_lost_steps=8),
+    ("rank_folders", "no_parent_fsync"): Bug(
+        "storage:mode=lose_unsynced,rank=0,step=8,dir=out", "durable_checkpoints",
+        "power loss at step 8, after save 1 (step 5) finished: each file and its rank's"
+        " folder were fsynced, never out/ after the rank folders were made in it, so the"
+        " folders and every checkpoint in them are gone",
+        words=("entries rank0/, rank1/ in out/", "fsync out/")),
+    ("rank_folders", "prune_by_name"): Bug(
+        OnEvent("kill", 0, "remove", "*rank0/step_10.pt", save=3), "bounded_lost_work",
+        "save 3 prunes before writing and by name order: 'step_10.pt' sorts before"
+        " 'step_5.pt' and is deleted; rank 0 dies there and the ranks agree on step 5",
+        words=("deleted", "step_10.pt")),
 }
 
 
@@ -374,6 +398,38 @@ def test_planted_bug_is_caught_in_the_crash_states(target: str, variant: str, ta
                                   report=report, out_dir=str(out), error=error,
                                   repeat=0))
     assert caught and not incidents, _complain(incidents) or error or "no state caught it"
+
+
+def test_the_first_save_that_deletes_is_crashed_in_by_default(tally: Tally, cache: Path,
+                                                              tmp_path_factory:
+                                                              pytest.TempPathFactory) -> None:
+    """Issue 41, item 4: rank_folders keeps its two newest files, so it deletes nothing
+    before save 3. `torchchaos crashpoints` without --save chooses save 2 (the first that
+    creates) and save 3 (the first that deletes) from the reference; save 3's kill
+    states pass on the correct variant and catch prune_by_name (which save 2's miss)."""
+    target, bug = TARGETS["rank_folders"], BUGS[("rank_folders", "prune_by_name")]
+    incidents: list[Incident] = []
+    for variant in ("correct", "prune_by_name"):
+        base = target.scenario(variant)
+        chosen = shapes.choose(reference_history(base, cache))
+        progress(f"rank_folders/{variant}: " + "; ".join(f"save {c.save}: {c.why}"
+                                                         for c in chosen))
+        assert [(c.save, c.why.split(" (")[0]) for c in chosen] == [
+            (2, "the first that creates"), (3, "the first that deletes")]
+        out = tmp_path_factory.mktemp(f"matrix-rank_folders-{variant}-save3") / "states"
+        entries, error = sweep_states(base, out, cache, ["kill"], save=3)
+        expects = None if variant == "correct" else bug.check
+        words = () if variant == "correct" else bug.words
+        judged = [e for e in entries if e.report]
+        if variant != "correct":  # the state that names it stands for the bug
+            judged = [e for e in judged if not e.report.checks[bug.check]["ok"]][:1] or judged[:1]
+        for entry in judged or [Entry("save 3", "-")]:
+            report = dataclasses.asdict(entry.report) if entry.report else None
+            incidents += tally.add(Outcome("rank_folders", variant, f"save 3: {entry.name}",
+                                           entry.fault, expects, words, report=report,
+                                           out_dir=str(out), error=error or entry.error,
+                                           repeat=0))
+    assert not incidents, _complain(incidents)
 
 
 # -- the tally itself (no run) ------------------------------------------------------------

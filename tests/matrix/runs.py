@@ -97,14 +97,14 @@ def reference_history(base: Scenario, cache: Path) -> History:
 
 
 def sweep_states(base: Scenario, out_dir: Path, cache: Path,
-                 modes: list[str]) -> tuple[list[Entry], str]:
-    """Every crash state of save 2 (`torchchaos crashpoints`, chaos.explore.crashsweep), each
-    ending 3 steps after its recovery: the judged states, or none and why."""
+                 modes: list[str], save: int = 2) -> tuple[list[Entry], str]:
+    """Every crash state of save `save` (`torchchaos crashpoints`, chaos.explore.crashsweep),
+    each ending 3 steps after its recovery: the judged states, or none and why."""
     try:
-        found = crashsweep.sweep(base, out_dir, cache, progress, 2, modes, None, 3)
+        found = crashsweep.sweep(base, out_dir, cache, progress, save, modes, None, 3)
     except ChaosError as exc:
         return [], f"{type(exc).__name__}: {exc}"
-    progress(crashsweep.summary(found, 2))
+    progress(crashsweep.summary(found, save))
     return found.entries, ""
 
 

@@ -71,6 +71,7 @@ class Crash:
     rank: int
     process: Event  # the boot event of the crashed rank's process
     spec: str
+    t_next: float = float("inf")  # when the filesystem saw the save's next operation
 
 
 class Places:
@@ -90,7 +91,9 @@ class Places:
     def crash(self, spec: StateSpec) -> Crash:
         t_cut = self._time(spec.cut)
         rank, process = self._process(spec.cut, t_cut)
-        return Crash(t_cut, rank, process, self._spec(spec, rank, t_cut))
+        ops = self.record.ops
+        t_next = ops[spec.cut]["t"] if spec.cut < len(ops) else self.record.end
+        return Crash(t_cut, rank, process, self._spec(spec, rank, t_cut), t_next)
 
     def _time(self, cut: int) -> float:
         record = self.record

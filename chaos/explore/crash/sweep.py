@@ -248,7 +248,7 @@ def _judge_states(base: Scenario, reference: Reference, record: Record,
             recovery.states += 1
             result.recovery_of[number] = recovery
             entry = _judge(base, reference, record, recovery, state, crashes[number - 1],
-                           out_dir / f"{number:03d}")
+                           folder, out_dir / f"{number:03d}")
             result.entries[number - 1] = entry
             verdict = entry.report.verdict.upper() if entry.report else "ERROR"
             progress(f"[{number}/{len(specs)}] {verdict:<5} {entry.name}"
@@ -428,17 +428,20 @@ def _end_recovery(running: HeldJob, folder: str, state: CrashState) -> StateReco
 
 # -- judging -----------------------------------------------------------------
 def _judge(base: Scenario, reference: Reference, record: Record, recovery: StateRecovery,
-           state: CrashState, crash: Crash, out_dir: Path) -> Entry:
+           state: CrashState, crash: Crash, folder: str, out_dir: Path) -> Entry:
     t_cut, rank, process, spec = crash.t_cut, crash.rank, crash.process, crash.spec
     fault = schedule.resolve([parse_fault_spec(spec)], base.seed, base.nproc, base.nodes)[0]
-    events = [e for e in record.history.events if e["t"] <= t_cut and e["ev"] != "stopped"]
-    events.append({"ev": "fault", "t": t_cut, "rank": rank, "pid": process["pid"],
+    events = [e for e in record.history.events
+              if (e["t"] <= t_cut and e["ev"] != "stopped") or _echo(e, crash, folder)]
+    # the crash follows every operation up to the cut, the ranks' words for them too
+    t_crash = max([t_cut] + [e["t"] + 1e-6 for e in events if e["t"] > t_cut])
+    events.append({"ev": "fault", "t": t_crash, "rank": rank, "pid": process["pid"],
                    "launch": process["launch"], "attempt": process["attempt"],
                    "id": fault.id, "kind": fault.kind, "spec": spec, "target": f"rank:{rank}",
                    "step": max((e["step"] for e in events if e["ev"] == "step"
                                 and e.get("rank") == rank), default=0), "params": {}})
     if state.mode != "kill":
-        events.append(_fs_crash(state, fault.id, t_cut))
+        events.append(_fs_crash(state, fault.id, t_crash))
     events += _after_crash(recovery.history, state, process, t_cut)
     events.sort(key=lambda e: e["t"])
     outcome = recovery.outcome
@@ -458,6 +461,16 @@ def _judge(base: Scenario, reference: Reference, record: Record, recovery: State
     if report.verdict != "pass":
         write_html(report, out_dir, evidence, lambda _msg: None)
     return Entry(f"{state.detail}", spec, report)
+
+
+def _echo(event: Event, crash: Crash, folder: str) -> bool:
+    """The agent's word for an operation in the recorded folder at or before the cut: a
+    rank says what it did once the call returned, after the filesystem saw it, so the
+    word for the operation the crash follows comes after the cut (and before the
+    filesystem's next operation). Without it, a crash right after a delete reads as
+    if the file had vanished on its own."""
+    return (event["ev"] == "file" and crash.t_cut < event["t"] < crash.t_next
+            and str(event.get("path", "")).startswith(folder.rstrip("/") + "/"))
 
 
 def _fs_crash(state: CrashState, fault_id: str, t_cut: float) -> Event:

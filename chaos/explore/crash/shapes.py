@@ -1,0 +1,75 @@
+"""Which saves a crash-state sweep covers by default: one of each shape the job shows.
+
+A save's bugs depend on what it does to what was there before. The 2nd save is the
+first with a checkpoint to fall back to, but a job that keeps its two newest
+checkpoints deletes nothing before its 3rd save, and "prune before the new one is in
+place" and "delete by name order" bugs live only in a save that deletes. So the
+reference run's file operations (every rank's, from the agent) sort each save into
+shapes:
+
+- creates: it makes names no earlier save made;
+- replaces: it writes over, or renames onto, a name an earlier save made;
+- deletes: it removes a name an earlier save made (a temporary file the save itself
+  made and removed is no deletion).
+
+`choose` takes, from the 2nd save on, the first save of each shape, and says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchchaos.rundir.history import Event, History
+
+SHAPES = ("creates", "replaces", "deletes")
+WRITES = ("open", "write", "rename", "replace")
+
+
+@dataclass(frozen=True)
+class ChosenSave:
+    save: int
+    why: str  # "the first that deletes (removes ckpt/step_5.pt)"
+
+
+def shapes(history: History) -> dict[int, dict[str, str]]:
+    """Save number -> {shape: an example path}, over the first launch's saves."""
+    on_disk: dict[str, int] = {}  # a name the agent saw written -> the save that wrote it
+    found: dict[int, dict[str, str]] = {}
+    for save, events in sorted(_by_save(history).items()):
+        own = found.setdefault(save, {})
+        for e in events:
+            path = e["path"]
+            if e["op"] in WRITES:
+                if on_disk.get(path) != save:  # the first this save does to the name
+                    shape = "creates" if path not in on_disk else "replaces"
+                    if shape not in own or e["op"] in ("rename", "replace"):
+                        own[shape] = path  # a published name shows it best
+                on_disk[path] = save
+            elif e["op"] == "remove":
+                gone = [p for p in on_disk if p == path or p.startswith(path.rstrip("/") + "/")]
+                if any(on_disk[p] < save for p in gone):
+                    own.setdefault("deletes", path)
+                for p in gone:
+                    del on_disk[p]
+    return found
+
+
+def choose(history: History) -> list[ChosenSave]:
+    """From the 2nd save on, the first save of each shape (in save order, each once);
+    none where the job made no 2nd save."""
+    found = shapes(history)
+    reasons: dict[int, list[str]] = {}
+    for shape in SHAPES:
+        save = next((s for s in sorted(found) if s >= 2 and shape in found[s]), None)
+        if save is not None:
+            reasons.setdefault(save, []).append(f"{shape} ({found[save][shape]})")
+    return [ChosenSave(save, "the first that " + " and ".join(why))
+            for save, why in sorted(reasons.items())]
+
+
+def _by_save(history: History) -> dict[int, list[Event]]:
+    saves: dict[int, list[Event]] = {}
+    for e in sorted(history.of("file"), key=lambda e: e["t"]):
+        if e.get("launch", 0) == 0 and e.get("save") and e.get("path"):
+            saves.setdefault(e["save"], []).append(e)
+    return saves
