@@ -379,11 +379,13 @@ def _crash_states_of_each_shape(ns: argparse.Namespace, base: Scenario, out: Pat
     from torchchaos.explore.crash import shapes
     from torchchaos.harness.reference import get_reference
 
-    chosen = shapes.choose(get_reference(base, cache, progress).history())
+    chosen, notes = shapes.choose(get_reference(base, cache, progress).history())
     if not chosen:  # no 2nd save: the sweep of save 2 says so in its own words
         chosen = [shapes.ChosenSave(2, "the first with a checkpoint to fall back to")]
     for save in chosen:
         print(f"save {save.save}: {save.why}", flush=True)
+    for note in notes:
+        print(note, flush=True)
     codes = []
     for save in chosen:
         where = out if len(chosen) == 1 else out / f"save-{save.save}"

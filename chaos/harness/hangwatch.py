@@ -49,6 +49,7 @@ class RankState:
     doing: str  # the rank's last progress
     idle_seconds: float  # since that progress
     state: str  # "stopped" (SIGSTOP), "frozen" (no heartbeat), "waiting" (beats, no progress)
+    starting: bool = False  # no step begun yet in this process: importing, initialising
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "pid": self.pid, "step": self.step, "doing": self.doing,
@@ -69,6 +70,12 @@ class HangFinding:
     @property
     def culprit(self) -> RankState:
         return self.ranks[0]
+
+    @property
+    def in_start_up(self) -> bool:
+        """No rank of the attempt has begun a step: it is starting (or between attempts),
+        where a slow machine looks like a stall (`torchchaos.host.busy`)."""
+        return self.between_attempts or all(r.starting for r in self.ranks)
 
 
 class HangWatch:
@@ -135,7 +142,8 @@ def _state(beat: Beat, now: float) -> RankState:
         state = "frozen"
     else:
         state = "waiting"
-    return RankState(beat.rank, beat.pid, beat.step, beat.doing, now - beat.progress_t, state)
+    return RankState(beat.rank, beat.pid, beat.step, beat.doing, now - beat.progress_t, state,
+                     starting=not beat.trained)
 
 
 def _culprit_order(rank: RankState) -> tuple[int, float, int]:

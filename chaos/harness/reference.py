@@ -202,12 +202,27 @@ def _torchft_hint(scenario: Scenario) -> str:
     """torchft's Manager reaches torchrun's rendezvous store as a client at MASTER_ADDR:
     MASTER_PORT; torchchaos turns that shared store off by default (runner.py), so a
     torchft job waits for a store nobody serves."""
-    sources = [Path(scenario.script), *_sibling_sources(Path(scenario.script))]
-    if not any("torchft" in path.read_text(errors="replace") for path in sources):
+    if "torchft" not in _imported(Path(scenario.script).resolve()):
         return ""
     return ("; it uses torchft, whose Manager connects to torchrun's store at"
             " MASTER_ADDR:MASTER_PORT, which torchchaos turns off unless told otherwise:"
             " run with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0 in the environment")
+
+
+_IMPORT = re.compile(r"^\s*(?:from|import)\s+([A-Za-z_]\w*)", re.MULTILINE)
+
+
+def _imported(script: Path, seen: set[Path] | None = None) -> set[str]:
+    """The top-level modules the script imports, with those its sibling modules it
+    imports do (a file beside it that merely mentions a module is no import of it)."""
+    seen = set() if seen is None else seen
+    seen.add(script)
+    names = set(_IMPORT.findall(script.read_text(errors="replace")))
+    for name in list(names):
+        sibling = script.parent / f"{name}.py"
+        if sibling.is_file() and sibling not in seen:
+            names |= _imported(sibling, seen)
+    return names
 
 
 def _run_once(scenario: Scenario, run_dir: Path, progress: Progress) -> float:

@@ -32,7 +32,7 @@ from torchchaos.harness.gate import Gate, GateError
 from torchchaos.harness.hangwatch import STATE_ORDER, HangFinding, HangWatch
 from torchchaos.harness.nemesis import Nemesis
 from torchchaos.harness.repeats import RepeatWatch
-from torchchaos.host import lifeline, netns, procs, shortcuts, stacks
+from torchchaos.host import lifeline, netns, procs, seen_at, shortcuts, stacks
 from torchchaos.host.busy import RunCpu
 from torchchaos.host.mounts import mounts_under
 from torchchaos.host.netns import Network
@@ -165,7 +165,10 @@ def torchrun_command(scenario: Scenario, node: int, run_id: str, port: int,
 
 def job_environment(scenario: Scenario, run_dir: Path, run_id: str, launch: int,
                     t0: float, reference: Path | None,
-                    extra: dict[str, str] | None = None) -> dict[str, str]:
+                    extra: dict[str, str] | None = None,
+                    seen_at: Path | None = None) -> dict[str, str]:
+    """The job's environment. `seen_at`: where the job sees its run directory
+    (`torchchaos.host.seen_at`); its temporary folder stays under the real one."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCHCHAOS_")}
     environ.update(scenario.env)
     environ.update(extra or {})
@@ -178,7 +181,8 @@ def job_environment(scenario: Scenario, run_dir: Path, run_id: str, launch: int,
     # connect. A job may set it back to "0" through Scenario.env to test that path.
     environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     environ.setdefault("PYTHONUNBUFFERED", "1")
-    environ.update({env.RUN_DIR: str(run_dir), env.RUN_ID: run_id, env.LAUNCH: str(launch),
+    environ.update({env.RUN_DIR: str(seen_at or run_dir), env.RUN_ID: run_id,
+                    env.LAUNCH: str(launch),
                     env.T0: repr(t0), **lifeline.lock_env()})
     # torchrun and torch make temporary folders (torchelastic_*); keep them in the run,
     # under a name short enough for the sockets made there (host.shortcuts)
@@ -199,7 +203,7 @@ class Job:
                  reference: Path | None = None, progress: Progress | None = None,
                  hang_timeout: float = 60.0, start_from: Path | None = None,
                  record: str | None = None, gate: Gate | None = None,
-                 warm: bool = False) -> None:
+                 warm: bool = False, seen_at: Path | None = None) -> None:
         self.scenario = scenario
         self.layout = RunLayout(run_dir)
         self.hangs = HangWatch(self.layout.beats_dir, hang_timeout)
@@ -225,6 +229,11 @@ class Job:
         # a crash-state sweep's many short fault-free runs of one script, where start-up
         # is most of each (its recording run and its recoveries)
         self.warm = warm
+        # where the job sees its run directory: the folder a recording ran in, for a
+        # recovery from a checkpoint that names it (torchchaos.host.seen_at)
+        self.seen_at = seen_at
+        if seen_at is not None and scenario.network_kind == "netns":
+            raise ValueError("a job seen at another path runs on the host's network")
         if warm and faults:
             raise ValueError("a job whose ranks are forked warm takes no faults")
         self._recording: Any = None  # the recording's mounts (storage.FaultFSMounts)
@@ -357,7 +366,7 @@ class Job:
         if self.gate is not None and launch == 0:
             extra[env.GATE] = str(self.layout.gate_file)
         environ = job_environment(self.scenario, self.layout.run_dir, self.run_id, launch, t0,
-                                  self.reference, extra)
+                                  self.reference, extra, self.seen_at)
         port = self.store_port
         proxied = next((r.rendezvous_endpoint for r in self.resources if r.rendezvous_endpoint),
                        None)
@@ -365,8 +374,10 @@ class Job:
         for node in range(self.scenario.nodes):
             log_path = self.layout.logs_dir / f"launch-{launch}-node-{node}.log"
             command = torchrun_command(self.scenario, node, self.run_id, port,
-                                       self.layout.run_dir, self.network, proxied,
-                                       warm=self.warm)
+                                       self.seen_at or self.layout.run_dir, self.network,
+                                       proxied, warm=self.warm)
+            if self.seen_at is not None:
+                command = seen_at.command(self.layout.run_dir, self.seen_at, command)
             node_environ = environ
             if self.network is not None:  # gloo and NCCL: the node's own interface
                 node_environ = {"GLOO_SOCKET_IFNAME": netns.INTERFACE,
@@ -403,8 +414,10 @@ class Job:
             for beat in exits:  # the job reacting: a rank is gone
                 log.record("rank_exit", rank=beat.rank, pid=beat.pid, step=beat.step,
                            launch=beat.launch, attempt=beat.attempt)
-            if hang is not None and hang.between_attempts and self._starting.busy():
-                self.hangs.excuse_until(time.monotonic())  # a slow restart, not a stall
+            if hang is not None and hang.in_start_up and self._starting.busy():
+                # a start-up (or restart) burning CPU on a loaded machine, not a stall: the
+                # bound counts again from now
+                self.hangs.excuse_until(time.monotonic())
             elif hang is not None:
                 return codes, hang
             if why := self.repeats.poll(exits):

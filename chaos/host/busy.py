@@ -1,13 +1,16 @@
 """Is a run still working while none of its ranks reports progress?
 
-Between two attempts of a job no rank beats: torchrun tears the old workers
-down, meets its peers again and starts new workers, which import torch before
-their agent boots. On a loaded machine (two cores shared with other jobs)
-that alone can outlast the hang bound. A start-up that is under way burns CPU;
-a torchrun that waits for a node that will never come, or a worker stuck at
-import, does not. So the hang detector's "no new attempt started" is checked
-against the CPU time the run's processes (found by their marker) used since
-the last look.
+At start-up no rank has stepped yet: torchrun starts its workers, which import torch
+(some of it after their agent boots), initialise the process group and meet their
+peers. Between two attempts no rank beats at all: torchrun tears the old workers down,
+meets its peers again and starts new ones. On a loaded machine (two cores shared with
+other jobs) either can outlast the hang bound. A start-up that is under way burns CPU;
+a torchrun that waits for a node that will never come, a worker stuck at import, or
+ranks waiting in a rendezvous for a dead peer do not. So a "hang" found while no rank
+of the attempt has begun a step is checked against the CPU time the run's processes
+(found by their marker) use over half a second: one place for the reference, every
+chaos run and the restarts inside them. Once a rank has stepped, CPU is no excuse (a
+rank spinning in a hang burns CPU too).
 """
 
 from __future__ import annotations

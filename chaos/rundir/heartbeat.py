@@ -16,7 +16,7 @@ import json
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from torchchaos.host.procs import pid_alive
@@ -28,6 +28,7 @@ BEAT_SECONDS = 0.5
 TEARDOWN = "teardown"
 EXITING = "exiting"
 AT_EXIT = (TEARDOWN, EXITING)
+TRAINING = ("forward", "step")  # progress that only a rank past its start-up makes
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Beat:
     progress_t: float  # time.monotonic() of the last progress
     beat_t: float  # time.monotonic() of this beat
     stopped: bool = False  # stopped on purpose (Scenario.stop_after): waiting to be reaped
+    trained: bool = False  # began a step in this process: past its start-up
 
     @property
     def at_exit(self) -> bool:
@@ -69,6 +71,7 @@ class Heartbeat:
         with self._lock:
             self.beat.doing, self.beat.step = doing, step
             self.beat.progress_t = time.monotonic()
+            self.beat.trained = self.beat.trained or doing in TRAINING
 
     def stopped(self) -> None:
         with self._lock:
@@ -108,9 +111,11 @@ class Heartbeat:
 def read_beats(beats_dir: Path) -> list[Beat]:
     """The newest beat of every rank that has one."""
     beats = []
+    known = {f.name for f in fields(Beat)}
     for path in sorted(beats_dir.glob("rank-*.json")):
         try:
-            beats.append(Beat(**json.loads(path.read_text())))
+            data = json.loads(path.read_text())
+            beats.append(Beat(**{k: v for k, v in data.items() if k in known}))
         except (OSError, ValueError, TypeError):
             continue  # gone between the listing and the read
     return beats

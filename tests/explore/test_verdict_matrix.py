@@ -49,8 +49,11 @@ from matrix.tally import Incident, MatrixPlugin, Outcome, Tally
 from torchchaos.explore import battery
 from torchchaos.explore.crash import points as crashpoints
 from torchchaos.explore.crash import shapes
+from torchchaos.explore.crash import sweep as crashsweep
 from torchchaos.explore.sweep import Entry
 from torchchaos.faults.faultfs.mount import unavailable_reason
+from torchchaos.harness.reference import get_reference
+from torchchaos.rundir.history import History
 
 TARGETS = {t.name: t for t in [
     Target("shard_pointer", ("--ckpt-dir", "ckpt")),
@@ -63,6 +66,11 @@ TARGETS = {t.name: t for t in [
 # checkpoints wherever the job keeps them (only its bug case runs).
 ELSEWHERE = Target("shard_pointer_elsewhere", ("--ckpt-dir", "run_state"), file="shard_pointer")
 ALL_TARGETS = {**TARGETS, ELSEWHERE.name: ELSEWHERE}
+# One that stores its folder's absolute path in every checkpoint and saves there after a
+# resume: its crash states must be recovered where the recording ran.
+# A save every 2 steps, so that a recovery's 3 steps save again, where the checkpoint says.
+OWN_PATH = Target("rank_folders_own_path", ("--out", "out", "--own-path", "--save-every", "2",
+                                            "--steps", "9"), file="rank_folders")
 
 # The battery's rows, by what their names (torchchaos.explore.battery.plan) contain.
 ROWS = {
@@ -411,7 +419,7 @@ def test_the_first_save_that_deletes_is_crashed_in_by_default(tally: Tally, cach
     incidents: list[Incident] = []
     for variant in ("correct", "prune_by_name"):
         base = target.scenario(variant)
-        chosen = shapes.choose(reference_history(base, cache))
+        chosen, _ = shapes.choose(reference_history(base, cache))
         progress(f"rank_folders/{variant}: " + "; ".join(f"save {c.save}: {c.why}"
                                                          for c in chosen))
         assert [(c.save, c.why.split(" (")[0]) for c in chosen] == [
@@ -430,6 +438,29 @@ def test_the_first_save_that_deletes_is_crashed_in_by_default(tally: Tally, cach
                                            out_dir=str(out), error=error or entry.error,
                                            repeat=0))
     assert not incidents, _complain(incidents)
+
+
+def test_a_checkpoint_that_names_its_own_folder_is_judged_where_it_was_written(
+        tally: Tally, cache: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Issue 41, item 1: with --own-path every checkpoint holds out/'s absolute path and a
+    resume saves there, as nanoGPT's config and Lightning's dirpath do. Its crash states
+    were refused (a copy would resume into the recording's folder); each recovery now
+    sees its own folder at the recording's path, and every state of save 2 passes."""
+    base = OWN_PATH.scenario("correct")
+    out = tmp_path_factory.mktemp("matrix-rank_folders-own_path") / "states"
+    entries, error = sweep_states(base, out, cache, _state_modes())
+    incidents: list[Incident] = []
+    for entry in entries or [Entry("crash states of save 2", "-")]:
+        report = dataclasses.asdict(entry.report) if entry.report else None
+        incidents += tally.add(Outcome(OWN_PATH.name, "correct", entry.name, entry.fault, None,
+                                       report=report, out_dir=str(out),
+                                       error=error or entry.error, repeat=0))
+    assert entries and not incidents, _complain(incidents) or error
+    # the recoveries saved where their checkpoints said, and the recording is as it was
+    recording = get_reference(base, cache, progress).run_dir.parent
+    assert crashsweep._whole(Path(f"{recording}-save2"), progress)
+    assert any("step_6.pt" in e.get("path", "") for entry in entries if entry.report
+               for e in History.of_run(Path(entry.report.run_dir)).of("file"))
 
 
 # -- the tally itself (no run) ------------------------------------------------------------

@@ -264,6 +264,14 @@ def test_a_torchft_job_that_hangs_at_start_is_told_about_the_shared_store(tmp_pa
     hint = _torchft_hint(Scenario(script=str(script)))
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0" in hint and "torchft" in hint
     assert _torchft_hint(Scenario(script=str(TARGET))) == ""
+    # a file beside the script that uses torchft, which the script does not import: no hint
+    # (tests/scripts/plain_ddp.py beside torchft_ddp.py was told to set the variable)
+    (tmp_path / "train.py").write_text("import torch\nimport helpers\n")
+    (tmp_path / "other_job.py").write_text("import torchft\n")
+    (tmp_path / "helpers.py").write_text("import os\n")
+    assert _torchft_hint(Scenario(script=str(script))) == ""
+    (tmp_path / "helpers.py").write_text("from torchft import Manager\n")  # imported there
+    assert "torchft" in _torchft_hint(Scenario(script=str(script)))
 
 
 def test_a_restart_that_trains_spoils_the_reference_one_that_only_exits_does_not():

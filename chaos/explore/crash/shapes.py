@@ -54,17 +54,29 @@ def shapes(history: History) -> dict[int, dict[str, str]]:
     return found
 
 
-def choose(history: History) -> list[ChosenSave]:
-    """From the 2nd save on, the first save of each shape (in save order, each once);
-    none where the job made no 2nd save."""
+def choose(history: History) -> tuple[list[ChosenSave], list[str]]:
+    """From the 2nd save on, the first save of each shape (in save order, each once),
+    among the saves a step follows (a recording runs to the step after its save, and a
+    crash in the job's last save leaves nothing to recover into); and a line for each
+    shape only such a last save shows. Nothing where the job made no 2nd save."""
     found = shapes(history)
+    last = history.final_step()
+    ends = {e["save"]: e["after_step"] for e in history.of("save_begin")
+            if e.get("launch", 0) == 0 and e.get("after_step") is not None}
     reasons: dict[int, list[str]] = {}
+    notes = []
     for shape in SHAPES:
-        save = next((s for s in sorted(found) if s >= 2 and shape in found[s]), None)
-        if save is not None:
-            reasons.setdefault(save, []).append(f"{shape} ({found[save][shape]})")
-    return [ChosenSave(save, "the first that " + " and ".join(why))
-            for save, why in sorted(reasons.items())]
+        saves = [s for s in sorted(found) if s >= 2 and shape in found[s]]
+        usable = [s for s in saves if ends.get(s, last) < last]
+        if usable:
+            reasons.setdefault(usable[0], []).append(f"{shape} ({found[usable[0]][shape]})")
+        elif saves:
+            notes.append(f"save {saves[0]} is the first that {shape}, but it is the job's"
+                         f" last (after step {ends.get(saves[0], last)}): no step follows it"
+                         " to recover into; give the job more steps to crash in it")
+    chosen = [ChosenSave(save, "the first that " + " and ".join(why))
+              for save, why in sorted(reasons.items())]
+    return chosen, notes
 
 
 def _by_save(history: History) -> dict[int, list[Event]]:

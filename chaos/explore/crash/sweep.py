@@ -72,6 +72,7 @@ from torchchaos.harness.evidence_from import evidence_from
 from torchchaos.harness.hangwatch import default_timeout
 from torchchaos.harness.reference import Reference, get_reference
 from torchchaos.harness.runner import Job, JobOutcome
+from torchchaos.host import seen_at
 from torchchaos.progress import Progress
 from torchchaos.report.verdict import judge, write_html
 from torchchaos.rundir.folders import write_atomic
@@ -141,15 +142,19 @@ def sweep(base: Scenario, out_dir: Path, cache_dir: Path, progress: Progress, sa
              for n in range(1, WARM_AHEAD + 1)] if (
         shard is None and _warm_early(reference, cache_dir, folder, save)) else []
     try:
-        record, specs, crashes, result = _plan(base, reference, cache_dir, out_dir, folder,
-                                               save, modes, cap, shard, progress)
+        record, seen_at_path, specs, crashes, result = _plan(
+            base, reference, cache_dir, out_dir, folder, save, modes, cap, shard, progress)
     except BaseException:
         for job in early:
             _drop(job)
         raise
+    if seen_at_path is not None:  # held where they are: they must start where it ran
+        for job in early:
+            _drop(job)
+        early = []
     try:
         _judge_states(base, reference, record, specs, crashes, scenario, folder, out_dir,
-                      result, progress, early)
+                      result, progress, early, seen_at_path)
     except KeyboardInterrupt as exc:  # the recovery's processes are reaped by now
         result.seconds = time.monotonic() - started
         done = sorted(n for n in result.numbers if result.entries[n - 1].report is not None
@@ -174,10 +179,12 @@ def _warm_early(reference: Reference, cache_dir: Path, folder: str, save: int) -
 
 def _plan(base: Scenario, reference: Reference, cache_dir: Path, out_dir: Path, folder: str,
           save: int, modes: list[str], cap: int | None, shard: Shard | None,
-          progress: Progress) -> tuple[Record, list[StateSpec], list[Crash], Sweep]:
-    """The recording (made or reused), the states planned from it and where each crash
-    falls; the sweep's result, with nothing judged yet."""
-    record = _recording(base, reference, cache_dir, out_dir, folder, save, progress)
+          progress: Progress
+          ) -> tuple[Record, Path | None, list[StateSpec], list[Crash], Sweep]:
+    """The recording (made or reused), where recoveries see their folder, the states
+    planned from it and where each crash falls; the sweep's result, nothing judged yet."""
+    record, seen_at_path = _recording(base, reference, cache_dir, out_dir, folder, save,
+                                      progress)
     found, specs = planned_states(record, modes, base.seed, cap)
     covers = coverage(specs, found.specs)
     numbers = shard.numbers(len(specs)) if shard else list(range(1, len(specs) + 1))
@@ -189,7 +196,7 @@ def _plan(base: Scenario, reference: Reference, cache_dir: Path, out_dir: Path, 
     crashes = [places.crash(spec) for spec in specs]
     plan = [Entry(spec.detail, crash.spec) for spec, crash in zip(specs, crashes)]
     result = Sweep(plan, numbers, found.total, len(found.specs), covers=covers)
-    return record, specs, crashes, result
+    return record, seen_at_path, specs, crashes, result
 
 
 class Interrupted(KeyboardInterrupt):
@@ -205,10 +212,11 @@ class Interrupted(KeyboardInterrupt):
 def _judge_states(base: Scenario, reference: Reference, record: Record,
                   specs: list[StateSpec], crashes: list[Crash], scenario: Scenario,
                   folder: str, out_dir: Path, result: Sweep, progress: Progress,
-                  early: list[HeldJob] | None = None) -> None:
+                  early: list[HeldJob] | None = None, seen_at_path: Path | None = None
+                  ) -> None:
     """Build each planned state, recover (or reuse a recovery that read the same
     bytes) and judge it; into `result` as it goes. `early`: the recoveries held for the
-    first states, if started already."""
+    first states, if started already; `seen_at_path`: where recoveries see their folder."""
     numbers = result.numbers
     judged, digests = set(numbers), set()
     held: list[HeldJob] = list(early or [])
@@ -223,7 +231,7 @@ def _judge_states(base: Scenario, reference: Reference, record: Record,
             path = next(free, None)
             if path is None:
                 return
-            held.append(_hold(scenario, reference, path, folder, progress))
+            held.append(_hold(scenario, reference, path, folder, progress, seen_at_path))
 
     hold_ahead(0, 1)
     try:
@@ -295,16 +303,23 @@ def _folder(history: History, save: int) -> str:
 
 
 def _recording(base: Scenario, reference: Reference, cache_dir: Path, out_dir: Path,
-               folder: str, save: int, progress: Progress) -> Record:
-    """The save's cached recording, linked into OUT/record."""
+               folder: str, save: int, progress: Progress) -> tuple[Record, Path | None]:
+    """The save's cached recording, linked into OUT/record; and the path each recovery
+    must see its run directory at (the recording's), where a checkpoint names it."""
     cached = _cached_recording(base, reference, cache_dir, folder, save, progress)
     shutil.copytree(cached, out_dir / "record", symlinks=True, copy_function=link_or_copy)
     record = load_record(out_dir / "record", save)
-    if record.blobs.path is not None and holds_bytes(record.blobs.path, str(cached.resolve())):
+    if record.blobs.path is None or not holds_bytes(record.blobs.path, str(cached.resolve())):
+        return record, None
+    if why := seen_at.unavailable_reason():
         raise CannotJudge(f"the recorded save writes the recording run's own folder {cached}"
-                          " into a checkpoint: a copy of it would not resume as the job"
-                          " does; use --per-point")
-    return record
+                          " into a checkpoint, so each recovery must see its folder there"
+                          f" (a mount namespace of its own), and here {why}: run as root,"
+                          " or use --per-point")
+    progress(f"the recorded save writes its own folder {cached} into a checkpoint: each"
+             " recovery runs with its folder mounted there, as if it resumed where the job"
+             " ran")
+    return record, cached.resolve()
 
 
 def record_only(base: Scenario, cache_dir: Path, progress: Progress, save: int) -> Path:
@@ -391,14 +406,15 @@ def _image_bytes(state: CrashState) -> int:
 
 
 def _hold(scenario: Scenario, reference: Reference, run_dir: Path, folder: str,
-          progress: Progress) -> HeldJob:
+          progress: Progress, seen_at_path: Path | None = None) -> HeldJob:
     """A recovery's job started now, held before its script runs until a state is
-    chosen for it (`torchchaos.explore.crash.warm`)."""
+    chosen for it (`torchchaos.explore.crash.warm`); seeing its folder at `seen_at_path`
+    where given."""
     chaos_dir = run_dir / "chaos"
     chaos_dir.mkdir(parents=True)
     return HeldJob(lambda gate: Job(scenario, chaos_dir, [], reference.run_dir, progress,
                                     default_timeout(reference.history()), record=folder,
-                                    gate=gate, warm=True))
+                                    gate=gate, warm=True, seen_at=seen_at_path))
 
 
 def _begin_recovery(held: HeldJob, state: CrashState, record: Record,

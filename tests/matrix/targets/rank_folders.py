@@ -11,6 +11,11 @@ resume needs no data state.
 
     torchrun --nproc-per-node 2 rank_folders.py --out out
 
+With --own-path each checkpoint also holds the absolute path of `out/`, and a resume
+goes on saving where the checkpoint says it was written (as Lightning's `dirpath` and
+nanoGPT's stored config do): a copy of the checkpoints in another folder would resume
+into the folder it was copied from.
+
 Variants with a planted bug (--variant):
   no_parent_fsync  the rank folders are made and never made durable in out/ (out/ is
                    not fsynced after the mkdir): a power loss takes every checkpoint
@@ -99,6 +104,9 @@ def main() -> None:
     parser.add_argument("--save-every", type=int, default=5)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--variant", choices=VARIANTS, default="correct")
+    parser.add_argument("--own-path", action="store_true",
+                        help="store out/'s absolute path in each checkpoint and go on"
+                             " saving there after a resume")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -116,6 +124,8 @@ def main() -> None:
         state = torch.load(os.path.join(folder, f"step_{step}.pt"))
         model.module.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
+        if args.own_path:  # save where the checkpoint says the job wrote
+            folder = os.path.join(state["out"], f"rank{rank}")
         print(f"rank {rank} resuming from step {step}", flush=True)
 
     while step < args.steps:
@@ -130,8 +140,11 @@ def main() -> None:
         if step % args.save_every == 0:
             if args.variant == "prune_by_name":  # room for the new file, by name order
                 prune(folder, KEEP - 1, by_name=True)
-            save(folder, step, {"model": model.module.state_dict(),
-                                "optimizer": opt.state_dict(), "step": step})
+            state = {"model": model.module.state_dict(), "optimizer": opt.state_dict(),
+                     "step": step}
+            if args.own_path:
+                state["out"] = os.path.abspath(args.out)
+            save(folder, step, state)
             dist.barrier()
             if args.variant != "prune_by_name":
                 prune(folder, KEEP, by_name=False)
