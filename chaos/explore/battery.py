@@ -3,8 +3,9 @@
 The fault steps are derived from the fault-free reference run, so the same
 battery fits any training script: kills land mid-interval (between two
 checkpoints), the in-save kills hit the second save of the rank that writes
-checkpoints at its first write and its first rename, the file that save
-writes last is torn (cut in half, in the rank, then its node dies), a power
+checkpoints at its first write and its first rename, the first save that deletes
+an earlier save's file (a job keeping its N newest: save N + 1) is killed right
+after that delete, the file the 2nd save writes last is torn (cut in half, in the rank, then its node dies), a power
 loss lands right after that rename (one step after the save where it renames
 nothing), and the preemption lands where a save is not due anyway. The power
 loss goes to the folder the save writes in (the fault filesystem is mounted
@@ -24,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from torchchaos import env
+from torchchaos.explore.crash import shapes
 from torchchaos.explore.keywords import PLACE
 from torchchaos.explore.sweep import Entry
 from torchchaos.faults.registry import get_kind
@@ -54,6 +56,7 @@ def plan_from(history: History, base: Scenario, progress: Progress) -> list[Entr
     entries = [_kill(rank, mid) for rank in sorted({0, last_rank})]
     entries.append(_node_kill(mid))
     entries.extend(_in_save_kills(history, writer, progress))
+    entries.extend(_kill_after_first_delete(history, writer, progress))
     entries.extend(_torn_last_write(history, writer, progress))
     entries.extend(_power_losses(history, writer, progress))
     entries.append(_preempt(mid))
@@ -76,6 +79,19 @@ def _node_kill(step: int | str) -> Entry:
 def _in_save_kill(writer: int | str, what: str, index: int | str) -> Entry:
     return Entry(f"kill rank {writer} {what} in its 2nd save",
                  f"kill:rank={writer},phase=checkpoint_save,save=2,event={index}")
+
+
+def _delete_kill(rank: int | str, save: int | str, index: int | str) -> Entry:
+    return Entry(f"kill rank {rank} right after a delete in its {_nth(save)} save (the first"
+                 " that deletes)",
+                 f"kill:rank={rank},phase=checkpoint_save,save={save},event={index}")
+
+
+def _nth(number: int | str) -> str:
+    if not isinstance(number, int):
+        return str(number)
+    last = number % 10 if number % 100 not in (11, 12, 13) else 0
+    return f"{number}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(last, 'th') }"
 
 
 def _torn(writer: int | str, index: int | str) -> Entry:
@@ -113,6 +129,8 @@ def outline(base: Scenario, progress: Progress) -> list[tuple[Entry, str]]:
     rows.append((_node_kill(place), ""))
     rows += [(_in_save_kill(place, what, place), f"where the 2nd save makes a {op}")
              for op, what in IN_SAVE]
+    rows.append((_delete_kill(place, place, place),
+                 "where a save from the 2nd on deletes an earlier save's file"))
     rows.append((_torn(place, place), "where the 2nd save makes a write"))
     if reason := get_kind("storage").unavailable_reason():
         progress(f"no power loss in the battery: {reason}")
@@ -163,6 +181,22 @@ def _in_save_kills(history: History, writer: int, progress: Progress) -> list[En
             progress(f"no 'kill {what}' row in the battery: rank {writer}'s 2nd save makes no"
                      f" {op} the agent saw" + ("" if events else " (it saw no save 2 at all)"))
     return entries
+
+
+def _kill_after_first_delete(history: History, writer: int,
+                             progress: Progress) -> list[Entry]:
+    """A kill right after the first file the first deleting save removes (the writer's,
+    else any rank's): a job that keeps its N newest checkpoints deletes nothing before
+    save N + 1, and a prune that runs before the new checkpoint is in place, or picks the
+    wrong files, bites only there (`torchchaos.explore.crash.shapes`)."""
+    save = shapes.first_save_that(history, "deletes")
+    if save is None:
+        return []
+    removes = shapes.deletions(history, save)
+    first = next((e for e in removes if e["rank"] == writer), removes[0])
+    progress(f"save {save} is the first that deletes an earlier save's file: a row kills"
+             f" rank {first['rank']} right after its first delete")
+    return [_delete_kill(first["rank"], save, first["index"])]
 
 
 def _torn_last_write(history: History, writer: int, progress: Progress) -> list[Entry]:

@@ -98,6 +98,8 @@ def _reference(*saves: list[tuple[str, str]]) -> History:
 ATOMIC = [("open", "ckpt/.tmp"), ("write", "ckpt/.tmp"), ("fsync", "ckpt/.tmp"),
           ("rename", "ckpt/latest.pt"), ("fsync", "ckpt")]
 IN_PLACE = [("open", "ckpt/latest.pt"), ("write", "ckpt/latest.pt")]
+PRUNING = [("open", "ckpt/.tmp"), ("rename", "ckpt/step-15.pt"), ("remove", "ckpt/.tmp2"),
+           ("remove", "ckpt/step-5.pt")]  # keeps two: its first delete of an earlier save's
 
 
 @pytest.mark.parametrize("save", [ATOMIC, IN_PLACE, []], ids=["atomic", "in place", "none"])
@@ -114,10 +116,32 @@ def test_every_placed_row_is_one_of_the_outlined_rows(monkeypatch, save):
         return re.compile(escaped.replace(r",dir=([\w.]+)", r"(,dir=[\w.]+)?"))
 
     placed = battery.plan_from(_reference(ATOMIC, save), base, lambda _m: None)
+    placed += battery.plan_from(_reference([("rename", "ckpt/step-5.pt")],
+                                           [("rename", "ckpt/step-10.pt")], PRUNING),
+                                base, lambda _m: None)
     assert len(placed) >= 4
     for entry in placed:
         assert any(pattern(o.name).fullmatch(entry.name) and pattern(o.fault).fullmatch(
             entry.fault) for o in outlined), entry
+
+
+def test_the_first_save_that_deletes_gets_a_kill_right_after_its_first_delete(monkeypatch):
+    """A job keeping its two newest checkpoints deletes first in save 3: a prune bug
+    bites only there (issue 41). The row kills after the deletion of an earlier save's
+    file, not after a temporary file's removal."""
+    monkeypatch.setattr("torchchaos.faults.faultfs.mount.unavailable_reason", lambda: "")
+    said: list[str] = []
+    placed = battery.plan_from(_reference([("rename", "ckpt/step-5.pt")],
+                                          [("rename", "ckpt/step-10.pt")], PRUNING),
+                               Scenario(script=str(TARGET)), said.append)
+    rows = [e for e in placed if "delete" in e.name]
+    assert [(e.name, e.fault) for e in rows] == [
+        ("kill rank 0 right after a delete in its 3rd save (the first that deletes)",
+         "kill:rank=0,phase=checkpoint_save,save=3,event=4")]
+    assert any("save 3 is the first that deletes" in line for line in said)
+    without = battery.plan_from(_reference(ATOMIC, ATOMIC), Scenario(script=str(TARGET)),
+                                said.append)
+    assert not [e for e in without if "delete" in e.name]
 
 
 # -- --list and -k on the command line: nothing runs -----------------------------------------

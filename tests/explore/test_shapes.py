@@ -55,6 +55,5 @@ def test_a_shape_only_the_last_save_shows_is_said_not_chosen() -> None:
     recording runs to the step after its save."""
     chosen, notes = shapes.choose(_keep_two(steps=15).history())
     assert [c.save for c in chosen] == [2]
-    assert notes == ["save 3 is the first that deletes, but it is the job's last (after step"
-                     " 15): no step follows it to recover into; give the job more steps to"
-                     " crash in it"]
+    assert notes == ["save 3 is the first that deletes, but it is the job's last: no step"
+                     " follows it to recover into; give the job more steps to crash in it"]

@@ -17,6 +17,7 @@ shapes:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from torchchaos.rundir.history import Event, History
@@ -33,25 +34,37 @@ class ChosenSave:
 
 def shapes(history: History) -> dict[int, dict[str, str]]:
     """Save number -> {shape: an example path}, over the first launch's saves."""
-    on_disk: dict[str, int] = {}  # a name the agent saw written -> the save that wrote it
     found: dict[int, dict[str, str]] = {}
-    for save, events in sorted(_by_save(history).items()):
+    for save, event, shape in _walk(history):
         own = found.setdefault(save, {})
+        if shape is not None and (shape not in own or event["op"] in ("rename", "replace")):
+            own[shape] = event["path"]  # a published name shows it best
+    return found
+
+
+def deletions(history: History, save: int) -> list[Event]:
+    """The file events of save `save` that removed a name an earlier save made."""
+    return [e for s, e, shape in _walk(history) if s == save and shape == "deletes"]
+
+
+def _walk(history: History) -> Iterator[tuple[int, Event, str | None]]:
+    """Every file event of the first launch's saves, with the shape it gives its save
+    (None: a write to a name this save already wrote, a removal of its own name)."""
+    on_disk: dict[str, int] = {}  # a name the agent saw written -> the save that wrote it
+    for save, events in sorted(_by_save(history).items()):
         for e in events:
-            path = e["path"]
+            path, shape = e["path"], None
             if e["op"] in WRITES:
                 if on_disk.get(path) != save:  # the first this save does to the name
                     shape = "creates" if path not in on_disk else "replaces"
-                    if shape not in own or e["op"] in ("rename", "replace"):
-                        own[shape] = path  # a published name shows it best
                 on_disk[path] = save
             elif e["op"] == "remove":
                 gone = [p for p in on_disk if p == path or p.startswith(path.rstrip("/") + "/")]
                 if any(on_disk[p] < save for p in gone):
-                    own.setdefault("deletes", path)
+                    shape = "deletes"
                 for p in gone:
                     del on_disk[p]
-    return found
+            yield save, e, shape
 
 
 def choose(history: History) -> tuple[list[ChosenSave], list[str]]:
@@ -60,23 +73,38 @@ def choose(history: History) -> tuple[list[ChosenSave], list[str]]:
     crash in the job's last save leaves nothing to recover into); and a line for each
     shape only such a last save shows. Nothing where the job made no 2nd save."""
     found = shapes(history)
-    last = history.final_step()
-    ends = {e["save"]: e["after_step"] for e in history.of("save_begin")
-            if e.get("launch", 0) == 0 and e.get("after_step") is not None}
     reasons: dict[int, list[str]] = {}
     notes = []
     for shape in SHAPES:
-        saves = [s for s in sorted(found) if s >= 2 and shape in found[s]]
-        usable = [s for s in saves if ends.get(s, last) < last]
-        if usable:
-            reasons.setdefault(usable[0], []).append(f"{shape} ({found[usable[0]][shape]})")
-        elif saves:
-            notes.append(f"save {saves[0]} is the first that {shape}, but it is the job's"
-                         f" last (after step {ends.get(saves[0], last)}): no step follows it"
-                         " to recover into; give the job more steps to crash in it")
+        usable, last = _first(history, found, shape)
+        if usable is not None:
+            reasons.setdefault(usable, []).append(f"{shape} ({found[usable][shape]})")
+        elif last is not None:
+            notes.append(f"save {last} is the first that {shape}, but it is the job's last:"
+                         " no step follows it to recover into; give the job more steps to"
+                         " crash in it")
     chosen = [ChosenSave(save, "the first that " + " and ".join(why))
               for save, why in sorted(reasons.items())]
     return chosen, notes
+
+
+def first_save_that(history: History, shape: str) -> int | None:
+    """The first save from the 2nd on that has `shape` and a step after it, if any."""
+    return _first(history, shapes(history), shape)[0]
+
+
+def _first(history: History, found: dict[int, dict[str, str]],
+           shape: str) -> tuple[int | None, int | None]:
+    """The first save from the 2nd on with `shape` that a step follows; else the last
+    save, where only it has the shape."""
+    final = history.final_step()
+    ends = {e["save"]: e["after_step"] for e in history.of("save_begin")
+            if e.get("launch", 0) == 0 and e.get("after_step") is not None}
+    saves = [s for s in sorted(found) if s >= 2 and shape in found[s]]
+    usable = [s for s in saves if ends.get(s, final) < final]
+    if usable:
+        return usable[0], None
+    return None, saves[0] if saves else None
 
 
 def _by_save(history: History) -> dict[int, list[Event]]:
