@@ -5,9 +5,10 @@ battery fits any training script: kills land mid-interval (between two
 checkpoints), the in-save kills hit the second save of the rank that writes
 checkpoints at its first write and its first rename, the first save that deletes
 an earlier save's file (a job keeping its N newest: save N + 1) is killed right
-after that delete, the file the 2nd save writes last is torn (cut in half, in the rank, then its node dies), a power
-loss lands right after that rename (one step after the save where it renames
-nothing), and the preemption lands where a save is not due anyway. The power
+after that delete, the file the 2nd save writes last is torn (cut in half, in
+the rank, then its node dies), a power loss lands right after that rename (one
+step after the save where it renames nothing), and the preemption lands where a
+save is not due anyway. The power
 loss goes to the folder the save writes in (the fault filesystem is mounted
 there). A row the job gives no place for (no rename, a save in several
 top-level folders of the run directory, no FUSE) is left out, and a progress
