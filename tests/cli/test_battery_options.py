@@ -176,7 +176,8 @@ def test_list_with_k_lists_only_the_rows_it_selects(tmp_path):
              and not line.startswith("      ")]
     assert names == ["kill rank 0 at step ?", "kill rank 1 at step ?",
                      "kill rank ? mid-write in its 2nd save",
-                     "kill rank ? right after a rename in its 2nd save"]
+                     "kill rank ? right after a rename in its 2nd save",
+                     "kill rank ? right after a delete in its ? save (the first that deletes)"]
 
 
 @pytest.mark.parametrize("args, says", [
