@@ -605,14 +605,14 @@ def _fired_at(ev: Evidence, effect: Event) -> float:
 class LostCheckpoint:
     """What a power loss took of a checkpoint the job had finished before it: files
     whose data went back to their last fsync (empty if never fsynced), and names it
-    undid because a folder's entry was never fsynced. `entries` maps each entry the loss
-    undid (the top-most: a folder made and never made durable takes what is inside it)
-    to the folder it was in, both relative to the run directory."""
+    undid because a folder's entry was never fsynced. `entries`: each entry the loss
+    undid above those files (the top-most: a folder made and never made durable takes
+    what is inside it), relative to the run directory, a folder's with a trailing "/"."""
 
     step: int
     emptied: list[str]
     removed: list[str]
-    entries: dict[str, str] = field(default_factory=dict)
+    entries: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         parts = []
@@ -627,9 +627,10 @@ class LostCheckpoint:
     def _missing_folder_fsync(self) -> str:
         """Which entries were lost from which folder, and the folder to fsync."""
         by_folder: dict[str, list[str]] = {}
-        for entry, folder in self.entries.items():
-            by_folder.setdefault(folder, []).append(entry.rstrip("/").rsplit("/", 1)[-1]
-                                                    + ("/" if entry.endswith("/") else ""))
+        for entry in self.entries:
+            folder, _, name = entry.rstrip("/").rpartition("/")
+            by_folder.setdefault(folder or ".", []).append(
+                name + ("/" if entry.endswith("/") else ""))
         if not by_folder:
             return ("the folder was never fsynced after the file was created or renamed"
                     " there: fsync the folder")
@@ -672,13 +673,13 @@ def _power_losses(ev: Evidence, before: float = float("inf")) -> Iterator[LostCh
                 yield LostCheckpoint(step, emptied, removed, entries)
 
 
-def _lost_entries(files: list[str], undone: list[str], written: set[str]) -> dict[str, str]:
+def _lost_entries(files: list[str], undone: list[str], written: set[str]) -> list[str]:
     """For each checkpoint file a power loss undid, the top-most name it undid above it (a
-    folder whose own entry was never made durable takes the file with it) -> the folder
-    that entry was in, run-relative. `files` and `undone` are relative to the fault
+    folder whose own entry was never made durable takes the file with it), run-relative,
+    a folder's with a trailing "/". `files` and `undone` are relative to the fault
     filesystem's folder; `written` (run-relative) tells where that folder is."""
     undone_set = {u.strip("/") for u in undone}
-    entries: dict[str, str] = {}
+    entries: dict[str, None] = {}  # in order, each once
     for dropped in files:
         parts = dropped.strip("/").split("/")
         top = next("/".join(parts[:i]) for i in range(1, len(parts) + 1)
@@ -686,9 +687,8 @@ def _lost_entries(files: list[str], undone: list[str], written: set[str]) -> dic
         run_path = next(p for p in written if p == dropped or p.endswith("/" + dropped))
         root = run_path[: len(run_path) - len(dropped)].rstrip("/")
         entry = f"{root}/{top}" if root else top
-        folder = entry.rsplit("/", 1)[0] if "/" in entry else "."
-        entries[entry + ("/" if top != dropped.strip("/") else "")] = folder
-    return entries
+        entries[entry + ("/" if top != dropped.strip("/") else "")] = None
+    return list(entries)
 
 
 def _checkpoint_files(ev: Evidence, steps: set[int], before: float) -> dict[int, set[str]]:

@@ -825,3 +825,20 @@ def test_a_power_loss_that_reverts_a_later_saves_bytes_blames_no_finished_checkp
                   completed=False, exit_codes=[[1, 1]])
     assert checkers.lost_checkpoint(ev) is None
     assert "written in place" in checkers.atomic_recovery(ev).detail
+
+
+def test_a_lost_folder_entry_is_named_with_the_folder_to_fsync():
+    """Issue 41, item 3: rank folders made in out/ and never made durable there take
+    their files with them; the entry lost and the folder to fsync are out/'s."""
+    undone = ["rank0", "rank0/step_5.pt", "rank1", "rank1/step_5.pt"]
+    entries = checkers._lost_entries(["rank1/step_5.pt", "rank0/step_5.pt"], undone,
+                                     {"out/rank0/step_5.pt", "out/rank1/step_5.pt"})
+    assert entries == ["out/rank1/", "out/rank0/"]
+    lost = checkers.LostCheckpoint(5, [], ["rank1/step_5.pt", "rank0/step_5.pt"], entries)
+    assert lost.describe() == (
+        "the power loss undid rank1/step_5.pt, rank0/step_5.pt (the entries rank0/, rank1/ in"
+        " out/ were lost: out/ was never fsynced after they were made there; fsync out/)")
+    file_only = checkers._lost_entries(["ckpt.pt"], ["ckpt.pt"], {"out/ckpt.pt"})
+    assert checkers.LostCheckpoint(10, [], ["ckpt.pt"], file_only).describe().endswith(
+        "(the entry ckpt.pt in out/ was lost: out/ was never fsynced after it was created or"
+        " renamed there; fsync out/)")
