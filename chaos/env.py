@@ -1,6 +1,7 @@
 """Environment variables through which the runner talks to the agent in each rank."""
 
 import importlib.util
+import os
 from pathlib import Path
 
 RUN_DIR = "TORCHCHAOS_RUN_DIR"  # the run directory; its presence arms the agent in workers
@@ -29,6 +30,14 @@ AGENT_PID = "TORCHCHAOS_AGENT_PID"  # set by an armed agent; children that inher
 # points then start from the checkpoints before the save under test)
 SNAPSHOT_AFTER_SAVE = "TORCHCHAOS_SNAPSHOT_AFTER_SAVE"
 OOM_CGROUP = "TORCHCHAOS_OOM_CGROUP"  # the run's memory cgroup folder (the oom fault)
+# "1" in the harness's own environment: every job's ranks start as torchrun starts
+# them, exec'd (cold), not forked from a launcher with torch imported (warm)
+COLD_START = "TORCHCHAOS_COLD_START"
+
+
+def cold_start() -> bool:
+    """Whether the user asked for exec'd ranks (TORCHCHAOS_COLD_START=1)."""
+    return os.environ.get(COLD_START, "") not in ("", "0")
 
 
 def package_dir(name: str = "torchchaos") -> Path:

@@ -19,6 +19,7 @@ again, never judged against.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from torchchaos import env
 from torchchaos.errors import CannotJudge, UsageError
 from torchchaos.harness.hangwatch import REFERENCE_TIMEOUT
 from torchchaos.harness.runner import Job
@@ -154,6 +156,8 @@ def cache_key(scenario: Scenario) -> str:
         "nproc": scenario.nproc, "nodes": scenario.nodes,
         "env": scenario.env, "torch": _torch_version(), "torchchaos": __version__,
         "fingerprints": FINGERPRINT_FORMAT,
+        # a set literal's order can differ between a forked rank and an exec'd one
+        "start": "cold" if env.cold_start() else "warm",
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:20]
 
@@ -225,7 +229,17 @@ def _imported(script: Path, seen: set[Path] | None = None) -> set[str]:
     return names
 
 
-def _run_once(scenario: Scenario, run_dir: Path, progress: Progress) -> float:
+# The determinism proof's second run hashes strings with another seed than every other
+# job (runner.HASH_SEED): a job whose steps follow the order of a set of strings, which
+# its restarts would change in production, is then found not deterministic
+OTHER_HASH_SEED = "1"
+
+
+def _run_once(scenario: Scenario, run_dir: Path, progress: Progress,
+              second: bool = False) -> float:
+    if second and "PYTHONHASHSEED" not in {**os.environ, **scenario.env}:
+        scenario = dataclasses.replace(scenario, env={**scenario.env,
+                                                      "PYTHONHASHSEED": OTHER_HASH_SEED})
     bound = scenario.hang_timeout or REFERENCE_TIMEOUT  # a bound the user set holds here too
     outcome = Job(scenario, run_dir, faults=[], progress=progress, hang_timeout=bound).run()
     if outcome.hang is not None:
@@ -323,8 +337,10 @@ def unjudgeable(reference: Reference) -> tuple[str, str] | None:
     ("trains": every step would look like every other, so no restore could be placed)."""
     if reference.deterministic is False:
         return ("seeded", f"the target is not deterministic without faults: {reference.detail};"
-                " seed it (torch.manual_seed, the data order, dropout) so that two fault-free"
-                " runs agree, and a resume can be compared with them")
+                " seed it (torch.manual_seed, the data order, dropout; and sort a set of"
+                " strings before its order matters: the second run hashes them with another"
+                " seed, as a restart does) so that two fault-free runs agree, and a resume"
+                " can be compared with them")
     steps = sorted(reference.history().steps(0), key=lambda e: e["step"])
     if len(steps) >= 3 and len({e["fp"].get("params_start") for e in steps}) == 1:
         losses = {e.get("loss") for e in steps}
@@ -350,7 +366,7 @@ def _cached_or_new(scenario: Scenario, entry: Path, progress: Progress) -> Refer
     walls = []
     for number in range(scenario.reference_runs):
         progress(f"reference run {number + 1}/{scenario.reference_runs} (fault-free) ...")
-        walls.append(_run_once(scenario, entry / f"run-{number}", progress))
+        walls.append(_run_once(scenario, entry / f"run-{number}", progress, second=number > 0))
         progress(f"reference run {number + 1} done in {walls[-1]:.1f} s")
     deterministic, detail = None, "one reference run; determinism not proven"
     if scenario.reference_runs == 2:

@@ -126,6 +126,9 @@ def _shorten(line: str, limit: int) -> str:
     return (cut.rsplit(" ", 1)[0] if " " in cut[limit // 2:] else cut) + "…"
 
 
+HASH_SEED = "0"
+
+
 def substitute(args: list[str], run_dir: Path) -> list[str]:
     return [a.replace("{run_dir}", str(run_dir)) for a in args]
 
@@ -181,6 +184,10 @@ def job_environment(scenario: Scenario, run_dir: Path, run_id: str, launch: int,
     # connect. A job may set it back to "0" through Scenario.env to test that path.
     environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     environ.setdefault("PYTHONUNBUFFERED", "1")
+    # One str-hash seed for every job, the reference's included: a warm job's ranks and
+    # restarts share their launcher's seed, and a cold one's then agree with them. The
+    # reference's second run (doctor) draws another (reference.OTHER_HASH_SEED).
+    environ.setdefault("PYTHONHASHSEED", HASH_SEED)
     environ.update({env.RUN_DIR: str(seen_at or run_dir), env.RUN_ID: run_id,
                     env.LAUNCH: str(launch),
                     env.T0: repr(t0), **lifeline.lock_env()})
@@ -203,7 +210,7 @@ class Job:
                  reference: Path | None = None, progress: Progress | None = None,
                  hang_timeout: float = 60.0, start_from: Path | None = None,
                  record: str | None = None, gate: Gate | None = None,
-                 warm: bool = False, seen_at: Path | None = None) -> None:
+                 warm: bool | None = None, seen_at: Path | None = None) -> None:
         self.scenario = scenario
         self.layout = RunLayout(run_dir)
         self.hangs = HangWatch(self.layout.beats_dir, hang_timeout)
@@ -225,17 +232,14 @@ class Job:
         self.gate = gate
         if gate is not None and (record is None or faults):
             raise GateError("a job held at a gate records one folder and takes no faults")
-        # ranks forked from a launcher with torch imported (torchchaos.rank.warmrun): for
-        # a crash-state sweep's many short fault-free runs of one script, where start-up
-        # is most of each (its recording run and its recoveries)
-        self.warm = warm
+        # ranks forked from a launcher with torch imported (torchchaos.rank.warmrun), and
+        # so is every restart: unless the user asked for exec'd ranks (env.COLD_START)
+        self.warm = (not env.cold_start()) if warm is None else warm
         # where the job sees its run directory: the folder a recording ran in, for a
         # recovery from a checkpoint that names it (torchchaos.host.seen_at)
         self.seen_at = seen_at
         if seen_at is not None and scenario.network_kind == "netns":
             raise ValueError("a job seen at another path runs on the host's network")
-        if warm and faults:
-            raise ValueError("a job whose ranks are forked warm takes no faults")
         self._recording: Any = None  # the recording's mounts (storage.FaultFSMounts)
         self._final_step: int | None = None  # the reference's, read once it is asked for
 
@@ -269,7 +273,8 @@ class Job:
                 if launch > 0 or self.gate is None:  # a held launch 0 is running already
                     self._start(launch, t0)
                 self.hangs.launch_began()
-                log.record("launch", launch=launch, pids=[p.pid for p in self.nodes])
+                log.record("launch", launch=launch, pids=[p.pid for p in self.nodes],
+                           warm=self.warm)
                 codes, ended = self._wait(deadline, log)
                 if isinstance(ended, HangFinding):
                     found = self._capture_hang(ended, log)

@@ -6,25 +6,25 @@ restarts) in torchrun's own `--run-path --start-method fork` mode, which runs th
 script with `runpy.run_path` in workers forked from the launcher. The launcher imports
 what a rank's start-up needs first (torch, and torch._dynamo that
 DistributedDataParallel imports), so each rank, and each restart, starts with it
-imported: on 2 cores that is 2.3 s of CPU a rank less, per run.
+imported: on 2 cores that is 2.3 s of CPU a rank less, per start.
 
-A crash-state sweep runs its recording run and its recoveries this way (`Job(...,
-warm=True)`): short fault-free runs of the same script, where start-up is most of the
-cost. A forked rank is made to start as a fresh `python -u script.py` would (`_rank`):
-default signal handlers, no death signal from the launcher, torch's and numpy's global
-generators seeded anew, the script's folder first on sys.path, the agent armed, an
-uncaught exception printed by sys.excepthook from the script's first frame, and the
-exit code and atexit handlers as the interpreter's own. What it cannot renew: the ranks
-share the launcher's str-hash seed (a fresh interpreter draws its own), so a job whose
-ranks disagree only through the iteration order of a set of strings agrees here
-(docs/explanation/known-limits.md). Its exit, like torchrun's, freezes the heap
-(sitecustomize).
+Every job the harness runs starts this way unless the user asks for exec'd ranks
+(`TORCHCHAOS_COLD_START=1`, `Job(..., warm=False)`). A forked rank is made to start as
+a fresh `python -u script.py` would (`_rank`): default signal handlers, faulthandler
+off, no death signal from the launcher, torch's and numpy's global generators seeded
+anew, the script's folder first on sys.path, the agent armed, an uncaught exception
+printed by sys.excepthook from the script's first frame, and the exit code and atexit
+handlers as the interpreter's own. What it cannot renew is the str-hash seed: every
+rank and restart shares the launcher's, so the harness gives each job the same one
+(`PYTHONHASHSEED`, runner.job_environment) and a cold job agrees with a warm one.
+Its exit, like torchrun's, freezes the heap (sitecustomize).
 """
 
 from __future__ import annotations
 
 import atexit
 import ctypes
+import faulthandler
 import importlib
 import os
 import signal
@@ -81,6 +81,10 @@ def _as_a_fresh_interpreter(script: str) -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # torchrun's @record around a forked worker turns faulthandler on (its stacks would
+    # tell a crash that an exec'd rank dies of silently); python does only when asked
+    if not os.environ.get("PYTHONFAULTHANDLER") and "faulthandler" not in sys._xoptions:
+        faulthandler.disable()
     # torch.multiprocessing asks for SIGINT when the launcher dies; an exec'd rank lives on
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)
     # a fresh interpreter seeds torch's and numpy's global generators from the OS (each

@@ -84,7 +84,8 @@ EVENTS: dict[str, EventSpec] = {
     "abort": _e("rank", "an abort fault aborts the rank's process group now", "id, after, step"),
     "gpu_error": _e("rank", "a gpu fault makes a CUDA error now", "id, error, device, step"),
     # -- the harness (torchchaos.harness)
-    "launch": _e("harness", "a node's torchrun was launched", "launch, pids"),
+    "launch": _e("harness", "a node's torchrun was launched (warm: its ranks forked from a"
+                 " launcher with torch imported)", "launch, pids, warm"),
     "workers": _e("harness", "a node's worker processes (multi-node)", "launch, pids"),
     "rank_exit": _e("harness", "a worker process ended", "rank, pid, launch, attempt, step"),
     "job_exit": _e("harness", "a launch of the job ended", "launch, codes, stopped"),

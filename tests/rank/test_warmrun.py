@@ -2,9 +2,9 @@
 
 Each property a script could tell apart is printed by a probe under both launchers,
 side by side: the script's arguments, name and folder on sys.path, signal handlers,
-its own seeds of torch's and numpy's global generators, threads joined before the
-atexit handlers run, and how it ends (the exit code, a traceback that starts in the
-script).
+faulthandler (off unless asked for: a segfault prints no Python stack), its own seeds
+of torch's and numpy's global generators, threads joined before the atexit handlers
+run, and how it ends (the exit code, a traceback that starts in the script).
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 
 PROBE = textwrap.dedent("""
-    import atexit, json, os, signal, sys, threading, time
+    import atexit, faulthandler, json, os, signal, sys, threading, time
     import numpy, torch
     rank = int(os.environ["RANK"])
     seen = {"argv": sys.argv[2:], "script": sys.argv[0], "name": __name__, "path0": sys.path[0],
             "sigterm": str(signal.getsignal(signal.SIGTERM)),
             "sigint": str(signal.getsignal(signal.SIGINT)),
+            "faulthandler": faulthandler.is_enabled(),
             "torch": torch.initial_seed(), "numpy": float(numpy.random.rand())}
     out = os.path.join(sys.argv[1], f"rank-{rank}.json")
     def late_thread():
@@ -65,7 +66,8 @@ def test_a_forked_rank_starts_and_ends_as_an_execd_one(tmp_path: Path, how: str)
     warm_code, warm_log, warm_ranks = _run(tmp_path, "warmrun", how)
     assert warm_code == code == (0 if how == "end" else 1)
     for plain, warm in zip(ranks, warm_ranks):
-        for key in ("argv", "name", "path0", "sigterm", "sigint", "thread_joined_first"):
+        for key in ("argv", "name", "path0", "sigterm", "sigint", "faulthandler",
+                    "thread_joined_first"):
             assert warm[key] == plain[key], key
         assert warm["argv"] == [how] and warm["name"] == "__main__"
         assert warm["script"] == plain["script"] == str(tmp_path / "probe.py")
