@@ -33,6 +33,7 @@ import threading
 
 import torch
 import torch.distributed.run as torchrun
+from torch.distributed.elastic.multiprocessing import api as torchrun_processes
 
 from torchchaos import env
 from torchchaos.rank import agent
@@ -46,7 +47,25 @@ def main(argv: list[str]) -> None:
     for name in agent.WARM_IMPORTS:
         importlib.import_module(name)
     torchrun.run_script_path = _rank  # looked up when torchrun builds its entry point
+    torchrun_processes.MultiprocessContext._poll = _poll_counting_quiet_exits
     torchrun.main(["--run-path", "--start-method", "fork", *argv])
+
+
+_poll = torchrun_processes.MultiprocessContext._poll
+
+
+def _poll_counting_quiet_exits(self: torchrun_processes.MultiprocessContext) -> object:
+    """torchrun's poll of its forked workers, where a worker that left by os._exit(0)
+    has ended well, as an exec'd one would have. torchrun's fork mode counts a worker
+    done only once its wrapper sent the function's return value, which a script that
+    ends with os._exit (the bundled target does, to skip a teardown that can hang) never
+    lets it send: the launcher would wait for it forever."""
+    if self._pc is not None:
+        for local_rank, process in enumerate(self._pc.processes):
+            if (process.exitcode == 0 and local_rank not in self._return_values
+                    and self._ret_vals[local_rank].empty()):
+                self._return_values[local_rank] = None  # what a script's end returns
+    return _poll(self)
 
 
 def _rank(script: str, *args: str) -> None:
