@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -48,6 +49,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--save-every", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--step-seconds", type=float, default=0.0)  # a slower model's step
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -79,6 +81,7 @@ def main() -> None:
             optim.zero_grad()
             loss.backward()
             optim.step()
+            time.sleep(args.step_seconds)
             step += 1
             if dist.get_rank() == 0 and step % args.save_every == 0:
                 save(model.module, optim, epoch, step)
