@@ -176,7 +176,8 @@ class NodeJob(Job):
 
     def command(self) -> list[str]:
         cmd = torchrun_command(self.scenario, self.spec.node_rank, self.spec.run_id, 0,
-                               self.layout.run_dir, endpoint=self.spec.endpoint)
+                               self.layout.run_dir, endpoint=self.spec.endpoint,
+                               warm=self.warm)
         if self.spec.local_addr:  # a torchrun option: after `python -m torch.distributed.run`
             cmd[3:3] = ["--local-addr", self.spec.local_addr]
         if self.spec.rdzv_conf:  # after the is_host setting torchrun_command made

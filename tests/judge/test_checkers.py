@@ -618,6 +618,28 @@ def test_a_restart_from_zero_fails_even_where_the_steps_redone_fit_the_bound():
     assert checkers.bounded_lost_work(evidence(resumed.history(), max_lost_steps=20)).ok
 
 
+def test_a_power_loss_the_checkpoint_survived_is_no_durability_failure_of_a_job_that_started_over():
+    """The checkpoint of step 10 outlived the power loss whole; the job started again from
+    step 0 beside it. That is the resume's fault (bounded_lost_work), not durability's:
+    blaming the power loss sent the user after an fsync that was there."""
+    timeline = Timeline()
+    timeline.train(2, range(1, 13))
+    for e in list(timeline.events):
+        if e["ev"] == "save_begin":
+            timeline.events.append({**e, "ev": "save_end", "ended": "step", "t": e["t"] + .5})
+    timeline.add("fault", id="f0-storage", kind="storage", step=12,
+                 spec="storage:mode=lose_unsynced,rank=0,step=12", **timeline.proc(0))
+    timeline.add("fs_crash", lose_unsynced=True, fault="f0-storage", removed=[])
+    timeline.train(2, range(1, 21), attempt=1, restored=0)
+    ev = evidence(timeline.history())
+    durable = checkers.durable_checkpoints(ev)
+    assert durable.ok is True, durable.detail
+    lost = checkers.bounded_lost_work(ev)
+    assert lost.ok is False and lost.detail.startswith(
+        "did not resume: started again from step 0 although the checkpoint of step 10"), \
+        lost.detail
+
+
 def test_a_restart_from_zero_after_bit_rot_took_the_checkpoint_is_no_ignored_one():
     """Starting over is the right thing once a fault destroyed the checkpoints: the
     bound (one interval more per destroyed checkpoint) judges it, not the rule above."""
