@@ -196,7 +196,20 @@ def threads(text: str) -> list[tuple[str, list[Frame]]]:
             found.append(("", []))
         elif found and (m := PY_SPY_FRAME.match(line) or FH_FRAME.match(line)):
             found[-1][1].append(Frame(m["func"], m["file"], int(m["line"])))
-    return found
+    return [(name, _without_launcher(frames)) for name, frames in found]
+
+
+def _without_launcher(frames: list[Frame]) -> list[Frame]:
+    """A warm rank's frames end where an exec'd rank's do, at the script's `<module>`:
+    past it lie runpy's and the launcher's that forked the rank (torchrun's
+    run_script_path, called by torchchaos.rank.warmrun), which no hang is about."""
+    for i, frame in enumerate(frames):
+        if frame.func == "run_script_path" and frame.file.endswith("distributed/run.py"):
+            script = frames[:i]
+            while script and script[-1].file.startswith("<frozen runpy>"):
+                script.pop()
+            return script
+    return frames
 
 
 def main_thread(text: str) -> list[Frame]:

@@ -40,3 +40,32 @@ def test_a_dump_without_native_frames_names_no_holder():
     plain = "".join(line + "\n" for line in DUMP.read_text().splitlines()
                     if ".py:" in line or line.startswith(("Thread", "Process", "Python")))
     assert stacks.gil_holder(plain) is None
+
+
+WARM_RANK = """Process 4242: /usr/bin/python -m torchchaos.rank.warmrun --standalone train.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4242 (idle): "MainThread"
+    all_reduce (/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:3252)
+    train_step (/work/job/train.py:40)
+    main (/work/job/train.py:80)
+    <module> (/work/job/train.py:99)
+    _run_code (<frozen runpy>:88)
+    _run_module_code (<frozen runpy>:98)
+    run_path (<frozen runpy>:291)
+    run_script_path (/venv/lib/python3.11/site-packages/torch/distributed/run.py:982)
+    _rank (/venv/lib/python3.11/site-packages/torchchaos/rank/warmrun.py:77)
+    wrapper (/venv/lib/python3.11/site-packages/torch/distributed/elastic/{ERRORS}:367)
+    _wrap (/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py:706)
+    run (/usr/lib/python3.11/multiprocessing/process.py:108)
+    <module> (/venv/lib/python3.11/site-packages/torchchaos/rank/warmrun.py:122)
+""".replace("{ERRORS}", "multiprocessing/errors/__init__.py")
+
+
+def test_a_warm_ranks_stack_ends_at_its_script_as_an_execd_ranks_does():
+    """Past the script's `<module>` a forked rank's stack runs on into runpy and the
+    launcher (torchrun's run_script_path): the hang is said where the script waits,
+    and the script's own frame is its outermost."""
+    assert stacks.summarize(WARM_RANK) == \
+        "all_reduce (distributed_c10d.py:3252) <- train_step (train.py:40)"
+    assert stacks.main_thread(WARM_RANK)[-1] == stacks.Frame("<module>", "/work/job/train.py", 99)
