@@ -13,7 +13,7 @@ import pytest
 from torchchaos import env
 from torchchaos.rundir.history import History
 
-PLAIN = Path(__file__).resolve().parents[1] / "scripts" / "plain_ddp.py"
+SET_ORDER = Path(__file__).resolve().parents[1] / "scripts" / "set_order_ddp.py"
 
 
 @pytest.mark.parametrize("start", ["warm", "cold"])
@@ -21,8 +21,7 @@ def test_a_job_that_follows_a_set_of_strings_judges_the_same_warm_and_cold(
         chaos_run, monkeypatch, start):
     if start == "cold":
         monkeypatch.setenv(env.COLD_START, "1")
-    report = chaos_run(str(PLAIN), faults=["kill:rank=1,step=12"], args=["--set-order"],
-                       expect="pass")
+    report = chaos_run(str(SET_ORDER), faults=["kill:rank=1,step=12"], expect="pass")
     assert report.restarts == 1 and report.checks["deterministic_resume"]["ok"] is True
     launches = History.of_run(Path(report.run_dir)).of("launch")
     assert launches and all(e["warm"] == (start == "warm") for e in launches), launches
@@ -34,8 +33,8 @@ def test_doctor_finds_a_job_that_follows_a_set_of_strings_not_deterministic(
     production does: the job's two fault-free runs then differ."""
     done = subprocess.run(
         [sys.executable, "-m", "torchchaos.cli", "doctor", "--quiet", "--out",
-         str(tmp_path / "d"), "--cache-dir", str(shared_cache), "--", str(PLAIN),
-         "--set-order"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+         str(tmp_path / "d"), "--cache-dir", str(shared_cache), "--", str(SET_ORDER)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
     lines = {line.split()[1]: line for line in done.stdout.splitlines()[1:-1]}
     assert done.returncode == 1, done.stdout + done.stderr
     assert lines["seeded"].startswith("FAIL  seeded   the target is not deterministic"), lines

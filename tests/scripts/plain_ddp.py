@@ -10,8 +10,6 @@ the forward and backward (LBFGS style, and how Lightning steps).
 ``--hang-at-exit`` leaves a non-daemon thread running once training is over (an
 uploader or logger nobody stops): the interpreter waits for it at exit, forever.
 ``--no-destroy`` ends without destroy_process_group().
-``--set-order`` picks its learning rate by where a name falls in a set of strings:
-the same in every run that hashes strings with the same seed, different across seeds.
 """
 
 from __future__ import annotations
@@ -70,11 +68,7 @@ def main() -> None:
     os.makedirs(CKPT_DIR, exist_ok=True)
     net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 1))
     model = DistributedDataParallel(net)
-    lr = 0.05
-    if "--set-order" in sys.argv:  # a slip: the order of a set of str follows the hash seed
-        names = ["lr", "momentum", "weight_decay", "dampening", "nesterov", "maximize"]
-        lr = 0.01 * (1 + list(set(names)).index("lr"))
-    optim = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    optim = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     step = resume(net, optim)
     loss = torch.tensor(float("nan"))
     while step < STEPS:
