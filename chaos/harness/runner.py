@@ -126,7 +126,7 @@ def _shorten(line: str, limit: int) -> str:
     return (cut.rsplit(" ", 1)[0] if " " in cut[limit // 2:] else cut) + "…"
 
 
-HASH_SEED = "0"
+HASH_SEED = "0"  # every job's PYTHONHASHSEED, unless the user set one (job_environment)
 
 
 def substitute(args: list[str], run_dir: Path) -> list[str]:
