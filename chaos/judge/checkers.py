@@ -729,11 +729,12 @@ def durable_checkpoints(ev: Evidence) -> CheckResult:
         if not saved or not after or after[0].restored_step is None:
             continue  # nothing finished yet, or the resume failed: other checks say why
         newest, restored = max(saved), after[0].restored_step
-        if restored == 0 and _ignored_checkpoint(ev, after[0]) == newest:
-            continue  # it survived whole and the job started over beside it: the resume's
-            # fault, which bounded_lost_work names ("did not resume")
+        dropped = sorted(set(loss.get("removed", []) + loss.get("reverted_files", [])))
+        if (restored == 0 and not dropped and lost is None
+                and _ignored_checkpoint(ev, after[0]) == newest):
+            continue  # the loss took nothing and the job started over beside a whole
+            # checkpoint: the resume's fault, which bounded_lost_work names ("did not resume")
         if restored < newest:
-            dropped = sorted(set(loss.get("removed", []) + loss.get("reverted_files", [])))
             shown = ", ".join(dropped[:4]) + (" ..." if len(dropped) > 4 else "")
             # which fsync was missing (the data's, the folder's), where the loss says
             why = (lost.describe() if lost is not None and lost.step == newest else
