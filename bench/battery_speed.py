@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from torchchaos.rundir.history import History
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 TARGETS = {
@@ -67,20 +69,9 @@ def torchchaos(command: list[str], cache: Path, out: Path, cold: bool) -> float:
     return seconds
 
 
-def events(run_dir: Path) -> list[dict]:
-    found = []
-    for path in (run_dir / "_chaos" / "history").glob("*.jsonl"):
-        for line in path.read_text().splitlines():
-            try:
-                found.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass  # a line cut by a kill
-    return sorted(found, key=lambda e: e["t"])
-
-
 def split(run_dir: Path, wall: float) -> dict[str, float]:
     """One row's wall time in PARTS, from its histories."""
-    evs = events(run_dir)
+    evs = History.of_run(run_dir).events
     parts = dict.fromkeys(PARTS, 0.0)
     attempts: dict[tuple[int, int], list[dict]] = {}
     for e in evs:
