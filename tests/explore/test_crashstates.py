@@ -292,3 +292,29 @@ def test_a_200_mb_save_enumerates_without_a_copy_of_its_bytes(tmp_path):
     assert states == len(found.specs) > 100 and found.total > 2000
     assert len(distinct) > 20 and built > states  # zeros: equal bytes, one image
     assert peak < 32 * mib, f"{peak / mib:.0f} MiB at the peak"
+
+
+def test_the_word_for_a_delete_counts_though_another_rank_acted_before_it(tmp_path):
+    """A rank says what it did once its call returned; on a busy machine the other
+    rank's next operation can come between. The crash after rank 1's unlink must still
+    carry rank 1's word for it (so a fall-back past the file reads as the job's delete),
+    and never rank 0's word for an operation after the cut."""
+    from torchchaos.explore.crash.record import Places, Record
+    from torchchaos.explore.crash.states import StateSpec
+    from torchchaos.explore.crash.sweep import _echo
+    from torchchaos.rundir.history import History
+
+    boots = [{"ev": "boot", "t": 0.0, "rank": r, "pid": 100 + r, "launch": 0, "attempt": 0}
+             for r in (0, 1)]
+    ops = [{"ev": "fs", "t": 1.0, "op": "unlink", "path": "rank1/step_10.pt", "pid": 101},
+           {"ev": "fs", "t": 1.1, "op": "unlink", "path": "rank0/step_10.pt", "pid": 100},
+           {"ev": "fs", "t": 1.4, "op": "fsyncdir", "path": "rank1", "pid": 101}]
+    words = [{"ev": "file", "t": 1.2, "op": "remove", "path": "out/rank1/step_10.pt",
+              "pid": 101, "rank": 1, "save": 3, "index": 0},
+             {"ev": "file", "t": 1.15, "op": "remove", "path": "out/rank0/step_10.pt",
+              "pid": 100, "rank": 0, "save": 3, "index": 0}]
+    record = Record(tmp_path, History(boots + ops + words), ops, None, 0, 2.0)
+    crash = Places(record, 3, "out").crash(StateSpec("kill", 1, "kill after #1"))
+    assert (crash.rank, crash.writer, crash.t_next) == (1, 101, 1.4)
+    echoed = [w["path"] for w in words if _echo(w, crash, "out")]
+    assert echoed == ["out/rank1/step_10.pt"]

@@ -71,7 +71,28 @@ class Crash:
     rank: int
     process: Event  # the boot event of the crashed rank's process
     spec: str
-    t_next: float = float("inf")  # when the filesystem saw the save's next operation
+    # when the filesystem saw the next operation of the process the crash follows: that
+    # process's word for its last operation comes before it (its calls return in order),
+    # though on a busy machine often after another rank's next operation
+    t_next: float = float("inf")
+    writer: int | None = None  # that process (its pid), None before the save began
+
+
+def _owner(op: Event) -> int | None:
+    """The process that made a filesystem operation (the thread's, where it says)."""
+    return op.get("tgid", op.get("pid"))
+
+
+def _next_of_same_process(record: Record) -> list[float]:
+    """For each operation, when the filesystem saw the next one of the same process
+    (the job's going on after the save where there is none): one pass, back to front."""
+    after: dict[int | None, float] = {}
+    found = [record.end] * len(record.ops)
+    for number in range(len(record.ops) - 1, -1, -1):
+        who = _owner(record.ops[number])
+        found[number] = after.get(who, record.end)
+        after[who] = record.ops[number]["t"]
+    return found
 
 
 class Places:
@@ -87,13 +108,17 @@ class Places:
                 self.saved.setdefault(e["rank"], []).append((e["t"], e["index"]))
         for events in self.saved.values():
             events.sort()
+        self.next_own = _next_of_same_process(record)
 
     def crash(self, spec: StateSpec) -> Crash:
         t_cut = self._time(spec.cut)
         rank, process = self._process(spec.cut, t_cut)
-        ops = self.record.ops
-        t_next = ops[spec.cut]["t"] if spec.cut < len(ops) else self.record.end
-        return Crash(t_cut, rank, process, self._spec(spec, rank, t_cut), t_next)
+        ops, first = self.record.ops, self.record.first
+        if first < spec.cut <= len(ops):  # after an operation: its process's next one
+            writer, t_next = _owner(ops[spec.cut - 1]), self.next_own[spec.cut - 1]
+        else:
+            writer, t_next = None, ops[spec.cut]["t"] if spec.cut < len(ops) else self.record.end
+        return Crash(t_cut, rank, process, self._spec(spec, rank, t_cut), t_next, writer)
 
     def _time(self, cut: int) -> float:
         record = self.record
@@ -107,8 +132,7 @@ class Places:
         """The rank whose operation the crash follows (rank 0 before the save), and the
         boot event of its process."""
         if cut > self.record.first:
-            op = self.record.ops[cut - 1]
-            boot = self.boots.get(op.get("tgid", op.get("pid")))
+            boot = self.boots.get(_owner(self.record.ops[cut - 1]))
             if boot is not None:
                 return boot["rank"], boot
         boot = min((e for e in self.boots.values() if e["t"] <= t_cut),

@@ -482,10 +482,11 @@ def _judge(base: Scenario, reference: Reference, record: Record, recovery: State
 def _echo(event: Event, crash: Crash, folder: str) -> bool:
     """The agent's word for an operation in the recorded folder at or before the cut: a
     rank says what it did once the call returned, after the filesystem saw it, so the
-    word for the operation the crash follows comes after the cut (and before the
-    filesystem's next operation). Without it, a crash right after a delete reads as
-    if the file had vanished on its own."""
+    word for the operation the crash follows comes after the cut (and before that
+    rank's next operation; other ranks' operations may come between). Without it, a
+    crash right after a delete reads as if the file had vanished on its own."""
     return (event["ev"] == "file" and crash.t_cut < event["t"] < crash.t_next
+            and event.get("pid") == crash.writer
             and str(event.get("path", "")).startswith(folder.rstrip("/") + "/"))
 
 
