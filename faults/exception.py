@@ -26,7 +26,10 @@ from __future__ import annotations
 import builtins
 import ctypes
 import importlib
+import sys
 import threading
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torchchaos.errors import UsageError
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
     from torchchaos.faults.shape import JobShape
 
 DEFAULT_TYPE = "RuntimeError"
+SCRIPT_POLL_SECONDS = 0.005
 # what a search draws: the errors training code meets most
 DRAWN_TYPES = ("RuntimeError", "OSError", "MemoryError", "ValueError")
 
@@ -113,20 +117,41 @@ class Raise(FaultKind):
         where = "a checkpoint file operation" if ctx.path and fault.trigger.phase else "a step"
         if fault.trigger.time is not None and threading.current_thread() is not \
                 threading.main_thread():
-            ctx.record("raised", id=fault.id, type=name, step=step, where="asynchronously,"
-                       " in the training thread")
-            _raise_in_main_thread(kind)
+            _raise_in_main_thread(kind, lambda: ctx.record(
+                "raised", id=fault.id, type=name, step=ctx.step(),
+                where="asynchronously, in the training thread"))
             return
         ctx.record("raised", id=fault.id, type=name, step=step, where=where,
                    thread=threading.current_thread().name)
         raise kind(message)
 
 
-def _raise_in_main_thread(kind: type[BaseException]) -> None:
-    """Have the main thread raise `kind` at its next bytecode (CPython's async exception:
-    a type, no message)."""
+def _runs_the_script(thread: int) -> bool:
+    """Whether the thread is inside the script's code. A time that passed while the rank
+    started (a busy machine) fires as soon as the agent is armed, which is before the
+    script's first line: an exception raised there would escape torchchaos's own start-up
+    (sitecustomize, or the warm launcher's fork wrapper, which ends a rank quietly with
+    code 0 on a KeyboardInterrupt) instead of the script, as no real interrupt does."""
+    main = sys.modules.get("__main__")
+    script, spec = getattr(main, "__file__", None), getattr(main, "__spec__", None)
+    if script is None or (spec is not None and spec.name.startswith("torchchaos.")):
+        return False  # not started yet, or the warm launcher's module before runpy's turn
+    frame = sys._current_frames().get(thread)
+    while frame is not None:
+        if frame.f_code.co_filename == script and frame.f_code.co_name == "<module>":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _raise_in_main_thread(kind: type[BaseException], say: Callable[[], None]) -> None:
+    """Have the main thread raise `kind` at its next bytecode once it runs the script
+    (CPython's async exception: a type, no message); `say` records it just before."""
     main = threading.main_thread().ident
     assert main is not None
+    while not _runs_the_script(main):
+        time.sleep(SCRIPT_POLL_SECONDS)
+    say()
     done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(kind))
     if done != 1:
         raise RuntimeError(f"could not interrupt the training thread (set in {done} threads)")

@@ -3,6 +3,7 @@ how an imported incident's fault becomes one of them rather than a stand-in."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -97,3 +98,35 @@ def test_an_exception_line_names_its_type():
     assert exception_name("builtins.OSError: [Errno 5]") == "OSError"
     assert exception_name("torch.OutOfMemoryError: x") == "RuntimeError"
     assert exception_name("Traceback (most recent call last)") == "RuntimeError"
+
+
+SLOW_START = """\
+import threading, time
+from torchchaos.faults.exception import _raise_in_main_thread
+threading.Thread(target=_raise_in_main_thread, daemon=True,
+                 args=(KeyboardInterrupt, lambda: print("raised", flush=True))).start()
+end = time.monotonic() + 0.5
+while time.monotonic() < end:  # the start-up still runs Python code when it fires
+    pass
+"""
+
+
+def test_a_time_that_passed_during_start_up_interrupts_the_script_not_the_start_up(
+        tmp_path):
+    """A time trigger that is due when the agent arms it (a rank that started slowly on
+    a busy machine) fires at once, while sitecustomize (or the warm launcher) still
+    runs: the KeyboardInterrupt must wait for the script's first line, as a real one
+    would hit the script. Raised in the start-up, it ended the interpreter before the
+    script began (cold), or was swallowed by torchrun's fork wrapper with exit code 0 and
+    the job hung (warm, seen under load)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_START)
+    (tmp_path / "train.py").write_text(
+        "print('script started', flush=True)\nimport time\nwhile True:\n    time.sleep(0.01)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    done = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, text=True,
+                          capture_output=True, timeout=60)
+    assert done.stdout.splitlines() == ["script started", "raised"], done.stderr
+    assert done.returncode == -2, done.stderr  # python ends by SIGINT, as on Ctrl-C
+    assert 'train.py", line' in done.stderr and "KeyboardInterrupt" in done.stderr
