@@ -10,11 +10,13 @@ of any torchchaos run may still be alive, no fault filesystem may still be
 mounted, no simulated node's network namespace or link may be left, nothing
 may be stale (`torchchaos clean` would find nothing), and no
 temporary folder may have appeared outside pytest's own (runs keep theirs
-inside their run directory).
+inside their run directory). Under pytest-xdist (`-n`) each worker checks its own
+runs, and the controller the host once every worker has ended.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 import tempfile
@@ -44,6 +46,28 @@ def cases(table: dict, slow: frozenset[str] = frozenset()) -> list:
     return [pytest.param(*(value if isinstance(value, tuple) else (value,)), id=key,
                          marks=[pytest.mark.slow] if key in slow else [])
             for key, value in table.items()]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Under pytest-xdist a test marked `host_exclusive` runs alone on the host: it
+    orphans a run on purpose and lists what is left, and every harness that starts
+    meanwhile sweeps the orphans of dead harnesses. Other tests share the host (a
+    readers-writer lock in the controller's basetemp, around the test's set-up, call
+    and teardown); a turnstile keeps them from starving an exclusive one."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        yield
+        return
+    folder = item.config._tmp_path_factory.getbasetemp().parent  # type: ignore[attr-defined]
+    exclusive = item.get_closest_marker("host_exclusive") is not None
+    with open(folder / "host-turnstile.lock", "w") as turnstile, \
+            open(folder / "host.lock", "w") as host:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(host, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        if not exclusive:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield  # the locks go with the files
 
 
 XDG_CACHE_HOME = "XDG_CACHE_HOME"
@@ -109,20 +133,59 @@ def chaos_processes(under: Path) -> list[int]:
 
 @pytest.fixture(scope="session", autouse=True)
 def nothing_leaks(tmp_path_factory: pytest.TempPathFactory):
-    tmp = Path(tempfile.gettempdir())
-    before = set(os.listdir(tmp))
-    networks_before = set(netns.leftovers())
+    """Every run of this session (of this worker, under pytest-xdist) reaped and
+    unmounted; without xdist, the host-wide checks too (`_host_leaks`)."""
+    before = None if os.environ.get("PYTEST_XDIST_WORKER") else _host_state()
     yield
-    networks = sorted(set(netns.leftovers()) - networks_before)
-    assert networks == [], f"network namespaces or links of this session survived it: {networks}"
     leaked = chaos_processes(tmp_path_factory.getbasetemp())
     assert leaked == [], f"processes of this session's runs survived it: {leaked}"
     mounts = mounts_under(tmp_path_factory.getbasetemp())
     assert mounts == [], f"mounts of this session's runs survived it: {mounts}"
+    if before is not None:
+        problems = _host_leaks(before)
+        assert not problems, "; ".join(problems)
+
+
+_HOST_BEFORE = pytest.StashKey[tuple[set[str], set[str]]]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if session.config.pluginmanager.hasplugin("dsession"):  # the xdist controller
+        session.config.stash[_HOST_BEFORE] = _host_state()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under pytest-xdist the host-wide checks wait for every worker to end: a worker's
+    view of the host holds the other workers' live runs."""
+    if _HOST_BEFORE not in session.config.stash:
+        return
+    problems = _host_leaks(session.config.stash[_HOST_BEFORE])
+    if problems:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        for problem in problems:
+            reporter.write_line(f"LEAK: {problem}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _host_state() -> tuple[set[str], set[str]]:
+    return set(os.listdir(tempfile.gettempdir())), set(netns.leftovers())
+
+
+def _host_leaks(before: tuple[set[str], set[str]]) -> list[str]:
+    """What the session left on the host: networks, leftovers no live harness owns,
+    temporary folders outside pytest's own."""
+    tmp_before, networks_before = before
+    problems = []
+    networks = sorted(set(netns.leftovers()) - networks_before)
+    if networks:
+        problems.append(f"network namespaces or links of this session survived it: {networks}")
     stale = [x.describe() for x in leftovers.stale(leftovers.inventory())]
-    assert stale == [], f"leftovers no live harness owns (`torchchaos clean` lists): {stale}"
+    if stale:
+        problems.append(f"leftovers no live harness owns (`torchchaos clean` lists): {stale}")
     # torchinductor_<user>: torch's own per-user compile cache, which an import of
     # torch._dynamo (DDP, Lightning) may create in the temp folder; kept across runs
-    new = {n for n in set(os.listdir(tmp)) - before
+    new = {n for n in set(os.listdir(tempfile.gettempdir())) - tmp_before
            if not n.startswith(("pytest-of-", "torchinductor_"))}
-    assert not new, f"temporary files or folders left outside the run dirs: {sorted(new)}"
+    if new:
+        problems.append(f"temporary files or folders left outside the run dirs: {sorted(new)}")
+    return problems

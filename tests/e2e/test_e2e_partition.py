@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TARGET, chaos_processes
 
-from torchchaos.host import netns
+from torchchaos import env
+from torchchaos.host import netns, procs
 from torchchaos.rundir.history import History
 
 pytestmark = pytest.mark.skipif(bool(netns.unavailable_reason()),
@@ -109,11 +110,15 @@ def test_an_interrupted_partitioned_run_leaves_nothing_behind(tmp_path_factory, 
     while time.monotonic() < deadline and '"nemesis_begin"' not in _text(harness):
         time.sleep(0.2)
     assert '"nemesis_begin"' in _text(harness), "the partition should be in force"
+    runs = {values[env.RUN_ID][:8] for values in procs.env_vars((env.RUN_DIR, env.RUN_ID)).values()
+            if values.get(env.RUN_DIR, "").startswith(str(tmp_path)) and env.RUN_ID in values}
+    assert runs, "the run's processes carry its id"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err
     assert chaos_processes(tmp_path) == []
-    assert netns.leftovers() == []  # the namespaces took their rules with them
+    # the namespaces took their rules with them (this run's: others may run beside it)
+    assert [left for run in runs for left in netns.leftovers(run)] == []
 
 
 def _text(path: Path) -> str:

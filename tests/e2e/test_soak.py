@@ -37,6 +37,9 @@ from torchchaos.host import leftovers, owners
 from torchchaos.host.mounts import mounts_under
 from torchchaos.host.netns import unavailable_reason as netns_unavailable
 
+# it orphans runs and lists what is left: alone on the host under pytest -n (conftest)
+pytestmark = pytest.mark.host_exclusive
+
 BOUND = 10.0  # seconds after the victim's death by which nothing may be left
 STEPS = ["--steps", "20", "--ckpt-every", "5"]
 FAMILIES = {  # fault family: (torchchaos run options, script arguments)

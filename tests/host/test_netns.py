@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
@@ -35,7 +36,8 @@ def fault(shape: str = "isolate", node: int = 1, **params: object) -> ResolvedFa
 
 @pytest.fixture
 def network():
-    net = netns.Network("feedc0de" + "0000", 3).create()
+    run_id = uuid.uuid4().hex[:12]  # its own: tests side by side under pytest -n
+    net = netns.Network(run_id, 3).create()
     servers = [subprocess.Popen([*node.enter(), sys.executable, "-c", SERVE],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                for node in net.nodes]
@@ -48,7 +50,7 @@ def network():
             server.kill()
             server.wait()
         net.close()
-    assert netns.leftovers("feedc0de") == []
+    assert netns.leftovers(run_id) == []
 
 
 def _wait_reachable(src: netns.Node, dst: netns.Node) -> None:
@@ -114,11 +116,12 @@ def test_store_cut_drops_only_the_store_port(network):
 
 
 def test_closing_removes_namespaces_links_and_rules():
-    net = netns.Network("beefc0de" + "1111", 2).create()
+    run_id = uuid.uuid4().hex[:12]
+    net = netns.Network(run_id, 2).create()
     partition.Partition().cut(fault("isolate"), _ctx(net))
-    assert len(netns.leftovers("beefc0de1111")) == 2 + 3  # 2 namespaces, bridge, 2 links
+    assert len(netns.leftovers(run_id)) == 2 + 3  # 2 namespaces, bridge, 2 links
     net.close()
-    assert netns.leftovers("beefc0de1111") == []
+    assert netns.leftovers(run_id) == []
     net.close()  # twice is fine
 
 
