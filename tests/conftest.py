@@ -20,13 +20,14 @@ import fcntl
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
 from torchchaos import env
-from torchchaos.host import leftovers, netns, procs
+from torchchaos.host import leftovers, lifeline, netns, procs
 from torchchaos.host.mounts import mounts_under
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -52,22 +53,55 @@ def cases(table: dict, slow: frozenset[str] = frozenset()) -> list:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """Under pytest-xdist a test marked `host_exclusive` runs alone on the host: it
     orphans a run on purpose and lists what is left, and every harness that starts
-    meanwhile sweeps the orphans of dead harnesses. Other tests share the host (a
-    readers-writer lock in the controller's basetemp, around the test's set-up, call
-    and teardown); a turnstile keeps them from starving an exclusive one."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if not worker:
+    meanwhile sweeps the orphans of dead harnesses. Other tests share the host: a
+    readers-writer lock in the controller's basetemp around each test's set-up, call
+    and teardown, with a turnstile that keeps them from starving an exclusive one. The
+    exclusive tests run on one worker in a row (`--dist loadgroup`, their xdist_group),
+    which keeps the host until the last of them: the others wait for it once."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
-    folder = item.config._tmp_path_factory.getbasetemp().parent  # type: ignore[attr-defined]
-    exclusive = item.get_closest_marker("host_exclusive") is not None
-    with open(folder / "host-turnstile.lock", "w") as turnstile, \
-            open(folder / "host.lock", "w") as host:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        fcntl.flock(host, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        if not exclusive:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-        yield  # the locks go with the files
+    exclusive = _exclusive(item)
+    if _HOST_TURN.get("exclusive") != exclusive:
+        _release_host()
+        _take_host(item.config, exclusive)
+    yield
+    if not (exclusive and nextitem is not None and _exclusive(nextitem)):
+        _release_host()
+
+
+@pytest.fixture(autouse=True)
+def _owned_folder(request: pytest.FixtureRequest) -> None:
+    """Under pytest-xdist, what a test makes in its folder without a harness (a fault
+    filesystem it mounts itself) is this worker's lifeline's: a harness starting in
+    another worker sweeps what no live harness owns. Tests that orphan runs on purpose
+    run alone and keep theirs unowned."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and not _exclusive(request.node):
+        lifeline.own(path=str(request.getfixturevalue("tmp_path")))
+
+
+_HOST_TURN: dict = {}  # this worker's hold on the host: "exclusive", "files"
+
+
+def _exclusive(item: pytest.Item) -> bool:
+    return item.get_closest_marker("host_exclusive") is not None
+
+
+def _take_host(config: pytest.Config, exclusive: bool) -> None:
+    folder = config._tmp_path_factory.getbasetemp().parent  # type: ignore[attr-defined]
+    turnstile = open(folder / "host-turnstile.lock", "w")  # noqa: SIM115 - held across tests
+    host = open(folder / "host.lock", "w")  # noqa: SIM115
+    fcntl.flock(turnstile, fcntl.LOCK_EX)
+    fcntl.flock(host, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    if not exclusive:
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+    _HOST_TURN.update(exclusive=exclusive, files=(turnstile, host))
+
+
+def _release_host() -> None:
+    for file in _HOST_TURN.pop("files", ()):
+        file.close()  # its lock goes with it
+    _HOST_TURN.clear()
 
 
 XDG_CACHE_HOME = "XDG_CACHE_HOME"
@@ -171,6 +205,17 @@ def _host_state() -> tuple[set[str], set[str]]:
     return set(os.listdir(tempfile.gettempdir())), set(netns.leftovers())
 
 
+def _stale_once_watchers_are_done(bound: float = 15.0) -> list[str]:
+    """What no live harness owns, once the watchers of harnesses that just ended (the
+    xdist workers) had their time to remove their runs and lock files."""
+    deadline = time.monotonic() + bound
+    while True:
+        stale = [x.describe() for x in leftovers.stale(leftovers.inventory())]
+        if not stale or time.monotonic() > deadline:
+            return stale
+        time.sleep(0.5)
+
+
 def _host_leaks(before: tuple[set[str], set[str]]) -> list[str]:
     """What the session left on the host: networks, leftovers no live harness owns,
     temporary folders outside pytest's own."""
@@ -179,7 +224,7 @@ def _host_leaks(before: tuple[set[str], set[str]]) -> list[str]:
     networks = sorted(set(netns.leftovers()) - networks_before)
     if networks:
         problems.append(f"network namespaces or links of this session survived it: {networks}")
-    stale = [x.describe() for x in leftovers.stale(leftovers.inventory())]
+    stale = _stale_once_watchers_are_done()
     if stale:
         problems.append(f"leftovers no live harness owns (`torchchaos clean` lists): {stale}")
     # torchinductor_<user>: torch's own per-user compile cache, which an import of

@@ -37,8 +37,9 @@ from torchchaos.host import leftovers, owners
 from torchchaos.host.mounts import mounts_under
 from torchchaos.host.netns import unavailable_reason as netns_unavailable
 
-# it orphans runs and lists what is left: alone on the host under pytest -n (conftest)
-pytestmark = pytest.mark.host_exclusive
+# it orphans runs and lists what is left: alone on the host under pytest -n, all such
+# tests on one worker one after the other (conftest)
+pytestmark = [pytest.mark.host_exclusive, pytest.mark.xdist_group("host_exclusive")]
 
 BOUND = 10.0  # seconds after the victim's death by which nothing may be left
 STEPS = ["--steps", "20", "--ckpt-every", "5"]

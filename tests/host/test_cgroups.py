@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from torchchaos.host import cgroups, leftovers
+from torchchaos.host import cgroups, leftovers, lifeline
 
 ROOT = cgroups.memory_root()
 NEEDS_CGROUPS = pytest.mark.skipif(ROOT is None, reason="no writable memory cgroup"
@@ -24,6 +24,7 @@ FILL = "import sys; sys.stdin.readline(); kept = [bytearray(1 << 22) for _ in ra
 def test_a_process_over_its_cgroup_limit_is_killed_by_the_kernel_and_reported():
     assert ROOT is not None
     run_id = uuid.uuid4().hex[:12]
+    lifeline.own(run_id)  # a harness starting beside it (pytest -n) leaves it alone
     group = cgroups.create_run_group(ROOT, run_id)
     try:
         proc = subprocess.Popen([sys.executable, "-c", FILL], stdin=subprocess.PIPE, text=True)

@@ -27,8 +27,9 @@ from torchchaos.faults.faultfs.mount import unavailable_reason as fuse_unavailab
 from torchchaos.host import cgroups, leftovers, lifeline, netns, owners
 from torchchaos.host.mounts import mounts_under
 
-# it orphans runs and lists what is left: alone on the host under pytest -n (conftest)
-pytestmark = pytest.mark.host_exclusive
+# it orphans runs and lists what is left: alone on the host under pytest -n, all such
+# tests on one worker one after the other (conftest)
+pytestmark = [pytest.mark.host_exclusive, pytest.mark.xdist_group("host_exclusive")]
 
 BOUND = 10.0  # seconds
 

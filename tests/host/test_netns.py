@@ -15,7 +15,7 @@ import pytest
 
 from torchchaos.faults import partition
 from torchchaos.harness.nemesis import windows
-from torchchaos.host import netns
+from torchchaos.host import lifeline, netns
 from torchchaos.scenario.schedule import ResolvedFault
 from torchchaos.scenario.spec import Trigger
 
@@ -37,6 +37,7 @@ def fault(shape: str = "isolate", node: int = 1, **params: object) -> ResolvedFa
 @pytest.fixture
 def network():
     run_id = uuid.uuid4().hex[:12]  # its own: tests side by side under pytest -n
+    lifeline.own(run_id)  # and owned: a harness starting beside it leaves it alone
     net = netns.Network(run_id, 3).create()
     servers = [subprocess.Popen([*node.enter(), sys.executable, "-c", SERVE],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -117,6 +118,7 @@ def test_store_cut_drops_only_the_store_port(network):
 
 def test_closing_removes_namespaces_links_and_rules():
     run_id = uuid.uuid4().hex[:12]
+    lifeline.own(run_id)
     net = netns.Network(run_id, 2).create()
     partition.Partition().cut(fault("isolate"), _ctx(net))
     assert len(netns.leftovers(run_id)) == 2 + 3  # 2 namespaces, bridge, 2 links

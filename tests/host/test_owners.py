@@ -29,8 +29,9 @@ from torchchaos import env
 from torchchaos.faults.faultfs.mount import unavailable_reason as fuse_unavailable
 from torchchaos.host import leftovers, lifeline, netns, owners, procs
 
-# it orphans runs and lists what is left: alone on the host under pytest -n (conftest)
-pytestmark = pytest.mark.host_exclusive
+# it orphans runs and lists what is left: alone on the host under pytest -n, all such
+# tests on one worker one after the other (conftest)
+pytestmark = [pytest.mark.host_exclusive, pytest.mark.xdist_group("host_exclusive")]
 
 BOUND = 15.0  # seconds for a sweep's or a watcher's removal to show
 ROUND = lifeline.ROUND_SECONDS  # one round of the watcher's SIGKILLs
