@@ -27,7 +27,7 @@ from typing import Any
 from torchchaos import env
 from torchchaos.faults.contract import JobContext, JobResource
 from torchchaos.faults.registry import get_kind
-from torchchaos.harness import errorlines
+from torchchaos.harness import errorlines, spare
 from torchchaos.harness.gate import Gate, GateError
 from torchchaos.harness.hangwatch import STATE_ORDER, HangFinding, HangWatch
 from torchchaos.harness.nemesis import Nemesis
@@ -218,7 +218,7 @@ class Job:
         self.reference = reference
         self.progress = progress or (lambda _msg: None)
         self.run_id = uuid.uuid4().hex[:12]
-        self.nodes: list[subprocess.Popen[bytes]] = []
+        self.nodes: list[subprocess.Popen[bytes] | spare.ServedLauncher] = []
         self.resources: list[JobResource] = []
         self.network: Network | None = None
         # one port for every launch's store (a proxy in front of it stays valid);
@@ -391,6 +391,11 @@ class Job:
                                 # memory, P2P), where a partition cannot cut it
                                 "NCCL_HOSTID": f"torchchaos-{self.run_id}-node-{node}",
                                 **environ}
+            served = spare.launch(command, node_environ, str(self.layout.run_dir),
+                                  str(log_path))
+            if served is not None:  # forked from a launcher held ready (harness.spare)
+                self.nodes.append(served)
+                continue
             with open(log_path, "ab") as log_file:
                 self.nodes.append(subprocess.Popen(
                     command, cwd=self.layout.run_dir, env=node_environ, stdin=subprocess.DEVNULL,

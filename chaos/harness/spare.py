@@ -1,0 +1,197 @@
+"""Launchers held ready: a warm job's torchrun forked from a process that has torch
+imported already (`torchchaos.rank.launcher_server`), instead of a new interpreter that
+imports it again for every launch (6-8 s of CPU each on 2 cores).
+
+`launch(command, env, cwd, log)` returns a process handle with the parts of
+`subprocess.Popen` a `Job` uses (pid, poll, wait), or None where a launcher cannot be
+served (the command is not a plain warm launcher, the user turned it off with
+TORCHCHAOS_SPARE_LAUNCHER=0, the server failed): the caller then starts it as before.
+
+One server per harness process and per environment a launcher imports with (the job's
+environment less the run's own marks, which differ every run): what torch reads at
+import, PYTHONPATH and the str-hash seed among it. The first job of each pays the
+imports once, as before; every later launch and relaunch is a fork. A server ends when
+its harness does (its stdin closes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+OFF = "TORCHCHAOS_SPARE_LAUNCHER"  # "0": every launcher an interpreter of its own
+LAUNCHER = [sys.executable, "-m", "torchchaos.rank.warmrun"]
+PER_RUN = ("TMPDIR",)  # set for each run besides the TORCHCHAOS_ marks
+START_SECONDS = 300.0  # a server's imports, on a machine loaded many times over
+MAX_SERVERS = 2  # idle ones kept: the usual job's environment and one other
+
+_servers: dict[frozenset[tuple[str, str]], LauncherServer] = {}
+_servers_lock = threading.Lock()
+
+
+def launch(command: list[str], environ: dict[str, str], cwd: str,
+           log: str) -> ServedLauncher | None:
+    """The launcher `command` would start, forked from a server; None: start it yourself."""
+    if command[:3] != LAUNCHER or os.environ.get(OFF) == "0":
+        return None
+    server = _server_for(environ)
+    return server.launch(command[3:], environ, cwd, log) if server is not None else None
+
+
+def _server_for(environ: dict[str, str]) -> LauncherServer | None:
+    key = frozenset((k, v) for k, v in environ.items()
+                    if not k.startswith("TORCHCHAOS_") and k not in PER_RUN)
+    with _servers_lock:
+        server = _servers.get(key)
+        if server is not None and server.usable():
+            return server
+        if server is not None:
+            del _servers[key]
+        idle = [k for k, s in _servers.items() if s.idle()]  # oldest first
+        for old in idle[:max(0, len(_servers) - MAX_SERVERS + 1)]:
+            _servers.pop(old).close()  # one with launchers running stays
+        base = {k: v for k, v in environ.items()
+                if not k.startswith("TORCHCHAOS_") and k not in PER_RUN}
+        server = LauncherServer(base)
+        _servers[key] = server
+        return server
+
+
+class LauncherServer:
+    """The harness's side of one `torchchaos.rank.launcher_server`."""
+
+    def __init__(self, base: dict[str, str]) -> None:
+        from torchchaos.rank import launcher_server as served
+
+        room = {served.ROOM_VARIABLE: "x" * served.ROOM_BYTES}
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "torchchaos.rank.launcher_server"], env={**base, **room},
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            cwd="/", start_new_session=True)
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # one request at a time on the pipe
+        self._changed = threading.Condition()
+        self._ready = False
+        self._answers: dict[int, dict[str, Any]] = {}
+        self._codes: dict[int, int] = {}
+        self._started: set[int] = set()
+        self._reader = threading.Thread(target=self._read, name="torchchaos-spare",
+                                        daemon=True)
+        self._reader.start()
+
+    def usable(self) -> bool:
+        return self._proc.poll() is None
+
+    def idle(self) -> bool:
+        """No launcher of this server is running."""
+        with self._changed:
+            return self._started <= set(self._codes)
+
+    def launch(self, argv: list[str], environ: dict[str, str], cwd: str,
+               log: str) -> ServedLauncher | None:
+        with self._lock:
+            if not self._wait_for(lambda: self._ready, START_SECONDS):
+                return None
+            ident = next(self._ids)
+            request = {"id": ident, "argv": argv, "env": environ, "cwd": cwd, "log": log}
+            try:
+                assert self._proc.stdin is not None
+                self._proc.stdin.write(json.dumps(request).encode() + b"\n")
+                self._proc.stdin.flush()
+            except OSError:
+                return None
+            if not self._wait_for(lambda: ident in self._answers, START_SECONDS):
+                return None
+            answer = self._answers.pop(ident)
+        if "started" not in answer:
+            return None
+        return ServedLauncher(self, answer["started"])
+
+    def exit_code(self, pid: int) -> int | None:
+        with self._changed:
+            code = self._codes.get(pid)
+        if code is None and not self.usable() and not _alive(pid):
+            return -signal.SIGKILL  # ended after its server, which could not say how
+        return code
+
+    def wait_for_exit(self, pid: int, timeout: float | None) -> int | None:
+        self._wait_for(lambda: pid in self._codes, timeout)
+        return self.exit_code(pid)
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()  # the server ends; its launchers' runs are reaped
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def _wait_for(self, condition: Any, timeout: float | None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while not condition():
+                if self._proc.poll() is not None and not self._reader.is_alive():
+                    return bool(condition())
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._changed.wait(0.5 if left is None else min(left, 0.5))
+            return True
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            message = json.loads(line)
+            with self._changed:
+                if "ready" in message:
+                    self._ready = True
+                elif "exited" in message:
+                    self._codes[message["exited"]] = message["code"]
+                else:
+                    self._answers[message["id"]] = message
+                    if "started" in message:
+                        self._started.add(message["started"])
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+
+class ServedLauncher:
+    """A launcher the server forked, as much of `subprocess.Popen` as a Job uses."""
+
+    def __init__(self, server: LauncherServer, pid: int) -> None:
+        self.server, self.pid = server, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.exit_code(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.poll() is None:
+            self.returncode = self.server.wait_for_exit(self.pid, timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(f"launcher {self.pid}", timeout or 0)
+        return self.returncode
+
+    def __repr__(self) -> str:
+        return f"<served launcher {self.pid} returncode={self.returncode}>"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,147 @@
+"""A warm launcher held ready: one process per harness that has imported what a job's
+launcher needs, and forks a `torchchaos.rank.warmrun` launcher for each job it is asked.
+
+A warm job's launcher spends 6-8 s of CPU importing torch, torch.distributed.run and
+torch._dynamo before torchrun starts (on 2 cores; 59 of the battery's 75 s). This
+process pays that once: `python -m torchchaos.rank.launcher_server` imports them, then
+reads one request a line on stdin (JSON: argv, env, cwd, log) and forks a launcher that
+becomes `python -m torchchaos.rank.warmrun ARGV` in that folder, with that environment
+and its output in that log, in a session of its own. It answers on stdout, one JSON line
+each: `{"ready": ...}` once, `{"started": pid, "id": ...}` per request (or
+`{"failed": why, "id": ...}`), and `{"exited": pid, "code": ...}` when a launcher ends,
+the code as `subprocess.Popen.returncode` has it. It ends when its stdin closes: the
+harness that started it is gone (`torchchaos.harness.spare` is that side).
+
+What a launcher forked here must look like from outside is the run's own process: the
+harness finds, reaps and watches a run's processes by the marks in their initial
+environment (/proc/PID/environ, `torchchaos.host.procs`), which a forked process shares
+with its parent. So this server starts with room in its environment (ROOM_VARIABLE,
+ROOM_BYTES of padding) and each launcher writes its job's environment over that memory
+(`_rewrite_environ`): its ranks, forked from it, show it too. No capability is needed,
+as setproctitle rewrites argv. Single-threaded on purpose: a fork copies only the
+forking thread, and a lock another thread held would stay held in the launcher.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import importlib
+import json
+import os
+import select
+import signal
+import sys
+import tempfile
+from typing import Any
+
+ROOM_VARIABLE = "TORCHCHAOS_ENVIRON_ROOM"
+ROOM_BYTES = 1 << 16  # a job's environment is a few KB; more is refused, not cut
+POLL_SECONDS = 0.05  # how often ended launchers are looked for between requests
+
+
+def main() -> None:
+    from torchchaos.rank import agent, warmrun
+
+    for name in agent.WARM_IMPORTS:
+        importlib.import_module(name)
+    del warmrun  # imported for what it imports (torch.distributed.run)
+    _say({"ready": os.getpid()})
+    pending = b""
+    while True:
+        readable, _, _ = select.select([0], [], [], POLL_SECONDS)
+        if readable:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:
+                return  # the harness is gone; its lifeline reaps what its runs left
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                _serve(json.loads(line))
+        _report_ended()
+
+
+def _say(message: dict[str, Any]) -> None:
+    os.write(1, json.dumps(message).encode() + b"\n")
+
+
+def _serve(request: dict[str, Any]) -> None:
+    block = b"".join(f"{k}={v}".encode() + b"\0" for k, v in request["env"].items())
+    start, end = _environ_region()
+    if len(block) > end - start:
+        _say({"failed": f"the job's environment ({len(block)} bytes) does not fit the"
+                        f" {end - start} bytes held for it", "id": request["id"]})
+        return
+    pid = os.fork()
+    if pid == 0:
+        _become_launcher(request, block.ljust(end - start, b"\0"), start)
+    _say({"started": pid, "id": request["id"]})
+
+
+def _report_ended() -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _say({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _environ_region() -> tuple[int, int]:
+    """Where this process's initial environment lies (/proc/self/stat, fields 50-51)."""
+    with open("/proc/self/stat") as stat:
+        text = stat.read()
+    fields = text[text.rindex(")") + 2:].split()
+    return int(fields[50 - 3]), int(fields[51 - 3])
+
+
+def _become_launcher(request: dict[str, Any], block: bytes, start: int) -> None:
+    """In the forked child: become `python -m torchchaos.rank.warmrun ARGV` started fresh
+    in the job's folder, then end as that interpreter would (never returns)."""
+    code: Any = 1
+    try:
+        os.setsid()  # as the harness starts every launcher: a session of its own
+        # the C library's environment points into the memory rewritten next: empty it
+        # first (unsetenv reads those strings), then give it the job's own copies
+        os.environ.clear()
+        ctypes.memmove(start, block, len(block))  # /proc/PID/environ now says the job's
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        tempfile.tempdir = None  # TMPDIR is the run's own
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        from torchchaos.rank import warmrun
+
+        sys.argv = [warmrun.__file__, *request["argv"]]
+        sys.path[0] = request["cwd"]  # what `python -m` puts first
+        code = 0
+        warmrun.main(request["argv"])
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:  # noqa: BLE001 - printed as the interpreter prints it
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
