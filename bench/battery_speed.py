@@ -8,8 +8,10 @@ For each target, side by side in one run on this machine:
    it today, timed from outside;
 2. the fault-free reference, made once per start mode and not timed (the battery
    reuses it by content, as it does in CI after the first run);
-3. `torchchaos battery` with exec'd ranks (`TORCHCHAOS_COLD_START=1`) and with warm
-   ones (the default), timed from outside, as the ratio to the plain run;
+3. `torchchaos battery` with exec'd ranks (`TORCHCHAOS_COLD_START=1`, "cold"), with warm
+   ranks each launcher an interpreter of its own (`TORCHCHAOS_SPARE_LAUNCHER=0`,
+   "warm"), and with warm ranks whose launchers are forked from the harness's launcher
+   server (the default, "spare"), timed from outside, as the ratio to the plain run;
 4. the battery's rows split by their own histories: start-up (a launch or a restart
    until its ranks' agents boot: interpreter, imports), init (boot to the first step:
    the script's own set-up, the process group, loading a checkpoint), training (first
@@ -55,10 +57,14 @@ def plain_run(script: Path, args: list[str], scratch: Path) -> float:
     return seconds
 
 
-def torchchaos(command: list[str], cache: Path, out: Path, cold: bool) -> float:
-    environ = {k: v for k, v in os.environ.items() if k != "TORCHCHAOS_COLD_START"}
-    if cold:
-        environ["TORCHCHAOS_COLD_START"] = "1"
+MODES = {"cold": {"TORCHCHAOS_COLD_START": "1"}, "warm": {"TORCHCHAOS_SPARE_LAUNCHER": "0"},
+         "spare": {}}
+
+
+def torchchaos(command: list[str], cache: Path, out: Path, mode: str) -> float:
+    environ = {k: v for k, v in os.environ.items() if k not in MODES["cold"]
+               and k not in MODES["warm"]}
+    environ.update(MODES[mode])
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "torchchaos.cli", command[0], "--cache-dir",
                            str(cache), "--out", str(out), "--quiet", *command[1:]],
@@ -111,13 +117,12 @@ def bench(name: str, jobs: int, scratch: Path) -> None:
     script, args = TARGETS[name]
     plain = plain_run(script, args, scratch)
     results = {}
-    for mode in ("cold", "warm"):
+    for mode in MODES:
         cache = scratch / f"cache-{mode}"
-        torchchaos(["run", "--", str(script), *args], cache, scratch / f"ref-{mode}",
-                   cold=mode == "cold")
+        torchchaos(["run", "--", str(script), *args], cache, scratch / f"ref-{mode}", mode)
         out = scratch / f"battery-{mode}"
         seconds = torchchaos(["battery", "--jobs", str(jobs), "--", str(script), *args],
-                             cache, out, cold=mode == "cold")
+                             cache, out, mode)
         totals = dict.fromkeys(PARTS, 0.0)
         found = rows(out)
         for run_dir, wall in found:
@@ -127,7 +132,7 @@ def bench(name: str, jobs: int, scratch: Path) -> None:
     print(f"{name}: one plain torchrun {plain:.1f} s")
     for mode, (seconds, count, totals) in results.items():
         shares = ", ".join(f"{part} {value:.1f}" for part, value in totals.items())
-        print(f"  battery {mode:4}: {seconds:6.1f} s = {seconds / plain:4.1f}x the plain run;"
+        print(f"  battery {mode:5}: {seconds:6.1f} s = {seconds / plain:4.1f}x the plain run;"
               f" {count} rows, their wall time in s: {shares}")
 
 

@@ -33,6 +33,9 @@ OOM_CGROUP = "TORCHCHAOS_OOM_CGROUP"  # the run's memory cgroup folder (the oom 
 # "1" in the harness's own environment: every job's ranks start as torchrun starts
 # them, exec'd (cold), not forked from a launcher with torch imported (warm)
 COLD_START = "TORCHCHAOS_COLD_START"
+# "0" in the harness's own environment: every warm job's torchrun an interpreter of its
+# own, not forked from the harness's launcher server (torchchaos.harness.spare)
+SPARE_LAUNCHER = "TORCHCHAOS_SPARE_LAUNCHER"
 
 
 def cold_start() -> bool:

@@ -26,7 +26,8 @@ import threading
 import time
 from typing import Any
 
-OFF = "TORCHCHAOS_SPARE_LAUNCHER"  # "0": every launcher an interpreter of its own
+from torchchaos import env
+
 LAUNCHER = [sys.executable, "-m", "torchchaos.rank.warmrun"]
 PER_RUN = ("TMPDIR",)  # set for each run besides the TORCHCHAOS_ marks
 START_SECONDS = 300.0  # a server's imports, on a machine loaded many times over
@@ -39,7 +40,7 @@ _servers_lock = threading.Lock()
 def launch(command: list[str], environ: dict[str, str], cwd: str,
            log: str) -> ServedLauncher | None:
     """The launcher `command` would start, forked from a server; None: start it yourself."""
-    if command[:3] != LAUNCHER or os.environ.get(OFF) == "0":
+    if command[:3] != LAUNCHER or os.environ.get(env.SPARE_LAUNCHER) == "0":
         return None
     server = _server_for(environ)
     return server.launch(command[3:], environ, cwd, log) if server is not None else None
