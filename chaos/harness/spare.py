@@ -29,7 +29,9 @@ from typing import Any
 from torchchaos import env
 
 LAUNCHER = [sys.executable, "-m", "torchchaos.rank.warmrun"]
-PER_RUN = ("TMPDIR",)  # set for each run besides the TORCHCHAOS_ marks
+# set for each run besides the TORCHCHAOS_ marks, or for each test by pytest: no import
+# reads them, and a server for each value would import torch again for every job
+PER_RUN = ("TMPDIR", "PYTEST_CURRENT_TEST")
 START_SECONDS = 300.0  # a server's imports, on a machine loaded many times over
 MAX_SERVERS = 2  # idle ones kept: the usual job's environment and one other
 
@@ -127,13 +129,10 @@ class LauncherServer:
         return self.exit_code(pid)
 
     def close(self) -> None:
+        """Let it end (it reads the end of its stdin once its imports are done); not
+        waited for: the next job need not wait on it."""
         if self._proc.stdin is not None:
-            self._proc.stdin.close()  # the server ends; its launchers' runs are reaped
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+            self._proc.stdin.close()
 
     def _wait_for(self, condition: Any, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
