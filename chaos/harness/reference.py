@@ -358,13 +358,20 @@ def _cached_or_new(scenario: Scenario, entry: Path, progress: Progress) -> Refer
         progress(f"reference: reusing cached run {entry}")
         return Reference(entry / "run-0", meta["wall_seconds"], meta["deterministic"],
                          meta["detail"])
-    if entry.is_dir():
-        shutil.rmtree(entry)  # incomplete, damaged or too few runs: this harness made it
-    elif entry.exists():
-        entry.unlink()
-    entry.mkdir()
-    walls = []
-    for number in range(scenario.reference_runs):
+    if meta is not None:  # whole, with too few runs: its run-0 may be another harness's
+        # reference right now (pytest -n, a doctor beside a run), so it stays; the runs
+        # it lacks are added beside it
+        walls = [meta["wall_seconds"]]
+        for extra in range(meta["runs"], scenario.reference_runs):
+            shutil.rmtree(entry / f"run-{extra}", ignore_errors=True)
+    else:
+        if entry.is_dir():
+            shutil.rmtree(entry)  # incomplete or damaged: no harness could use it
+        elif entry.exists():
+            entry.unlink()
+        entry.mkdir()
+        walls = []
+    for number in range(len(walls), scenario.reference_runs):
         progress(f"reference run {number + 1}/{scenario.reference_runs} (fault-free) ...")
         walls.append(_run_once(scenario, entry / f"run-{number}", progress, second=number > 0))
         progress(f"reference run {number + 1} done in {walls[-1]:.1f} s")

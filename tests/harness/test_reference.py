@@ -48,6 +48,21 @@ def test_an_interrupted_entry_is_run_again_not_reused(tmp_path):
     assert any("reference run 1/1" in line for line in said)
 
 
+def test_a_second_run_is_added_beside_the_first_which_stays_in_use(tmp_path):
+    """A one-run entry asked for two (doctor, beside a chaos run under pytest -n) keeps
+    its run-0: another harness's ranks may be reading it as their reference right then.
+    It was removed and made again, and a chaos run beside it lost its reference."""
+    one = get_reference(Scenario(script=str(PLAIN)), tmp_path, lambda _: None)
+    history = one.run_dir / "_chaos" / "history" / "rank-0.jsonl"
+    before = history.stat()
+    said: list[str] = []
+    two = get_reference(Scenario(script=str(PLAIN), reference_runs=2), tmp_path, said.append)
+    assert two.run_dir == one.run_dir and two.deterministic is True, two.detail
+    assert history.stat().st_ino == before.st_ino and history.stat().st_mtime == before.st_mtime
+    assert not any("reference run 1/2" in line for line in said), said
+    assert any("reference run 2/2" in line for line in said), said
+
+
 def test_a_meta_json_cut_short_is_run_again_naming_it(tmp_path):
     """A meta.json cut short (a full disk, a copy interrupted) once failed every later run
     on that cache with an internal error that named no file; it is said and rebuilt."""
