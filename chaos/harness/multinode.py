@@ -164,6 +164,8 @@ class NodeJob(Job):
     pids that live on other machines; the deadline bounds a hung node.
     """
 
+    SERVED = False  # its torchrun is started as the machine's user would start it
+
     def __init__(self, scenario: Scenario, spec: NodeSpec, faults: list[ResolvedFault],
                  reference: Path | None, progress: Progress) -> None:
         super().__init__(scenario, spec.run_dir, faults, reference, progress)

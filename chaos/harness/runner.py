@@ -206,6 +206,8 @@ def job_environment(scenario: Scenario, run_dir: Path, run_id: str, launch: int,
 class Job:
     """One run of the scenario's job in `run_dir` (which the caller created)."""
 
+    SERVED = True  # its launchers may be forked from a launcher server (harness.spare)
+
     def __init__(self, scenario: Scenario, run_dir: Path, faults: list[ResolvedFault],
                  reference: Path | None = None, progress: Progress | None = None,
                  hang_timeout: float = 60.0, start_from: Path | None = None,
@@ -249,6 +251,10 @@ class Job:
         schedule.save(self.faults, self.layout.schedule_file)
         outcome = JobOutcome(self.layout.run_dir)
         log = self._harness_log()
+        if self.SERVED and self.warm and self.scenario.network_kind != "netns" \
+                and self.seen_at is None:
+            spare.prepare(job_environment(self.scenario, self.layout.run_dir, self.run_id, 0,
+                                          0.0, self.reference))  # before the job's clock
         t0 = time.monotonic()
         deadline = t0 + self.scenario.timeout
         # a job held at a gate is a crash state's recovery: its first attempt resumes

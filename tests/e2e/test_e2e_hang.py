@@ -90,7 +90,9 @@ def test_a_straggler_slows_the_job_without_hanging_it(chaos_run):
                        args=[*STEPS, *TIMEOUTS], expect="pass")
     check = report.checks["hang_detected"]
     assert check["ok"] is True and check["straggler_ranks"] == [1], report.table()
-    assert check["slowdown"] > 1.0
+    # the job's wall time against the reference's (`slowdown`) says nothing on a machine
+    # whose load differed between the two; the steps of this run do (issue 43)
+    assert check["delay"] == 0.3 and check["slowdown"] is not None
     assert min(check["step_seconds"].values()) > 0.1, "every rank waits for the straggler"
 
 
