@@ -24,7 +24,6 @@ forking thread, and a lock another thread held would stay held in the launcher.
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import importlib
 import json
@@ -129,12 +128,9 @@ def _become_launcher(request: dict[str, Any], block: bytes, start: int) -> None:
     except BaseException:  # noqa: BLE001 - printed as the interpreter prints it
         sys.excepthook(*sys.exc_info())
         code = 1
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    from torchchaos.rank.warmrun import shut_down  # imported above unless that failed
+
+    shut_down()  # as the interpreter it stands for would end
     if code is None:
         code = 0
     elif not isinstance(code, int):

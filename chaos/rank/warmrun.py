@@ -87,7 +87,7 @@ def _rank(script: str, *args: str) -> None:
     except BaseException as exc:  # noqa: BLE001 - printed, then exit code 1, as python does
         _print_uncaught(exc, script)
         code = 1
-    _shut_down()
+    shut_down()
     if code is _INTERRUPTED:  # python ends by the signal after a KeyboardInterrupt
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
@@ -125,7 +125,7 @@ def _print_uncaught(exc: BaseException, script: str) -> None:
     sys.excepthook(type(exc), exc.with_traceback(tb), tb)
 
 
-def _shut_down() -> None:
+def shut_down() -> None:
     """The interpreter's own end, which a forked worker skips (it leaves by os._exit):
     join the threads the script left, then the atexit handlers, then flush."""
     threading._shutdown()  # type: ignore[attr-defined]

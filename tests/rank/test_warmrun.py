@@ -28,14 +28,21 @@ PROBE = textwrap.dedent("""
             "faulthandler": faulthandler.is_enabled(),
             "torch": torch.initial_seed(), "numpy": float(numpy.random.rand())}
     out = os.path.join(sys.argv[1], f"rank-{rank}.json")
+    def write_and_wait_for_the_other():
+        # torchrun stops the other rank once one fails: no rank ends before both wrote
+        with open(out + ".tmp", "w") as f:
+            json.dump(seen, f)
+        os.rename(out + ".tmp", out)
+        other = os.path.join(sys.argv[1], f"rank-{1 - rank}.json")
+        while not os.path.exists(other):
+            time.sleep(0.05)
     def late_thread():
         time.sleep(0.3)
         seen["thread_done"] = True
     threading.Thread(target=late_thread).start()   # not a daemon: joined before atexit
     def at_exit():
         seen["thread_joined_first"] = seen.get("thread_done", False)
-        with open(out, "w") as f:
-            json.dump(seen, f)
+        write_and_wait_for_the_other()
     atexit.register(at_exit)
     if sys.argv[2] == "raise" and rank == 1:
         raise FileNotFoundError("no checkpoint here")
@@ -43,8 +50,7 @@ PROBE = textwrap.dedent("""
         sys.exit(3)
     if sys.argv[2] == "os_exit":  # skips the interpreter's end, as the bundled target does
         seen["thread_joined_first"] = True
-        with open(out, "w") as f:
-            json.dump(seen, f)
+        write_and_wait_for_the_other()
         os._exit(0)
 """)
 
