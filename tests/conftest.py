@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -108,12 +109,22 @@ XDG_CACHE_HOME = "XDG_CACHE_HOME"
 _XDG_BEFORE = pytest.StashKey[str | None]()
 
 
+def _interruptible() -> None:
+    """Ctrl-C as a terminal gives it, whoever started the suite. A shell that starts it
+    in the background (`nohup ... &`, a script's `&`) ignores SIGINT, every child inherits
+    that, and the tests that interrupt a child (a harness, a mount's owner) would wait
+    for an end that never comes. A handler here is reset to the default at each exec."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.hookimpl(trylast=True)  # after pytest's own, which makes the basetemp
 def pytest_configure(config: pytest.Config) -> None:
     """XDG_CACHE_HOME into the session's basetemp, so that the plugin's reference cache
     (the command line's default) is the session's: BASETEMP/torchchaos-cache, also
     reached as BASETEMP/xdg-cache/torchchaos. A pytest-xdist worker inherits it from the
     controller (its own basetemp is a folder in the controller's): one cache for all."""
+    _interruptible()
     if hasattr(config, "workerinput"):
         return
     config.stash[_XDG_BEFORE] = os.environ.get(XDG_CACHE_HOME)

@@ -445,7 +445,12 @@ def test_no_mount_survives_its_owner_interrupted_or_killed(tmp_path, sig, where)
                              env={**os.environ, "PYTHONPATH": str(REPO)})
     assert owner.stdout is not None and owner.stdout.readline().strip() == "mounted"
     owner.send_signal(sig)
-    owner.wait(timeout=20)
+    try:
+        owner.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        owner.kill()  # the mount ends with it: the daemon watches its parent
+        owner.wait()
+        raise AssertionError(f"the mount's owner outlived {sig.name} by 60 s") from None
     deadline = time.monotonic() + 10
     while (mounts_under(tmp_path) or daemons(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -93,7 +93,12 @@ class Harness:
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         self.proc.send_signal(sig)
-        self.proc.wait(timeout=30)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # its watcher then takes the run along, as the test wants
+            self.proc.wait()
+            raise AssertionError(f"the harness outlived signal {sig} by 60 s") from None
 
     def lock_files(self) -> list[Path]:
         return [p for p in owners.lock_files() if p.name.startswith(f"{self.proc.pid}-")]
