@@ -20,7 +20,12 @@ started for `timeout` seconds, the job is hung between attempts: torchrun
 waits in its rendezvous for a node that cannot join (cut off for good) or
 cannot start its workers. A restart takes seconds, so this too is a hang.
 
-The detector only reads the beat files; the runner decides what to do.
+On a loaded machine a rank in a long step waits for a CPU much of the time: the bound
+counts only the time a rank could have run (`torchchaos.host.cpuwait`), so load slows
+the clock of a working rank and leaves a hung one's (not runnable) as the wall clock.
+
+The detector only reads the beat files and the kernel's counts; the runner decides what
+to do.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchchaos.host.cpuwait import WaitSinceProgress
 from torchchaos.host.procs import pid_stopped
 from torchchaos.rundir.heartbeat import BEAT_SECONDS, Beat, current_attempt, read_beats
 from torchchaos.rundir.history import History
@@ -58,7 +64,9 @@ class RankState:
 
 @dataclass
 class HangFinding:
-    seconds: float  # since the job's last progress (or since a rank exited)
+    # since the job's last progress (or since a rank exited), less what the ranks
+    # waited for a CPU meanwhile
+    seconds: float
     ranks: list[RankState]  # the live ranks, the likely culprit first
     after_exit: list[int] = field(default_factory=list)  # ranks that had exited: teardown hung
     # every rank had exited and none of a next attempt started (`ranks` is empty)
@@ -85,6 +93,7 @@ class HangWatch:
         self.seen_exits: set[int] = set()
         self.launched_at = 0.0
         self.excused_until = 0.0
+        self.waits = WaitSinceProgress()
 
     def poll(self, now: float | None = None) -> tuple[list[Beat], HangFinding | None]:
         """Ranks of the current attempt that exited since the last poll (each once),
@@ -108,9 +117,12 @@ class HangWatch:
 
     def _hang(self, live: list[Beat], gone: list[Beat], now: float) -> HangFinding | None:
         working = [b for b in live if not b.stopped]
+        self.waits.keep_only({b.pid for b in working})
         if not working:
             return self._between_attempts(live, gone, now)
-        since = max([b.progress_t for b in working] + [self.excused_until])
+        # a rank's last progress, moved on by the time it since waited for a CPU
+        since = max([b.progress_t + self._waited(b, now) for b in working]
+                    + [self.excused_until])
         limit = self.timeout
         at_exit = all(b.at_exit for b in live + gone)
         if gone:
@@ -122,6 +134,11 @@ class HangWatch:
         ranks = sorted((_state(b, now) for b in working), key=_culprit_order)
         return HangFinding(now - since, ranks, sorted(b.rank for b in gone), at_exit=at_exit)
 
+
+    def _waited(self, beat: Beat, now: float) -> float:
+        """Seconds the rank waited for a CPU since its last progress (never more than
+        have passed since)."""
+        return min(self.waits.seconds(beat.pid, beat.progress_t), now - beat.progress_t)
 
     def _between_attempts(self, live: list[Beat], gone: list[Beat],
                           now: float) -> HangFinding | None:

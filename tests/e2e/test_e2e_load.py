@@ -50,6 +50,19 @@ def test_a_correct_job_starting_slowly_is_not_called_hung(loaded, tmp_path: Path
     assert report.verdict == "pass", report.table()
 
 
+def test_a_correct_job_whose_steps_load_slows_past_the_bound_is_not_called_hung(
+        loaded, tmp_path: Path) -> None:
+    """Every step of heavy_steps.py is 1.2 s of CPU: beside two busy processes on two
+    cores it takes 2.4 s or more of wall time, past a 2 s bound, mid-training. What the
+    ranks waited for a CPU is load, not a stall (`torchchaos.host.cpuwait`); before,
+    "the target hangs without faults: no progress for 2 s"."""
+    scenario = Scenario.build(str(REPO / "tests" / "scripts" / "heavy_steps.py"),
+                              args=["--steps", "4", "--work", "1.2"], hang_timeout=BOUND,
+                              timeout=240.0, faults=["kill:rank=1,step=3"])
+    report = run_scenario(scenario, tmp_path / "out", tmp_path / "cache")
+    assert report.verdict == "pass", report.table()
+
+
 def test_a_worker_stuck_at_import_is_still_caught_under_load(loaded, tmp_path: Path) -> None:
     scenario = Scenario.build(str(REPO / "tests" / "scripts" / "import_hang.py"),
                               hang_timeout=3.0, timeout=120.0)

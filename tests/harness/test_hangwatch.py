@@ -173,6 +173,35 @@ def test_a_restart_that_burns_cpu_is_busy_and_one_that_waits_is_not(tmp_path):
         wait.wait()
 
 
+def test_a_rank_kept_from_the_cpu_by_load_is_slow_and_a_stopped_one_is_hung(tmp_path):
+    """Issue 43: a rank in a long step on a core shared with three busy processes waits
+    for the core most of the time. That is load, not a stall: the bound counts the time
+    it could have run. A stopped rank waits for no core: its bound is the wall clock."""
+    core = {min(os.sched_getaffinity(0))}
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                 preexec_fn=lambda: os.sched_setaffinity(0, core))
+                for _ in range(4)]
+    try:
+        working, stopped = spinners[0], spinners[1]
+        stop(stopped.pid)
+        (tmp_path / "slow").mkdir()
+        (tmp_path / "hung").mkdir()
+        write_beat(tmp_path / "slow", 0, working.pid, progress_ago=0.0)
+        write_beat(tmp_path / "hung", 0, stopped.pid, progress_ago=0.0)
+        slow, hung = HangWatch(tmp_path / "slow", 1.5), HangWatch(tmp_path / "hung", 1.5)
+        for watch in (slow, hung):  # each reads the rank's wait when it sees the progress
+            assert watch.poll()[1] is None
+        time.sleep(3.0)
+        assert slow.poll()[1] is None, "a quarter of a core for 3 s: about 0.75 s of work"
+        hang = hung.poll()[1]
+        assert hang is not None and hang.seconds >= 3.0
+        assert hang.culprit.state == "stopped"
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
 def test_the_default_bound_holds_three_start_ups_of_the_reference():
     """A restart pays torchrun's and the workers' start-up again (launch to boot)."""
     slow = Timeline()
