@@ -43,6 +43,7 @@ import os
 import socket
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,9 +171,11 @@ class NodeJob(Job):
                  reference: Path | None, progress: Progress) -> None:
         super().__init__(scenario, spec.run_dir, faults, reference, progress)
         self.spec = spec
-        # the process marker; per node, so that where two nodes share a machine (tests)
-        # each reaps only its own processes
-        self.run_id = f"{spec.run_id}-node-{spec.node_rank}"
+        # the process marker: this harness's own. The run id is the same on every node
+        # and for every run of the same faults, so where two nodes or two runs share a
+        # machine (tests, or two jobs on one host) each reaps only its own processes: a
+        # node interrupted on this machine killed another run's node 0 with the same id
+        self.run_id = f"{spec.run_id}-node-{spec.node_rank}-{uuid.uuid4().hex[:8]}"
         self.launch = 0
         self.seen: set[int] = set()
 

@@ -11,6 +11,10 @@ of the attempt has begun a step is checked against the CPU time the run's proces
 (found by their marker) use over half a second: one place for the reference, every
 chaos run and the restarts inside them. Once a rank has stepped, CPU is no excuse (a
 rank spinning in a hang burns CPU too).
+
+Time a process spent waiting for a core counts as use (`torchchaos.host.cpuwait`): on a
+machine loaded many times over, a worker importing torch gets less than a quarter of a
+core, but it is runnable all the while, which a waiting torchrun is not.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import time
 
 import psutil
 
-from torchchaos.host import procs
+from torchchaos.host import cpuwait, procs
 
 # A waiting torchrun polls its workers ten times a second (a few % of a core);
 # importing torch takes a whole core. A quarter of a core tells them apart.
@@ -27,14 +31,14 @@ BUSY_SHARE = 0.25
 
 
 class RunCpu:
-    """The CPU seconds of one run's processes."""
+    """The CPU seconds of one run's processes, each with the time it waited for one."""
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
 
     def busy(self, seconds: float = 0.5) -> bool:
-        """Did the run's processes use more than BUSY_SHARE of a core over the next
-        `seconds`? (A process born meanwhile counts from zero.)"""
+        """Did the run's processes use (or wait for) more than BUSY_SHARE of a core over
+        the next `seconds`? (A process born meanwhile counts from zero.)"""
         before, started = self._cpu_seconds(), time.monotonic()
         time.sleep(seconds)
         after = self._cpu_seconds()
@@ -48,5 +52,5 @@ class RunCpu:
                 times = psutil.Process(pid).cpu_times()
             except psutil.Error:
                 continue
-            found[pid] = times.user + times.system
+            found[pid] = times.user + times.system + (cpuwait.waited_seconds(pid) or 0.0)
         return found

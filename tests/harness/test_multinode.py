@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO, TARGET, chaos_processes
 
 from torchchaos.harness import multinode
-from torchchaos.host import netns, procs
+from torchchaos.host import netns
 from torchchaos.rundir.history import HistoryWriter
 
 CLI = [sys.executable, "-m", "torchchaos.cli"]
@@ -113,19 +113,29 @@ def test_same_schedule_against_a_planted_bug_fails(shared: Path) -> None:
 
 
 def test_interrupted_node_reaps_and_gather_cannot_judge(tmp_path: Path) -> None:
-    """Node 0 alone waits in the rendezvous for a peer that never comes; SIGTERM."""
-    node = start_node(tmp_path, 0, netns.free_port(), [], ARGS)
-    log = tmp_path / "reference/_chaos/logs/launch-0-node-0.log"
-    deadline = time.monotonic() + 60
-    while not log.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(1.0)  # torchrun is up, waiting for node 1
-    node.terminate()
-    _, err = node.communicate(timeout=60)
-    assert node.returncode == 130, err
-    # this test's: under pytest -n another test's node may carry the same run id
-    assert [pid for pid in procs.marked_pids("reference-node-0")
-            if pid in chaos_processes(tmp_path)] == []
+    """Node 0 alone waits in the rendezvous for a peer that never comes; SIGTERM. It
+    reaps its own processes only: another node 0 of a run with the same id, on the same
+    machine (another job's, or another test's under pytest -n), lives on."""
+    other = tmp_path / "other"
+    nodes = [start_node(shared, 0, netns.free_port(), [], ARGS)
+             for shared in (tmp_path, other)]
+    try:
+        deadline = time.monotonic() + 60
+        for shared in (tmp_path, other):
+            log = shared / "reference/_chaos/logs/launch-0-node-0.log"
+            while not log.exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        time.sleep(1.0)  # each torchrun is up, waiting for its node 1
+        before = chaos_processes(other)
+        nodes[0].terminate()
+        _, err = nodes[0].communicate(timeout=60)
+        assert nodes[0].returncode == 130, err
+        assert [pid for pid in chaos_processes(tmp_path) if pid not in before] == []
+        assert before and set(before) <= set(chaos_processes(other)), "the other run's node"
+    finally:
+        nodes[1].terminate()
+        nodes[1].communicate(timeout=60)
+    assert chaos_processes(tmp_path) == []
     assert multinode.finished_nodes(tmp_path / "reference")[0]["interrupted"] is True
     result = gather(tmp_path / "reference")
     assert result.returncode == 2 and "interrupted" in result.stderr, result.stderr
