@@ -17,7 +17,7 @@ import pytest
 from histories import Timeline, evidence
 
 from torchchaos.harness.hangwatch import TORCHRUN_SHUTDOWN_SECONDS, HangWatch, default_timeout
-from torchchaos.host import stacks
+from torchchaos.host import lifeline, stacks
 from torchchaos.host.busy import RunCpu
 from torchchaos.host.procs import pid_stopped
 from torchchaos.judge import checkers, hangs
@@ -155,7 +155,8 @@ def test_a_script_that_returned_is_told_from_one_still_training():
 def test_a_restart_that_burns_cpu_is_busy_and_one_that_waits_is_not(tmp_path):
     """Between attempts no rank beats; a worker importing torch on a loaded machine
     works, a torchrun waiting for a node that never comes does not."""
-    run_id = "busytest0001"
+    run_id = f"busytest{os.getpid()}"
+    lifeline.own(run_id)  # another pytest worker's harness sweeps runs no harness owns
     environ = {**os.environ, "TORCHCHAOS_RUN_ID": run_id}
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"], env=environ)
     try:

@@ -17,6 +17,7 @@ from conftest import REPO
 
 from torchchaos import env
 from torchchaos.harness import spare
+from torchchaos.host import lifeline
 
 PROBE = textwrap.dedent("""\
     import os, sys
@@ -33,6 +34,9 @@ def _launch(tmp_path, extra: dict[str, str]) -> tuple[spare.ServedLauncher, str]
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     run_id = uuid.uuid4().hex[:12]
+    # as a harness does before its run starts: a harness starting in another pytest
+    # worker sweeps (SIGKILL) the processes of runs that no live harness owns
+    lifeline.own(run_id, tmp_path)
     environ = {**os.environ, "PYTHONHASHSEED": "0", env.RUN_ID: run_id,
                "TMPDIR": str(tmp_path), **extra}  # torchrun's torchelastic_* in the test's
     command = [*spare.LAUNCHER, "--nproc-per-node", "2", "--standalone", str(script)]

@@ -13,7 +13,7 @@ import psutil
 from torchchaos import env
 
 # A parent in its own session that starts a child and a double-forked daemon.
-from torchchaos.host import procs
+from torchchaos.host import lifeline, procs
 
 FAMILY = textwrap.dedent("""
     import os, subprocess, sys, time
@@ -30,6 +30,7 @@ FAMILY = textwrap.dedent("""
 
 def test_reap_kills_the_tree_and_escaped_daemons():
     run_id = f"test{os.getpid()}"
+    lifeline.own(run_id)  # another pytest worker's harness sweeps runs no harness owns
     environ = {**os.environ, env.RUN_ID: run_id}
     parent = subprocess.Popen([sys.executable, "-c", FAMILY], env=environ,
                               stdout=subprocess.PIPE, text=True, start_new_session=True)
