@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -168,6 +169,19 @@ def lifeline_watcher(harness_pid: int) -> int | None:
                 Path(w).name.startswith(f"{harness_pid}-") for w in words):
             return proc.pid
     return None
+
+
+def signal_and_wait(proc: subprocess.Popen, sig: int, what: str, seconds: float = 60) -> None:
+    """Send `sig` and wait for `proc` to end; one that outlives it by `seconds` is killed
+    (what it made ends with it, not left for the session) and the test fails."""
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"{what} outlived {signal.Signals(sig).name} by {seconds:g} s"
+                             ) from None
 
 
 def chaos_processes(under: Path) -> list[int]:

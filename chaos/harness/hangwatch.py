@@ -134,7 +134,6 @@ class HangWatch:
         ranks = sorted((_state(b, now) for b in working), key=_culprit_order)
         return HangFinding(now - since, ranks, sorted(b.rank for b in gone), at_exit=at_exit)
 
-
     def _waited(self, beat: Beat, now: float) -> float:
         """Seconds the rank waited for a CPU since its last progress (never more than
         have passed since)."""

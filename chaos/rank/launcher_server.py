@@ -99,6 +99,8 @@ def _environ_region() -> tuple[int, int]:
 def _become_launcher(request: dict[str, Any], block: bytes, start: int) -> None:
     """In the forked child: become `python -m torchchaos.rank.warmrun ARGV` started fresh
     in the job's folder, then end as that interpreter would (never returns)."""
+    from torchchaos.rank import warmrun  # main() imported it: no import in the child
+
     code: Any = 1
     try:
         os.setsid()  # as the harness starts every launcher: a session of its own
@@ -117,8 +119,6 @@ def _become_launcher(request: dict[str, Any], block: bytes, start: int) -> None:
         os.close(log)
         tempfile.tempdir = None  # TMPDIR is the run's own
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from torchchaos.rank import warmrun
-
         sys.argv = [warmrun.__file__, *request["argv"]]
         sys.path[0] = request["cwd"]  # what `python -m` puts first
         code = 0
@@ -128,9 +128,7 @@ def _become_launcher(request: dict[str, Any], block: bytes, start: int) -> None:
     except BaseException:  # noqa: BLE001 - printed as the interpreter prints it
         sys.excepthook(*sys.exc_info())
         code = 1
-    from torchchaos.rank.warmrun import shut_down  # imported above unless that failed
-
-    shut_down()  # as the interpreter it stands for would end
+    warmrun.shut_down()  # as the interpreter it stands for would end
     if code is None:
         code = 0
     elif not isinstance(code, int):

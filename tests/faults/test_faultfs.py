@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, signal_and_wait
 
 from torchchaos.explore.crash.states import plan_states, replayable
 from torchchaos.faults.faultfs.mount import Mount, unavailable_reason
@@ -444,13 +444,7 @@ def test_no_mount_survives_its_owner_interrupted_or_killed(tmp_path, sig, where)
                              stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(REPO)})
     assert owner.stdout is not None and owner.stdout.readline().strip() == "mounted"
-    owner.send_signal(sig)
-    try:
-        owner.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        owner.kill()  # the mount ends with it: the daemon watches its parent
-        owner.wait()
-        raise AssertionError(f"the mount's owner outlived {sig.name} by 60 s") from None
+    signal_and_wait(owner, sig, "the mount's owner")  # killed, its mount ends with it
     deadline = time.monotonic() + 10
     while (mounts_under(tmp_path) or daemons(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, lifeline_watcher
+from conftest import REPO, lifeline_watcher, signal_and_wait
 
 from torchchaos.faults.faultfs.mount import Mount
 from torchchaos.faults.faultfs.mount import unavailable_reason as fuse_unavailable
@@ -92,13 +92,7 @@ class Harness:
         return lifeline_watcher(self.proc.pid)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()  # its watcher then takes the run along, as the test wants
-            self.proc.wait()
-            raise AssertionError(f"the harness outlived signal {sig} by 60 s") from None
+        signal_and_wait(self.proc, sig, "the harness")  # killed, its watcher cleans up
 
     def lock_files(self) -> list[Path]:
         return [p for p in owners.lock_files() if p.name.startswith(f"{self.proc.pid}-")]
