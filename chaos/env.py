@@ -36,6 +36,8 @@ COLD_START = "TORCHCHAOS_COLD_START"
 # "0" in the harness's own environment: every warm job's torchrun an interpreter of its
 # own, not forked from the harness's launcher server (torchchaos.harness.spare)
 SPARE_LAUNCHER = "TORCHCHAOS_SPARE_LAUNCHER"
+# a socket where another process lends its launcher server (torchchaos.harness.spare.share)
+LAUNCHER_SOCKET = "TORCHCHAOS_LAUNCHER_SOCKET"
 
 
 def cold_start() -> bool:

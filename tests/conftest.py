@@ -107,7 +107,7 @@ def _release_host() -> None:
 
 
 XDG_CACHE_HOME = "XDG_CACHE_HOME"
-_XDG_BEFORE = pytest.StashKey[str | None]()
+_BEFORE = pytest.StashKey[dict[str, str | None]]()
 
 
 def _interruptible() -> None:
@@ -124,11 +124,16 @@ def pytest_configure(config: pytest.Config) -> None:
     """XDG_CACHE_HOME into the session's basetemp, so that the plugin's reference cache
     (the command line's default) is the session's: BASETEMP/torchchaos-cache, also
     reached as BASETEMP/xdg-cache/torchchaos. A pytest-xdist worker inherits it from the
-    controller (its own basetemp is a folder in the controller's): one cache for all."""
+    controller (its own basetemp is a folder in the controller's): one cache for all.
+
+    PYTHONPATH, where it is unset, is what the tests give the command lines they start
+    (the checkout): a job the suite runs itself and one a command line runs then import
+    alike, and the launchers this process lends (`_lent_launchers`) serve both."""
     _interruptible()
     if hasattr(config, "workerinput"):
         return
-    config.stash[_XDG_BEFORE] = os.environ.get(XDG_CACHE_HOME)
+    config.stash[_BEFORE] = {name: os.environ.get(name)
+                             for name in (XDG_CACHE_HOME, "PYTHONPATH")}
     basetemp = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
     cache, xdg = basetemp / "torchchaos-cache", basetemp / "xdg-cache"
     cache.mkdir(exist_ok=True)
@@ -136,16 +141,27 @@ def pytest_configure(config: pytest.Config) -> None:
     if not (xdg / "torchchaos").exists():
         (xdg / "torchchaos").symlink_to(cache)
     os.environ[XDG_CACHE_HOME] = str(xdg)
+    os.environ.setdefault("PYTHONPATH", str(REPO))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _XDG_BEFORE not in config.stash:
-        return
-    before = config.stash[_XDG_BEFORE]
-    if before is None:
-        os.environ.pop(XDG_CACHE_HOME, None)
-    else:
-        os.environ[XDG_CACHE_HOME] = before
+    for name, before in config.stash.get(_BEFORE, {}).items():
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _lent_launchers(tmp_path_factory: pytest.TempPathFactory):
+    """The warm launchers of every harness the tests start (a command line, a pytest) are
+    forked from this process's launcher server (`torchchaos.harness.spare.share`), which
+    imported torch once, instead of one server per harness that imports it again."""
+    from torchchaos.harness import runner, spare
+
+    spare.share(runner.launcher_environment(), tmp_path_factory.getbasetemp())
+    yield
+    os.environ.pop(env.LAUNCHER_SOCKET, None)
 
 
 @pytest.fixture

@@ -172,8 +172,28 @@ def job_environment(scenario: Scenario, run_dir: Path, run_id: str, launch: int,
                     seen_at: Path | None = None) -> dict[str, str]:
     """The job's environment. `seen_at`: where the job sees its run directory
     (`torchchaos.host.seen_at`); its temporary folder stays under the real one."""
+    environ = launcher_environment(scenario.env, extra)
+    environ.update({env.RUN_DIR: str(seen_at or run_dir), env.RUN_ID: run_id,
+                    env.LAUNCH: str(launch),
+                    env.T0: repr(t0), **lifeline.lock_env()})
+    # torchrun and torch make temporary folders (torchelastic_*); keep them in the run,
+    # under a name short enough for the sockets made there (host.shortcuts)
+    environ["TMPDIR"] = str(shortcuts.short_tmp(RunLayout(run_dir).tmp_dir, run_id))
+    if reference is not None:
+        environ[env.REFERENCE] = str(reference)
+        if scenario.stop_after:
+            environ[env.STOP_AFTER] = str(scenario.stop_after)
+        if scenario.full_fingerprints:
+            environ[env.FULL_FINGERPRINTS] = "1"
+    return environ
+
+
+def launcher_environment(scenario_env: dict[str, str] | None = None,
+                         extra: dict[str, str] | None = None) -> dict[str, str]:
+    """What a job's environment holds besides its run's own marks: the same for every run
+    of a scenario, and what its launcher imports with (`torchchaos.harness.spare`)."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCHCHAOS_")}
-    environ.update(scenario.env)
+    environ.update(scenario_env or {})
     environ.update(extra or {})
     path = [str(INJECT_DIR), *env.import_path(), environ.get("PYTHONPATH", "")]
     environ["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
@@ -188,18 +208,6 @@ def job_environment(scenario: Scenario, run_dir: Path, run_id: str, launch: int,
     # restarts share their launcher's seed, and a cold one's then agree with them. The
     # reference's second run (doctor) draws another (reference.OTHER_HASH_SEED).
     environ.setdefault("PYTHONHASHSEED", HASH_SEED)
-    environ.update({env.RUN_DIR: str(seen_at or run_dir), env.RUN_ID: run_id,
-                    env.LAUNCH: str(launch),
-                    env.T0: repr(t0), **lifeline.lock_env()})
-    # torchrun and torch make temporary folders (torchelastic_*); keep them in the run,
-    # under a name short enough for the sockets made there (host.shortcuts)
-    environ["TMPDIR"] = str(shortcuts.short_tmp(RunLayout(run_dir).tmp_dir, run_id))
-    if reference is not None:
-        environ[env.REFERENCE] = str(reference)
-        if scenario.stop_after:
-            environ[env.STOP_AFTER] = str(scenario.stop_after)
-        if scenario.full_fingerprints:
-            environ[env.FULL_FINGERPRINTS] = "1"
     return environ
 
 

@@ -20,10 +20,13 @@ import itertools
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from torchchaos import env
@@ -34,8 +37,13 @@ LAUNCHER = [sys.executable, "-m", "torchchaos.rank.warmrun"]
 PER_RUN = ("TMPDIR", "PYTEST_CURRENT_TEST")
 START_SECONDS = 300.0  # a server's imports, on a machine loaded many times over
 MAX_SERVERS = 2  # idle ones kept: the usual job's environment and one other
+SOCKET_NAME = "launchers.sock"
+MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
 
-_servers: dict[frozenset[tuple[str, str]], LauncherServer] = {}
+Key = frozenset[tuple[str, str]]
+_servers: dict[Key, LauncherServer] = {}
+_shared: dict[Key, LauncherServer] = {}  # this process's lent server: never closed early
+_refused: set[Key] = set()  # environments the lent server we were given does not serve
 _servers_lock = threading.Lock()
 
 
@@ -59,10 +67,42 @@ def prepare(environ: dict[str, str]) -> None:
         server.wait_ready()
 
 
-def _server_for(environ: dict[str, str]) -> LauncherServer | None:
-    key = frozenset((k, v) for k, v in environ.items()
-                    if not k.startswith("TORCHCHAOS_") and k not in PER_RUN)
+def share(environ: dict[str, str], folder: Path | str) -> str | None:
+    """Lend the harnesses this process starts from now on its server for `environ` (a
+    job's environment): start it listening in `folder` and set TORCHCHAOS_LAUNCHER_SOCKET
+    for them. Returns the socket's path, or None where nothing is lent (turned off, the
+    path too long for a socket)."""
+    path = str(Path(folder).resolve() / SOCKET_NAME)
+    if os.environ.get(env.SPARE_LAUNCHER) == "0" or len(path.encode()) > MAX_SOCKET_PATH:
+        return None
+    key, base = _key(environ)
     with _servers_lock:
+        if key not in _shared or not _shared[key].usable():
+            Path(path).unlink(missing_ok=True)  # a server that was killed left it
+            _shared[key] = LauncherServer(base, listen=path)
+        server = _shared[key]
+    # it binds before its imports: a harness started after this finds it listening
+    deadline = time.monotonic() + START_SECONDS
+    while not os.path.exists(path):
+        if not server.usable() or time.monotonic() > deadline:
+            return None
+        time.sleep(0.01)
+    os.environ[env.LAUNCHER_SOCKET] = path
+    return path
+
+
+def _key(environ: dict[str, str]) -> tuple[Key, dict[str, str]]:
+    """What a launcher imports with: the job's environment less what differs every run."""
+    base = {k: v for k, v in environ.items()
+            if not k.startswith("TORCHCHAOS_") and k not in PER_RUN}
+    return frozenset(base.items()), base
+
+
+def _server_for(environ: dict[str, str]) -> LauncherServer | None:
+    key, base = _key(environ)
+    with _servers_lock:
+        if key in _shared and _shared[key].usable():
+            return _shared[key]
         server = _servers.get(key)
         if server is not None and server.usable():
             return server
@@ -71,28 +111,36 @@ def _server_for(environ: dict[str, str]) -> LauncherServer | None:
         idle = [k for k, s in _servers.items() if s.idle()]  # oldest first
         for old in idle[:max(0, len(_servers) - MAX_SERVERS + 1)]:
             _servers.pop(old).close()  # one with launchers running stays
-        base = {k: v for k, v in environ.items()
-                if not k.startswith("TORCHCHAOS_") and k not in PER_RUN}
-        server = LauncherServer(base)
+        server = _lent(key, base) or LauncherServer(base)
         _servers[key] = server
         return server
 
 
+def _lent(key: Key, base: dict[str, str]) -> LauncherServer | None:
+    """The server another process lent us (TORCHCHAOS_LAUNCHER_SOCKET), if it serves this
+    environment; None: start one of our own."""
+    path = os.environ.get(env.LAUNCHER_SOCKET)
+    if not path or key in _refused:
+        return None
+    server = LauncherServer.connect(path, base)
+    if server is None:
+        _refused.add(key)
+    return server
+
+
 class LauncherServer:
-    """The harness's side of one `torchchaos.rank.launcher_server`."""
+    """The harness's side of one `torchchaos.rank.launcher_server`: one it started (and
+    lends, given `listen`), or, through `connect`, one another process lent it."""
 
-    def __init__(self, base: dict[str, str]) -> None:
-        from torchchaos.rank import launcher_server as served
-
-        room = {served.ROOM_VARIABLE: "x" * served.ROOM_BYTES}
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "torchchaos.rank.launcher_server"], env={**base, **room},
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            cwd="/", start_new_session=True)
+    def __init__(self, base: dict[str, str], listen: str | None = None,
+                 channel: _Channel | None = None) -> None:
+        if channel is None:
+            channel = _Channel.started(base, listen)
+        self._channel = channel
         self._ids = itertools.count()
         self._lock = threading.Lock()  # one request at a time on the pipe
         self._changed = threading.Condition()
-        self._ready = False
+        self._ready = channel.ready
         self._answers: dict[int, dict[str, Any]] = {}
         self._codes: dict[int, int] = {}
         self._started: set[int] = set()
@@ -100,8 +148,18 @@ class LauncherServer:
                                         daemon=True)
         self._reader.start()
 
+    @classmethod
+    def connect(cls, path: str, base: dict[str, str]) -> LauncherServer | None:
+        """The server listening at `path`, if it serves launchers with this environment."""
+        channel = _Channel.connected(path, base)
+        return cls(base, channel=channel) if channel is not None else None
+
+    @property
+    def pid(self) -> int:
+        return self._channel.pid
+
     def usable(self) -> bool:
-        return self._proc.poll() is None
+        return self._channel.alive()
 
     def idle(self) -> bool:
         """No launcher of this server is running."""
@@ -119,9 +177,7 @@ class LauncherServer:
             ident = next(self._ids)
             request = {"id": ident, "argv": argv, "env": environ, "cwd": cwd, "log": log}
             try:
-                assert self._proc.stdin is not None
-                self._proc.stdin.write(json.dumps(request).encode() + b"\n")
-                self._proc.stdin.flush()
+                self._channel.send(request)
             except OSError:
                 return None
             if not self._wait_for(lambda: ident in self._answers, START_SECONDS):
@@ -143,16 +199,15 @@ class LauncherServer:
         return self.exit_code(pid)
 
     def close(self) -> None:
-        """Let it end (it reads the end of its stdin once its imports are done); not
-        waited for: the next job need not wait on it."""
-        if self._proc.stdin is not None:
-            self._proc.stdin.close()
+        """Let it end (it reads the end of its stdin once its imports are done), or hang
+        up on a lent one; not waited for: the next job need not wait on it."""
+        self._channel.close()
 
     def _wait_for(self, condition: Any, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
             while not condition():
-                if self._proc.poll() is not None and not self._reader.is_alive():
+                if not self._channel.alive() and not self._reader.is_alive():
                     return bool(condition())
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -161,9 +216,7 @@ class LauncherServer:
             return True
 
     def _read(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            message = json.loads(line)
+        for message in self._channel.messages():
             with self._changed:
                 if "ready" in message:
                     self._ready = True
@@ -176,6 +229,83 @@ class LauncherServer:
                 self._changed.notify_all()
         with self._changed:
             self._changed.notify_all()
+
+
+class _Channel:
+    """The lines between a harness and a server: the pipes of one it started, or a
+    connection to one lent to it."""
+
+    def __init__(self, send: Callable[[bytes], None], lines: Iterator[bytes],
+                 alive: Callable[[], bool], close: Callable[[], None],
+                 pid: int, ready: bool) -> None:
+        self._send, self._lines, self.alive, self.close = send, lines, alive, close
+        self.pid = pid  # the server's
+        self.ready = ready  # a lent server said it was, in answer to hello
+
+    @classmethod
+    def started(cls, base: dict[str, str], listen: str | None) -> _Channel:
+        from torchchaos.rank import launcher_server as served
+
+        room = {served.ROOM_VARIABLE: "x" * served.ROOM_BYTES}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torchchaos.rank.launcher_server",
+             *(["--listen", listen] if listen else [])], env={**base, **room},
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            cwd="/", start_new_session=True)
+        assert proc.stdin is not None and proc.stdout is not None
+        stdin = proc.stdin
+
+        def send(data: bytes) -> None:
+            stdin.write(data)
+            stdin.flush()
+
+        return cls(send, iter(proc.stdout), lambda: proc.poll() is None, stdin.close,
+                   proc.pid, ready=False)
+
+    @classmethod
+    def connected(cls, path: str, base: dict[str, str]) -> _Channel | None:
+        """Say hello to the server at `path`; None if it is gone or serves another
+        environment."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.settimeout(START_SECONDS)  # a lent server answers once its imports are done
+            conn.connect(path)
+            conn.sendall(json.dumps({"hello": base}).encode() + b"\n")
+            reader = conn.makefile("rb")
+            answer = json.loads(reader.readline() or b"{}")
+            conn.settimeout(None)
+        except (OSError, ValueError):
+            conn.close()
+            return None
+        if "ready" not in answer:
+            conn.close()
+            return None
+        closed = threading.Event()
+
+        def lines() -> Iterator[bytes]:
+            try:
+                yield from reader
+            except OSError:
+                pass
+            closed.set()
+
+        def close() -> None:
+            closed.set()
+            try:
+                conn.shutdown(socket.SHUT_RDWR)  # wakes the reader; close alone would not
+            except OSError:
+                pass
+            conn.close()
+
+        return cls(conn.sendall, lines(), lambda: not closed.is_set(), close,
+                   int(answer["ready"]), ready=True)
+
+    def send(self, request: dict[str, Any]) -> None:
+        self._send(json.dumps(request).encode() + b"\n")
+
+    def messages(self) -> Iterator[dict[str, Any]]:
+        for line in self._lines:
+            yield json.loads(line)
 
 
 class ServedLauncher:

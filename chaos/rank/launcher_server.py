@@ -20,6 +20,13 @@ ROOM_BYTES of padding) and each launcher writes its job's environment over that 
 (`_rewrite_environ`): its ranks, forked from it, show it too. No capability is needed,
 as setproctitle rewrites argv. Single-threaded on purpose: a fork copies only the
 forking thread, and a lock another thread held would stay held in the launcher.
+
+Shared (`--listen PATH`): it also serves other harnesses on that Unix socket, each on a
+connection of its own with the same lines, opened by `{"hello": ENV}`, the environment
+the client's launchers import with. It answers `{"ready": pid}` if that is the one it
+started with, else `{"refused": why}` (the client starts a server of its own). Each
+launcher's `exited` goes to the connection that asked for it. It still ends with its
+owner's stdin, and removes the socket then.
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ import json
 import os
 import select
 import signal
+import socket
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 ROOM_VARIABLE = "TORCHCHAOS_ENVIRON_ROOM"
@@ -39,45 +48,129 @@ ROOM_BYTES = 1 << 16  # a job's environment is a few KB; more is refused, not cu
 POLL_SECONDS = 0.05  # how often ended launchers are looked for between requests
 
 
-def main() -> None:
+Reply = Callable[[dict[str, Any]], None]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    started_with = {k: v for k, v in os.environ.items() if k != ROOM_VARIABLE}
+    # bound before the imports: a client that comes meanwhile waits in the backlog
+    listener = _listen(args[1]) if args[:1] == ["--listen"] else None
+    try:
+        _serve_until_owner_leaves(listener, started_with)
+    finally:
+        if listener is not None:
+            os.unlink(listener.getsockname())
+
+
+def _serve_until_owner_leaves(listener: socket.socket | None,
+                              started_with: dict[str, str]) -> None:
     from torchchaos.rank import agent, warmrun
 
     for name in agent.WARM_IMPORTS:
         importlib.import_module(name)
     del warmrun  # imported for what it imports (torch.distributed.run)
     _say({"ready": os.getpid()})
-    pending = b""
+    clients: dict[int, _Client] = {0: _Client(None, _say)}  # by fd; 0: the owner
+    asked_by: dict[int, Reply] = {}  # launcher pid -> where its "exited" goes
     while True:
-        readable, _, _ = select.select([0], [], [], POLL_SECONDS)
-        if readable:
-            chunk = os.read(0, 1 << 16)
+        waiting = [*clients, *([listener.fileno()] if listener is not None else [])]
+        readable, _, _ = select.select(waiting, [], [], POLL_SECONDS)
+        for fd in readable:
+            if listener is not None and fd == listener.fileno():
+                conn, _ = listener.accept()
+                clients[conn.fileno()] = _Client(conn, _replier(conn))
+                continue
+            client = clients[fd]
+            chunk = client.read()
             if not chunk:
-                return  # the harness is gone; its lifeline reaps what its runs left
-            pending += chunk
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                _serve(json.loads(line))
-        _report_ended()
+                if fd == 0:
+                    return  # the harness is gone; its lifeline reaps what its runs left
+                client.close()
+                del clients[fd]
+                continue
+            for request in client.requests(chunk):
+                if "hello" in request:
+                    client.hello(request["hello"] == started_with, os.getpid())
+                elif client.welcome:
+                    sockets = [c.conn for c in clients.values() if c.conn is not None]
+                    pid = _serve(request, client.reply,
+                                 [*sockets, *([listener] if listener is not None else [])])
+                    if pid is not None:
+                        asked_by[pid] = client.reply
+        _report_ended(asked_by)
+
+
+def _listen(path: str) -> socket.socket:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o600)  # the harnesses of the user that started it, no one else's
+    listener.listen(64)
+    return listener
+
+
+def _replier(conn: socket.socket) -> Reply:
+    def reply(message: dict[str, Any]) -> None:
+        try:
+            conn.sendall(json.dumps(message).encode() + b"\n")
+        except OSError:
+            pass  # that harness is gone: what it started is its lifeline's
+    return reply
+
+
+class _Client:
+    """One harness on the other end: the owner (stdin, stdout) or a connection."""
+
+    def __init__(self, conn: socket.socket | None, reply: Reply) -> None:
+        self.conn, self.reply = conn, reply
+        self.welcome = conn is None  # a connection says hello first
+        self._pending = b""
+
+    def read(self) -> bytes:
+        try:
+            return self.conn.recv(1 << 16) if self.conn is not None else os.read(0, 1 << 16)
+        except OSError:
+            return b""
+
+    def requests(self, chunk: bytes) -> list[dict[str, Any]]:
+        self._pending += chunk
+        lines = self._pending.split(b"\n")
+        self._pending = lines.pop()
+        return [json.loads(line) for line in lines if line]
+
+    def hello(self, same_environment: bool, pid: int) -> None:
+        self.welcome = same_environment
+        self.reply({"ready": pid} if same_environment else
+                   {"refused": "its launchers import with another environment"})
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
 
 
 def _say(message: dict[str, Any]) -> None:
     os.write(1, json.dumps(message).encode() + b"\n")
 
 
-def _serve(request: dict[str, Any]) -> None:
+def _serve(request: dict[str, Any], reply: Reply,
+           not_for_launcher: list[socket.socket]) -> int | None:
+    """Fork the asked launcher; its pid, or None where it could not be."""
     block = b"".join(f"{k}={v}".encode() + b"\0" for k, v in request["env"].items())
     start, end = _environ_region()
     if len(block) > end - start:
-        _say({"failed": f"the job's environment ({len(block)} bytes) does not fit the"
-                        f" {end - start} bytes held for it", "id": request["id"]})
-        return
+        reply({"failed": f"the job's environment ({len(block)} bytes) does not fit the"
+                         f" {end - start} bytes held for it", "id": request["id"]})
+        return None
     pid = os.fork()
     if pid == 0:
+        for sock in not_for_launcher:  # its ranks, forked from it, would hold them open
+            os.close(sock.detach())
         _become_launcher(request, block.ljust(end - start, b"\0"), start)
-    _say({"started": pid, "id": request["id"]})
+    reply({"started": pid, "id": request["id"]})
+    return pid
 
 
-def _report_ended() -> None:
+def _report_ended(asked_by: dict[int, Reply]) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -85,7 +178,7 @@ def _report_ended() -> None:
             return
         if pid == 0:
             return
-        _say({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+        asked_by.pop(pid, _say)({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
 def _environ_region() -> tuple[int, int]:

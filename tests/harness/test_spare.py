@@ -1,16 +1,20 @@
 """Launchers held ready (torchchaos.harness.spare, torchchaos.rank.launcher_server): a
 launcher forked from the server is, from outside, the run's own process (its marks in
 /proc/PID/environ, its ranks' too), ends with torchrun's exit code, and the server
-ends with the harness that started it."""
+ends with the harness that started it. A server one process lends (`spare.share`) forks
+the launchers of the harnesses it starts, for the environment it was started with only,
+and ends with its owner."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 from conftest import REPO
@@ -26,11 +30,14 @@ PROBE = textwrap.dedent("""\
     parent = Path(f"/proc/{os.getppid()}/environ").read_bytes().split(b"\\0")
     Path(f"environ-{os.environ['RANK']}.txt").write_bytes(b"\\n".join(marks))
     Path(f"launcher-{os.environ['RANK']}.txt").write_bytes(b"\\n".join(parent))
+    stat = Path(f"/proc/{os.getppid()}/stat").read_text()
+    Path("launchers-parent.txt").write_text(stat[stat.rindex(")") + 2:].split()[1])
     sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
 """)
 
 
-def _launch(tmp_path, extra: dict[str, str]) -> tuple[spare.ServedLauncher, str]:
+def _job(tmp_path, extra: dict[str, str]) -> tuple[list[str], dict[str, str], str]:
+    """A probe job's launcher command, environment and run id."""
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     run_id = uuid.uuid4().hex[:12]
@@ -40,6 +47,11 @@ def _launch(tmp_path, extra: dict[str, str]) -> tuple[spare.ServedLauncher, str]
     environ = {**os.environ, "PYTHONHASHSEED": "0", env.RUN_ID: run_id,
                "TMPDIR": str(tmp_path), **extra}  # torchrun's torchelastic_* in the test's
     command = [*spare.LAUNCHER, "--nproc-per-node", "2", "--standalone", str(script)]
+    return command, environ, run_id
+
+
+def _launch(tmp_path, extra: dict[str, str]) -> tuple[spare.ServedLauncher, str]:
+    command, environ, run_id = _job(tmp_path, extra)
     served = spare.launch(command, environ, str(tmp_path), str(tmp_path / "launch.log"))
     assert served is not None, "a plain warm launcher is served"
     return served, run_id
@@ -66,7 +78,7 @@ HARNESS = textwrap.dedent("""\
     sys.path.insert(0, sys.argv[1])
     from torchchaos.harness import spare
     server = spare._server_for(dict(os.environ))
-    print(server._proc.pid, flush=True)
+    print(server.pid, flush=True)
     os._exit(0)  # no clean-up: as a harness that is killed
 """)
 
@@ -79,3 +91,74 @@ def test_the_server_ends_with_its_harness(tmp_path):
     while psutil.pid_exists(server) and psutil.Process(server).status() != "zombie":
         assert time.monotonic() < deadline, "the server outlived its harness"
         time.sleep(0.1)
+
+
+OWNER = textwrap.dedent("""\
+    import json, os, sys
+    from torchchaos.harness import spare
+    environ = json.loads(sys.argv[2])
+    print(spare.share(environ, sys.argv[1]), flush=True)
+    sys.stdin.read()  # lends its server until the test closes this
+""")
+
+
+def _lending_owner(tmp_path, environ: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """A process that lends its launcher server for `environ`; and the server's socket."""
+    folder = tmp_path / "owner"
+    folder.mkdir()
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(folder), json.dumps(environ)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    return owner, owner.stdout.readline().strip()
+
+
+def test_a_harness_forks_its_launchers_from_the_server_lent_to_it(tmp_path, monkeypatch):
+    command, environ, _ = _job(tmp_path, {"PROBE_EXIT": "3"})
+    owner, path = _lending_owner(tmp_path, environ)
+    try:
+        # a harness started by the owner: the variable set, no server of its own yet
+        monkeypatch.setenv(env.LAUNCHER_SOCKET, path)
+        monkeypatch.setattr(spare, "_servers", {})
+        monkeypatch.setattr(spare, "_refused", set())
+        served = spare.launch(command, environ, str(tmp_path), str(tmp_path / "launch.log"))
+        assert served is not None
+        assert served.wait(timeout=300) == 1, "torchrun's code, as the lent server saw it"
+        launchers_parent = int((tmp_path / "launchers-parent.txt").read_text())
+        assert launchers_parent == served.server.pid != os.getpid()
+        assert psutil.Process(launchers_parent).ppid() == owner.pid
+    finally:
+        owner.stdin.close()  # type: ignore[union-attr]
+        owner.wait(timeout=60)
+
+
+def test_a_lent_server_serves_the_environment_it_was_started_with_only(tmp_path):
+    _, environ, _ = _job(tmp_path, {})
+    owner, path = _lending_owner(tmp_path, environ)
+    try:
+        base = {k: v for k, v in environ.items() if not k.startswith("TORCHCHAOS_")
+                and k not in spare.PER_RUN}
+        other = spare.LauncherServer.connect(path, {**base, "OMP_NUM_THREADS": "7"})
+        assert other is None, "a launcher would import with the owner's environment"
+        same = spare.LauncherServer.connect(path, base)
+        assert same is not None and same.usable()
+        same.close()
+    finally:
+        owner.stdin.close()  # type: ignore[union-attr]
+        owner.wait(timeout=60)
+
+
+def test_a_lent_server_ends_with_its_owner_and_takes_its_socket_along(tmp_path):
+    _, environ, _ = _job(tmp_path, {})
+    owner, path = _lending_owner(tmp_path, environ)
+    base = {k: v for k, v in environ.items() if not k.startswith("TORCHCHAOS_")
+            and k not in spare.PER_RUN}
+    server = spare.LauncherServer.connect(path, base)
+    assert server is not None
+    owner.kill()  # no clean-up: its server reads the end of its stdin
+    owner.wait()
+    deadline = time.monotonic() + 60
+    while psutil.pid_exists(server.pid) and psutil.Process(server.pid).status() != "zombie":
+        assert time.monotonic() < deadline, "the lent server outlived its owner"
+        time.sleep(0.1)
+    assert not Path(path).exists()
+    assert spare.LauncherServer.connect(path, base) is None
