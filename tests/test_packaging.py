@@ -63,11 +63,22 @@ def _venv(tmp_path: Path, wheel: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python = venv / "bin" / "python"
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                    str(wheel)], check=True, capture_output=True, timeout=300)
+                    str(wheel)], check=True, capture_output=True, timeout=300,
+                   env=_users_environ(venv))
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
-                           "['purelib'])"], check=True, capture_output=True, text=True).stdout
+                           "['purelib'])"], check=True, capture_output=True, text=True,
+                          env=_users_environ(venv)).stdout
     Path(site.strip(), "deps-of-the-test.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return venv
+
+
+def _users_environ(venv: Path) -> dict[str, str]:
+    """A user's shell with the venv on PATH: none of the suite's own variables, and no
+    PYTHONPATH (the suite's names the checkout, whose egg-info pip would find first)."""
+    environ = {k: v for k, v in os.environ.items()
+               if not k.startswith(("TORCHCHAOS_", "PYTEST_", "PYTHONPATH"))}
+    environ["PATH"] = f"{venv / 'bin'}{os.pathsep}{environ['PATH']}"
+    return environ
 
 
 def _users_project(root: Path) -> None:
@@ -98,16 +109,15 @@ def _users_project(root: Path) -> None:
 def test_a_users_project_with_folders_named_as_ours_runs_the_plugin(
         tmp_path: Path, wheel: Path) -> None:
     venv = _venv(tmp_path, wheel)
+    environ = _users_environ(venv)
     files = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "show", "-f",
-                            "torchchaos"], check=True, capture_output=True, text=True).stdout
+                            "torchchaos"], check=True, capture_output=True, text=True,
+                           env=environ).stdout
     listed = [line.strip() for line in files.split("Files:", 1)[1].splitlines() if line.strip()]
     assert {f.split("/")[0] for f in listed if ".dist-info" not in f and not f.startswith("..")} \
         == {"torchchaos"}, listed
     project = tmp_path / "project"
     _users_project(project)
-    environ = {k: v for k, v in os.environ.items()
-               if not k.startswith(("TORCHCHAOS_", "PYTEST_", "PYTHONPATH"))}
-    environ["PATH"] = f"{venv / 'bin'}{os.pathsep}{environ['PATH']}"
     result = subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p",
                              "no:cacheprovider", "--chaos-cache-dir", str(tmp_path / "cache"),
                              "tests"], cwd=project, env=environ, capture_output=True,
