@@ -235,9 +235,15 @@ def _imported(script: Path, seen: set[Path] | None = None) -> set[str]:
 OTHER_HASH_SEED = "1"
 
 
+def _reseeds(scenario: Scenario) -> bool:
+    """Whether the proof's second run hashes strings with OTHER_HASH_SEED (no seed of the
+    user's own)."""
+    return "PYTHONHASHSEED" not in {**os.environ, **scenario.env}
+
+
 def _run_once(scenario: Scenario, run_dir: Path, progress: Progress,
               second: bool = False) -> float:
-    if second and "PYTHONHASHSEED" not in {**os.environ, **scenario.env}:
+    if second and _reseeds(scenario):
         scenario = dataclasses.replace(scenario, env={**scenario.env,
                                                       "PYTHONHASHSEED": OTHER_HASH_SEED})
     bound = scenario.hang_timeout or REFERENCE_TIMEOUT  # a bound the user set holds here too
@@ -356,8 +362,7 @@ def _cached_or_new(scenario: Scenario, entry: Path, progress: Progress) -> Refer
     meta = _read_meta(entry, progress)
     if meta is not None and meta["runs"] >= scenario.reference_runs:
         progress(f"reference: reusing cached run {entry}")
-        return Reference(entry / "run-0", meta["wall_seconds"], meta["deterministic"],
-                         meta["detail"])
+        return Reference(entry / "run-0", meta["wall_seconds"], *_proven_for(scenario, meta))
     if meta is not None:  # whole, with too few runs: its run-0 may be another harness's
         # reference right now (pytest -n, a doctor beside a run), so it stays; the runs
         # it lacks are added beside it
@@ -381,10 +386,23 @@ def _cached_or_new(scenario: Scenario, entry: Path, progress: Progress) -> Refer
                                          History.of_run(entry / "run-1"))
     meta = {"runs": scenario.reference_runs, "wall_seconds": walls[0],
             "deterministic": deterministic, "detail": detail,
+            "other_hash_seed": scenario.reference_runs == 2 and _reseeds(scenario),
             "files": written_files(entry, _runs(entry, scenario.reference_runs),
                                    sync=True)}
     write_atomic(entry / META, json.dumps(meta))  # last: it says the entry is whole
     return Reference(entry / "run-0", walls[0], deterministic, detail)
+
+
+def _proven_for(scenario: Scenario, meta: dict) -> tuple[bool | None, str]:
+    """What a cached entry proves for a scenario that reuses it. Two runs that differ
+    where the second hashed strings with another seed (doctor's proof) say nothing of a
+    scenario whose every run has one seed: it sees determinism unproven, as it would had
+    it made the entry itself, and its own runs show real non-determinism (a divergence
+    before the fault). Its verdict does not depend on whether doctor ran first."""
+    if scenario.reference_runs == 1 and meta["deterministic"] is False \
+            and meta.get("other_hash_seed"):
+        return None, "one reference run with the job's str-hash seed; determinism not proven"
+    return meta["deterministic"], meta["detail"]
 
 
 META = "meta.json"

@@ -27,15 +27,25 @@ def test_a_job_that_follows_a_set_of_strings_judges_the_same_warm_and_cold(
     assert launches and all(e["warm"] == (start == "warm") for e in launches), launches
 
 
-def test_doctor_finds_a_job_that_follows_a_set_of_strings_not_deterministic(
-        tmp_path, shared_cache):
+def test_doctor_finds_a_job_that_follows_a_set_of_strings_not_deterministic(tmp_path):
     """Its second reference run hashes strings with another seed, as a restart in
-    production does: the job's two fault-free runs then differ."""
+    production does: the job's two fault-free runs then differ. A run that reuses that
+    reference afterwards judges the job as it would without doctor: every run of it has
+    one seed, so what doctor found says nothing of them."""
+    cache = tmp_path / "cache"  # this test's own: the order of the two is the point
     done = subprocess.run(
         [sys.executable, "-m", "torchchaos.cli", "doctor", "--quiet", "--out",
-         str(tmp_path / "d"), "--cache-dir", str(shared_cache), "--", str(SET_ORDER)],
+         str(tmp_path / "d"), "--cache-dir", str(cache), "--", str(SET_ORDER)],
         capture_output=True, text=True, timeout=600, cwd=tmp_path)
     lines = {line.split()[1]: line for line in done.stdout.splitlines()[1:-1]}
     assert done.returncode == 1, done.stdout + done.stderr
     assert lines["seeded"].startswith("FAIL  seeded   the target is not deterministic"), lines
     assert "sort a set of strings" in lines["seeded"]
+    after = subprocess.run(
+        [sys.executable, "-m", "torchchaos.cli", "run", "--quiet", "--out", str(tmp_path / "r"),
+         "--cache-dir", str(cache), "--fault", "kill:rank=1,step=12", "--", str(SET_ORDER)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    entries = [p for p in cache.glob("ref-*") if p.is_dir()]
+    assert len(entries) == 1, f"the run reused doctor's reference: {entries}"
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert "verdict: PASS" in after.stdout, after.stdout
