@@ -73,8 +73,9 @@ def _serve_until_owner_leaves(listener: socket.socket | None,
     _say({"ready": os.getpid()})
     clients: dict[int, _Client] = {0: _Client(None, _say)}  # by fd; 0: the owner
     asked_by: dict[int, Reply] = {}  # launcher pid -> where its "exited" goes
+    listening = [listener] if listener is not None else []
     while True:
-        waiting = [*clients, *([listener.fileno()] if listener is not None else [])]
+        waiting = [*clients, *(sock.fileno() for sock in listening)]
         readable, _, _ = select.select(waiting, [], [], POLL_SECONDS)
         for fd in readable:
             if listener is not None and fd == listener.fileno():
@@ -94,8 +95,7 @@ def _serve_until_owner_leaves(listener: socket.socket | None,
                     client.hello(request["hello"] == started_with, os.getpid())
                 elif client.welcome:
                     sockets = [c.conn for c in clients.values() if c.conn is not None]
-                    pid = _serve(request, client.reply,
-                                 [*sockets, *([listener] if listener is not None else [])])
+                    pid = _serve(request, client.reply, [*sockets, *listening])
                     if pid is not None:
                         asked_by[pid] = client.reply
         _report_ended(asked_by)

@@ -14,6 +14,8 @@ import sys
 import textwrap
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -83,14 +85,19 @@ HARNESS = textwrap.dedent("""\
 """)
 
 
+def _wait_until_ended(pid: int, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie":
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
 def test_the_server_ends_with_its_harness(tmp_path):
     done = subprocess.run([sys.executable, "-c", HARNESS, str(REPO / "tests")],
                           capture_output=True, text=True, timeout=120)
     server = int(done.stdout.split()[0])
-    deadline = time.monotonic() + 120  # it reads its stdin once its imports are done
-    while psutil.pid_exists(server) and psutil.Process(server).status() != "zombie":
-        assert time.monotonic() < deadline, "the server outlived its harness"
-        time.sleep(0.1)
+    # it reads its stdin once its imports are done
+    _wait_until_ended(server, 120, "the server outlived its harness")
 
 
 OWNER = textwrap.dedent("""\
@@ -102,20 +109,25 @@ OWNER = textwrap.dedent("""\
 """)
 
 
-def _lending_owner(tmp_path, environ: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    """A process that lends its launcher server for `environ`; and the server's socket."""
+@contextmanager
+def _lending_owner(tmp_path, environ: dict[str, str]) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A process that lends its launcher server for `environ`, and the server's socket;
+    ended (its stdin closed) when the block is left."""
     folder = tmp_path / "owner"
     folder.mkdir()
     owner = subprocess.Popen([sys.executable, "-c", OWNER, str(folder), json.dumps(environ)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert owner.stdout is not None
-    return owner, owner.stdout.readline().strip()
+    assert owner.stdin is not None and owner.stdout is not None
+    try:
+        yield owner, owner.stdout.readline().strip()
+    finally:
+        owner.stdin.close()
+        owner.wait(timeout=60)
 
 
 def test_a_harness_forks_its_launchers_from_the_server_lent_to_it(tmp_path, monkeypatch):
     command, environ, _ = _job(tmp_path, {"PROBE_EXIT": "3"})
-    owner, path = _lending_owner(tmp_path, environ)
-    try:
+    with _lending_owner(tmp_path, environ) as (owner, path):
         # a harness started by the owner: the variable set, no server of its own yet
         monkeypatch.setenv(env.LAUNCHER_SOCKET, path)
         monkeypatch.setattr(spare, "_servers", {})
@@ -126,37 +138,27 @@ def test_a_harness_forks_its_launchers_from_the_server_lent_to_it(tmp_path, monk
         launchers_parent = int((tmp_path / "launchers-parent.txt").read_text())
         assert launchers_parent == served.server.pid != os.getpid()
         assert psutil.Process(launchers_parent).ppid() == owner.pid
-    finally:
-        owner.stdin.close()  # type: ignore[union-attr]
-        owner.wait(timeout=60)
 
 
 def test_a_lent_server_serves_the_environment_it_was_started_with_only(tmp_path):
     _, environ, _ = _job(tmp_path, {})
-    owner, path = _lending_owner(tmp_path, environ)
-    try:
+    with _lending_owner(tmp_path, environ) as (_, path):
         _, base = spare._key(environ)  # what a harness sends: less the run's own marks
         other = spare.LauncherServer.connect(path, {**base, "OMP_NUM_THREADS": "7"})
         assert other is None, "a launcher would import with the owner's environment"
         same = spare.LauncherServer.connect(path, base)
         assert same is not None and same.usable()
         same.close()
-    finally:
-        owner.stdin.close()  # type: ignore[union-attr]
-        owner.wait(timeout=60)
 
 
 def test_a_lent_server_ends_with_its_owner_and_takes_its_socket_along(tmp_path):
     _, environ, _ = _job(tmp_path, {})
-    owner, path = _lending_owner(tmp_path, environ)
-    _, base = spare._key(environ)
-    server = spare.LauncherServer.connect(path, base)
-    assert server is not None
-    owner.kill()  # no clean-up: its server reads the end of its stdin
-    owner.wait()
-    deadline = time.monotonic() + 60
-    while psutil.pid_exists(server.pid) and psutil.Process(server.pid).status() != "zombie":
-        assert time.monotonic() < deadline, "the lent server outlived its owner"
-        time.sleep(0.1)
-    assert not Path(path).exists()
-    assert spare.LauncherServer.connect(path, base) is None
+    with _lending_owner(tmp_path, environ) as (owner, path):
+        _, base = spare._key(environ)
+        server = spare.LauncherServer.connect(path, base)
+        assert server is not None
+        owner.kill()  # no clean-up: its server reads the end of its stdin
+        owner.wait()
+        _wait_until_ended(server.pid, 60, "the lent server outlived its owner")
+        assert not Path(path).exists()
+        assert spare.LauncherServer.connect(path, base) is None
