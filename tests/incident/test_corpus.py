@@ -8,7 +8,10 @@ keeps them (the launcher's log only; no report, no agent history). `silent_*` ra
 tests/scripts/plain_ddp.py, which prints no step and no save: the phase comes from where
 the surviving rank waited, read in the script's own lines (expected.json's `script`
 stands in for the path the log names, as `--script` does). `quiet_peer` is a SIGKILL of
-rank 1 that left no line: torchrun names only rank 0's echo."""
+rank 1 that left no line: torchrun names only rank 0's echo. `silent_peer_named_on_resume`
+and `oom_glued_resume_lines` are the same in the silent script: only the restart's own
+lines ("rank 1 resumed from ...", two ranks' prints glued on one line) show there was a
+rank 1."""
 
 from __future__ import annotations
 
@@ -60,9 +63,9 @@ def test_the_import_finds_what_was_done_or_says_it_cannot_tell(case):
 def test_most_of_the_corpus_is_told_exactly():
     """Kind, rank and phase all right: 14 of 14 on 2026-11-26; 21 of 22 with harness/, the
     21st (`told_as`) a SIGBUS that left no word, named as a kill with a crash among the
-    alternatives. (An earlier corpus had one miss, said as unknown: a SIGSEGV whose
-    faulthandler dump names no rank and whose launcher line, racing, named the peer's
-    SIGTERM.)"""
+    alternatives; 23 of 24 with the two silent-script cases of 2026-11-28. (An earlier
+    corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank
+    and whose launcher line, racing, named the peer's SIGTERM.)"""
     missed = []
     for case in CASES:
         want = json.loads((case / "expected.json").read_text())

@@ -91,6 +91,18 @@ def test_training_log_steps_saves_and_resumes():
     assert max(o.step for o in found if o.what == "step") == 12
 
 
+def test_a_line_the_script_starts_with_its_rank_is_that_ranks_even_glued_to_another():
+    """Two ranks printing at once: each print is two writes (text, then newline), so the
+    second rank's text lands on the first's line, as in tests/data/incidents/harness/
+    oom_glued_resume_lines. A word that only begins with "rank" names none."""
+    log = (b"rank 0 resumed from ckpt/step-0015.ptrank 1 resumed from ckpt/step-0015.pt\n\n"
+           b"[rank 1] step 4 loss 0.3\nRank 2: saved checkpoint step 5\n"
+           b"the ranking 3 step 9\n[rank0]: step 7\n")
+    found = [(o.what, o.rank, o.step) for o in TrainingLog().read(log, "train.log")]
+    assert found == [("resume", 0, 15), ("resume", 1, 15), ("step", 1, 4), ("save", 2, 5),
+                     ("step", None, 9), ("step", 0, 7)]
+
+
 def test_pod_json_oom_killed_container_and_its_node():
     found = read(KubernetesStatus(), DATA / "from_schemas" / "k8s_oom" / "pod.json")
     (oom,) = [o for o in found if o.what == "oom_kill"]

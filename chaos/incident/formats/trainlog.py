@@ -4,8 +4,9 @@ Read loosely, since every script words them its own way; only lines that
 name a step (`step 12`, `iter 12:`, `global_step=12`), a checkpoint written
 (`saved checkpoint ...`, `saving checkpoint to ...`) or a resume (`resumed from
 ckpt/step-10.pt at step 10`, `Resuming training from ...`) count. A line tagged
-by torch or torchrun ([rank1]:, [default1]:) belongs to that rank; an untagged
-line to no rank in particular (most scripts print from rank 0 only).
+by torch or torchrun ([rank1]:, [default1]:) belongs to that rank, and so does one
+the script starts with its rank (`rank 1 resumed from ...`, `[rank 1] step 12`); any
+other line to no rank in particular (most scripts print from rank 0 only).
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ STEP = re.compile(r"\b(?:step|iter(?:ation)?|global_step)(?:\b\s*[:=#]?\s*|[-_])
 RESUME = re.compile(r"\bresum(?:ed|ing)\b.*\b(?:from|at)\b", re.I)
 SAVE = re.compile(r"\b(?:sav(?:ed|ing)|wrote|writing)\b.*\bcheckpoint|\bcheckpoint\b.*"
                   r"\b(?:saved|written)\b", re.I)
+# a line the script starts with its own rank (torch's "[rank1]:" tag is read first)
+OWN_RANK = re.compile(r"^\s*\[?rank[ _=#:]?(\d+)\]?(?=[\s:,\]]|$)", re.I)
+# where another rank's line starts glued to the end of one ("...step-0015.ptrank 1 resumed")
+GLUED = re.compile(r"(?<=\S)(?=\[?rank[ _=#:]?\d+\]?[\s:,\]])", re.I)
 # a traceback's lines, glog lines (torch's C++ and torchrun's), a py-spy dump's header
 NOT_OURS = re.compile(r'^\s*(File "|Traceback|\[?[EWI]\d{4} )|^Process \d+: |^Python v\d')
 
@@ -43,15 +48,21 @@ class TrainingLog(Reader):
             if NOT_OURS.match(body) or "torch/distributed" in body or \
                     text.EXCEPTION_LINE.match(body.strip()):
                 continue  # an error's message may name a step; it is not the counter
-            where = Source(name, number)
-            step = STEP.search(body)
-            number_ = int(step.group(1)) if step else None
-            if RESUME.search(body):
-                found.append(Observation("resume", where, rank=rank, step=number_,
-                                         detail=body.strip()[:200]))
-            elif SAVE.search(body):
-                found.append(Observation("save", where, rank=rank, step=number_,
-                                         detail=body.strip()[:200]))
-            elif step:
-                found.append(Observation("step", where, rank=rank, step=number_))
+            # two ranks' prints glued on one line (each print is two writes: its text,
+            # then its newline) are read as the two lines they were
+            pieces = [body] if rank is not None else GLUED.split(body)
+            for piece in pieces:
+                own = OWN_RANK.match(piece) if rank is None else None
+                found += _observed(piece, int(own.group(1)) if own else rank,
+                                   Source(name, number))
         return found
+
+
+def _observed(body: str, rank: int | None, where: Source) -> list[Observation]:
+    step = STEP.search(body)
+    number = int(step.group(1)) if step else None
+    if RESUME.search(body):
+        return [Observation("resume", where, rank=rank, step=number, detail=body.strip()[:200])]
+    if SAVE.search(body):
+        return [Observation("save", where, rank=rank, step=number, detail=body.strip()[:200])]
+    return [Observation("step", where, rank=rank, step=number)] if step else []
