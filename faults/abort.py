@@ -7,9 +7,15 @@ rank's connections close; its own next (or current) collective fails, and its
 peers meet closed connections (gloo: `Connection closed by peer`) or, where
 the backend only notices at a timeout, a hang. What they do next is judged.
 
-The abort runs `after=` seconds (default 0.05) after the trigger from a
-thread of the rank's own, so it lands while the training thread goes on into
-its next step's collectives (DDP's gradient all-reduce), not between two.
+The abort runs from a thread of the rank's own as the rank's next
+`loss.backward()` begins (`after=` seconds later, default 0), so it lands
+while the training thread is in that step's collectives (DDP's gradient
+all-reduce), not between two, however fast the steps are. A clock started at
+the trigger did not: on a fast machine a 1 ms step ran 13 steps to the end of
+training in 40 ms, and an abort 50 ms after its trigger landed in the
+rank's teardown, where it tested nothing (plain_ddp.py, 2026-11-28). A rank
+with no backward the agent sees (no view of training) starts the clock at the
+trigger.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ if TYPE_CHECKING:
 
     from torchchaos.faults.shape import JobShape
 
-DEFAULT_AFTER = 0.05
+DEFAULT_AFTER = 0.0
 
 
 class Abort(FaultKind):
@@ -51,7 +57,9 @@ class Abort(FaultKind):
                                    shape.a_step())}
 
     def said(self, event: dict[str, Any]) -> str:
-        return f"its process group aborted {event.get('after'):g} s after the step"
+        after = event.get("after") or 0
+        late = f"{after:g} s after" if after else "as"
+        return f"its process group aborted {late} the backward of step {event.get('step')}"
 
     def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
         raise NotExported("a communicator inside the training process; the nearest cluster"
@@ -59,18 +67,26 @@ class Abort(FaultKind):
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         after = float(fault.params.get("after", DEFAULT_AFTER))  # type: ignore[arg-type]
-        step = ctx.step()
 
         def abort_later() -> None:
             from torch.distributed import distributed_c10d
 
             time.sleep(after)
             # recorded first: the training thread may die of the abort at once, and the
-            # process with it, before this thread runs again
-            ctx.record("abort", id=fault.id, step=step, after=after)
+            # process with it, before this thread runs again; the step is the one whose
+            # backward is under way (steps done, plus one)
+            done = ctx.step()
+            ctx.record("abort", id=fault.id, step=None if done is None else done + 1,
+                       after=after)
             try:
                 distributed_c10d._abort_process_group()
             except Exception as exc:  # noqa: BLE001 - said in the history, not raised here
                 ctx.record("fault_error", id=fault.id, error=f"abort failed: {exc}"[:300])
 
-        threading.Thread(target=abort_later, name="torchchaos-abort", daemon=True).start()
+        def start(_loss: Any = None) -> None:
+            threading.Thread(target=abort_later, name="torchchaos-abort", daemon=True).start()
+
+        if ctx.training is not None:
+            ctx.training.before_next_backward(start)
+        else:
+            start()

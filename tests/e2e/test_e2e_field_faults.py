@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TARGET, cases
+from conftest import PLAIN, REPO, TARGET, cases
 
 from torchchaos.incident.attribute import attribute
 from torchchaos.incident.gather import gather
@@ -133,6 +133,17 @@ def test_an_independent_script_recovers_from_each(chaos_run, fault):
     args = TIMED if "time=" in fault else []
     report = chaos_run(LOADER_SCRIPT, faults=[fault], args=args, expect="pass")
     assert report.restarts >= 1 and report.faults[0]["fired"], report.table()
+    assert report.checks["deterministic_resume"]["ok"] is True, report.table()
+
+
+def test_an_abort_lands_in_training_however_fast_the_steps(chaos_run):
+    """plain_ddp.py's steps take about 1 ms on a fast machine: an abort timed 50 ms from
+    its trigger landed after the last step, in the teardown, and the run passed with no
+    restart, having tested nothing (2026-11-28). It lands in the next step's backward."""
+    report = chaos_run(PLAIN, faults=["abort:rank=1,step=17"], expect="pass")
+    [abort] = History.of_run(Path(report.run_dir)).of("abort")
+    assert abort["step"] == 18, abort
+    assert report.restarts >= 1, report.table()
     assert report.checks["deterministic_resume"]["ok"] is True, report.table()
 
 
