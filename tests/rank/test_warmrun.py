@@ -4,7 +4,8 @@ Each property a script could tell apart is printed by a probe under both launche
 side by side: the script's arguments, name and folder on sys.path, signal handlers,
 faulthandler (off unless asked for: a segfault prints no Python stack), its own seeds
 of torch's and numpy's global generators, threads joined before the atexit handlers
-run, and how it ends (the exit code, a traceback that starts in the script).
+run, and how it ends (the exit code, a traceback that starts in the script, the
+exception kept in sys.last_value while the atexit handlers run).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ PROBE = textwrap.dedent("""
     threading.Thread(target=late_thread).start()   # not a daemon: joined before atexit
     def at_exit():
         seen["thread_joined_first"] = seen.get("thread_done", False)
+        # the uncaught exception, and the frames it holds, live on to the end
+        seen["last_value"] = repr(getattr(sys, "last_value", None))
         write_and_wait_for_the_other()
     atexit.register(at_exit)
     if sys.argv[2] == "raise" and rank == 1:
@@ -78,8 +81,8 @@ def test_a_forked_rank_starts_and_ends_as_an_execd_one(tmp_path: Path, how: str)
     assert warm_code == code == (0 if how in ("end", "os_exit") else 1)
     for plain, warm in zip(ranks, warm_ranks):
         for key in ("argv", "name", "path0", "sigterm", "sigint", "faulthandler",
-                    "thread_joined_first"):
-            assert warm[key] == plain[key], key
+                    "thread_joined_first", "last_value"):
+            assert warm.get(key) == plain.get(key), key
         assert warm["argv"] == [how] and warm["name"] == "__main__"
         assert warm["script"] == plain["script"] == str(tmp_path / "probe.py")
         assert warm["thread_joined_first"] is True
