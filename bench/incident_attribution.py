@@ -4,8 +4,10 @@
     python bench/incident_attribution.py --score /tmp/corpus     # import each, print the table
     python bench/incident_attribution.py --replay /tmp/corpus --planted   # replay each
 
-`--make` runs, for each script (the bundled target, and tests/scripts/plain_ddp.py,
-a DDP script written apart that prints almost nothing), the battery's rows as the
+`--make` runs, for each script (the bundled target; tests/scripts/plain_ddp.py, a DDP
+script written apart that prints almost nothing; and two more written apart, the
+AdamW trainer of bench/targets with per-rank files, and tests/scripts/safetensors_ddp.py
+in a Hugging Face Trainer's layout), the battery's rows as the
 reference run places them (kills of rank 0 and the last rank between saves, a node
 kill, kills inside the 2nd save, a torn write, a power loss, a preemption) plus a
 stopped rank, a rank held in a collective and a SIGSEGV. Each run's folder keeps
@@ -13,6 +15,9 @@ only what a failed job leaves an engineer: the launcher's logs, torchelastic's
 error files, the stacks a hang watchdog took, and the checkpoint folders. The
 harness's report and the agent's history stay out; `injected.json` beside the
 copy says what was injected, for the scoring only.
+
+The jobs run with exec'd ranks (`TORCHCHAOS_COLD_START=1`), as a user's torchrun
+starts them, so that torchrun's lines are its subprocess mode's.
 
 `--score` imports each copy with `torchchaos.incident` and compares kind, rank
 (or node), phase and the step window with what was injected. A miss that the
@@ -33,6 +38,12 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = {
     "bundled": (REPO / "targets" / "ddp_lm.py", ["--steps", "20", "--ckpt-every", "5"]),
     "plain_ddp": (REPO / "tests" / "scripts" / "plain_ddp.py", []),
+    # written apart, as other teams write one: per-rank files under step folders and a
+    # `latest` marker, a SIGTERM handler, a log line per save
+    "adamw": (REPO / "bench" / "targets" / "adamw_trainer.py", ["--steps", "20",
+                                                                 "--save-every", "5"]),
+    # a Hugging Face Trainer's layout: checkpoint-N/ folders, safetensors from Rust
+    "safetensors": (REPO / "tests" / "scripts" / "safetensors_ddp.py", []),
 }
 
 
@@ -58,13 +69,23 @@ def expected(spec: str) -> dict:
             "phase": phase, "step": trig.step}
 
 
-def make(corpus: Path) -> None:
+def make(corpus: Path, names: list[str]) -> None:
+    import os
+
+    from torchchaos import env
     from torchchaos.engine import run_scenario
+
+    # exec'd ranks under torchrun's own subprocess mode, as a user's job runs: a forked
+    # rank leaves by os._exit, faster than an exec'd one tears down, and a peer's echo
+    # then dies before torchrun's next poll as often as the rank it echoes (bundled/10:
+    # torchrun named only the peer's exit 1, not rank 1's SIGSEGV)
+    os.environ[env.COLD_START] = "1"
     from torchchaos.explore import battery
     from torchchaos.scenario.model import Scenario
 
     cache = corpus / "cache"
-    for name, (script, args) in SCRIPTS.items():
+    for name in names:
+        script, args = SCRIPTS[name]
         base = Scenario.build(str(script), args=args, hang_timeout=6.0)
         entries = battery.plan(base, cache, lambda m: None)
         mid = next(int(e.fault.split("step=")[1].split(",")[0]) for e in entries
@@ -243,9 +264,11 @@ def main() -> int:
                         " bundled target's incidents on its planted bug for their phase too")
     parser.add_argument("--only", action="append", metavar="GLOB",
                         help="with --replay: only these cases (bundled/05, plain_ddp/*)")
+    parser.add_argument("--scripts", nargs="+", choices=sorted(SCRIPTS), default=None,
+                        help="with --make: only these scripts (default: all)")
     ns = parser.parse_args()
     if ns.make:
-        make(ns.make)
+        make(ns.make, ns.scripts or list(SCRIPTS))
     if ns.score:
         score(ns.score)
     if ns.replay:
