@@ -120,8 +120,9 @@ def phase_of_frames(frames: tuple[str, ...] | list[str]) -> str | None:
                     "_verify_param_shape_across_processes", "allreduce_hook") \
                 or "distributed_c10d.py" in text:
             return "collective"
-        if name in ("_engine_run_backward", "run_backward"):
-            # DDP's gradient all-reduce runs inside backward: a rank stuck there waits
+        if name in ("_engine_run_backward", "run_backward", "backward"):
+            # DDP's gradient all-reduce runs inside backward: a rank stuck there waits (a
+            # frame named backward is `loss.backward()` itself, or a wrapper held in it)
             return "collective"
         if "dataloader.py" in text or "worker.py" in text and "data" in text:
             return "data"

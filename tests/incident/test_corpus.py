@@ -23,7 +23,7 @@ import pytest
 
 from torchchaos.incident.attribute import attribute
 from torchchaos.incident.gather import gather
-from torchchaos.incident.signature import recovery_class
+from torchchaos.incident.signature import Signature, recovery_class
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "incidents"
 CASES = sorted(p.parent for p in DATA.glob("**/expected.json"))
@@ -63,7 +63,7 @@ def test_the_import_finds_what_was_done_or_says_it_cannot_tell(case):
 def test_most_of_the_corpus_is_told_exactly():
     """Kind, rank and phase all right: 14 of 14 on 2026-11-26; 21 of 22 with harness/, the
     21st (`told_as`) a SIGBUS that left no word, named as a kill with a crash among the
-    alternatives; 23 of 24 with the two silent-script cases of 2026-11-28. (An earlier
+    alternatives; 24 of 25 with the three cases of 2026-11-28. (An earlier
     corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank
     and whose launcher line, racing, named the peer's SIGTERM.)"""
     missed = []
@@ -120,3 +120,11 @@ def test_the_hung_rank_is_told_by_the_py_spy_dumps_taken_during_the_hang():
     assert (found.kind, found.rank) == ("hang", 1)
     assert any("outside every collective (in fail (incident_probe.py:" in r
                for r in found.rules), found.rules
+
+
+def test_a_rank_held_inside_loss_backward_is_seen_in_a_training_steps_collective():
+    """The replay of a hang in DDP's all-reduce holds rank 1 inside `loss.backward()`
+    (its frames end in `backward`, then the fault's own): a phase seen, not placed by
+    rule, so the replay's signature has it, as the incident's had from `all_reduce`."""
+    incident = imported(DATA / "harness" / "held_in_backward")
+    assert Signature.of(incident).phase == "between_saves", incident.finding.rules
