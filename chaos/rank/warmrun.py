@@ -14,7 +14,8 @@ a fresh `python -u script.py` would (`_rank`): default signal handlers, faulthan
 off, no death signal from the launcher, torch's and numpy's global generators seeded
 anew, the script's folder first on sys.path, the agent armed, an uncaught exception
 printed by sys.excepthook from the script's first frame, and the exit code and atexit
-handlers as the interpreter's own. What it cannot renew is the str-hash seed: every
+handlers as the interpreter's own; and torchrun names the worker that ended first, as
+its subprocess mode does (`_first_ended_first`). What it cannot renew is the str-hash seed: every
 rank and restart shares the launcher's, so the harness gives each job the same one
 (`PYTHONHASHSEED`, runner.job_environment) and a cold job agrees with a warm one.
 Its exit, like torchrun's, freezes the heap (sitecustomize).
@@ -26,10 +27,14 @@ import atexit
 import ctypes
 import faulthandler
 import importlib
+import math
+import multiprocessing.connection
 import os
 import signal
 import sys
 import threading
+import time
+from typing import Any
 
 import torch
 import torch.distributed.run as torchrun
@@ -61,11 +66,40 @@ def _poll_counting_quiet_exits(self: torchrun_processes.MultiprocessContext) -> 
     ends with os._exit (the bundled target does, to skip a teardown that can hang) never
     lets it send: the launcher would wait for it forever."""
     if self._pc is not None:
+        _first_ended_first(self._pc)
         for local_rank, process in enumerate(self._pc.processes):
             if (process.exitcode == 0 and local_rank not in self._return_values
                     and self._ret_vals[local_rank].empty()):
                 self._return_values[local_rank] = None  # what a script's end returns
     return _poll(self)
+
+
+def _first_ended_first(pc: Any) -> None:
+    """Have torchrun's poll name the worker that ended first, as its subprocess mode
+    does where a failing peer's teardown outlasts one poll. The fork mode names the
+    first, in rank order, of the workers that ended since its last poll, and a forked
+    peer that fails on the broken connection leaves by os._exit at once: both are
+    often gone by the next poll, and rank 0's echo ("Connection reset by peer", exit 1)
+    was named over rank 1's SIGSEGV, which the log then never showed. A thread notes
+    when each worker ends; torchrun's join looks at the workers in that order."""
+    ended = getattr(pc, "_torchchaos_ended", None)
+    if ended is None:
+        ended = pc._torchchaos_ended = {}
+        threading.Thread(target=_note_ends, args=(pc.processes, ended), daemon=True,
+                         name="torchchaos-worker-ends").start()
+    if ended:
+        pc.sentinels = dict(sorted(pc.sentinels.items(),
+                                   key=lambda item: ended.get(item[1], math.inf)))
+
+
+def _note_ends(processes: list[Any], ended: dict[int, float]) -> None:
+    waiting = {process.sentinel: local_rank for local_rank, process in enumerate(processes)}
+    try:
+        while waiting:
+            for sentinel in multiprocessing.connection.wait(list(waiting)):
+                ended[waiting.pop(sentinel)] = time.monotonic()
+    except (OSError, ValueError):
+        return  # torchrun closed the workers' handles: nothing more to order
 
 
 def _rank(script: str, *args: str) -> None:
