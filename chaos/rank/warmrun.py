@@ -14,8 +14,8 @@ a fresh `python -u script.py` would (`_rank`): default signal handlers, faulthan
 off, no death signal from the launcher, torch's and numpy's global generators seeded
 anew, the script's folder first on sys.path, the agent armed, an uncaught exception
 printed by sys.excepthook from the script's first frame, and the exit code and atexit
-handlers as the interpreter's own; and torchrun names the worker that ended first, as
-its subprocess mode does (`_first_ended_first`). What it cannot renew is the str-hash seed: every
+handlers as the interpreter's own; and torchrun names the failed worker a user's
+torchrun would (`_first_ended_first`). What it cannot renew is the str-hash seed: every
 rank and restart shares the launcher's, so the harness gives each job the same one
 (`PYTHONHASHSEED`, runner.job_environment) and a cold job agrees with a warm one.
 Its exit, like torchrun's, freezes the heap (sitecustomize).
@@ -27,7 +27,6 @@ import atexit
 import ctypes
 import faulthandler
 import importlib
-import math
 import multiprocessing.connection
 import os
 import signal
@@ -75,21 +74,29 @@ def _poll_counting_quiet_exits(self: torchrun_processes.MultiprocessContext) -> 
 
 
 def _first_ended_first(pc: Any) -> None:
-    """Have torchrun's poll name the worker that ended first, as its subprocess mode
-    does where a failing peer's teardown outlasts one poll. The fork mode names the
-    first, in rank order, of the workers that ended since its last poll, and a forked
-    peer that fails on the broken connection leaves by os._exit at once: both are
-    often gone by the next poll, and rank 0's echo ("Connection reset by peer", exit 1)
-    was named over rank 1's SIGSEGV, which the log then never showed. A thread notes
-    when each worker ends; torchrun's join looks at the workers in that order."""
+    """Have torchrun's poll name the worker a user's torchrun would: of the workers that
+    ended since its last poll, the first killed by a signal, else the first in rank
+    order. A signal ends a worker at once in either mode, but a worker that exits runs
+    its exit path, and an exec'd one's interpreter teardown outlasts a poll where a
+    forked one leaves by os._exit: rank 0's echo of rank 1's SIGSEGV ("Connection reset
+    by peer", exit 1) was gone by the same poll and named first, in rank order, so the
+    log never showed the SIGSEGV. Two workers that both exit (a preemption's 143) stay
+    in rank order, as they do in torchrun's subprocess mode. A thread notes when each
+    worker ends; torchrun's join looks at them in that order."""
     ended = getattr(pc, "_torchchaos_ended", None)
     if ended is None:
         ended = pc._torchchaos_ended = {}
         threading.Thread(target=_note_ends, args=(pc.processes, ended), daemon=True,
                          name="torchchaos-worker-ends").start()
-    if ended:
-        pc.sentinels = dict(sorted(pc.sentinels.items(),
-                                   key=lambda item: ended.get(item[1], math.inf)))
+    if not ended:
+        return
+
+    def order(item: tuple[Any, int]) -> tuple[int, float]:
+        local_rank = item[1]
+        killed = local_rank in ended and (pc.processes[local_rank].exitcode or 0) < 0
+        return (0, ended[local_rank]) if killed else (1, local_rank)
+
+    pc.sentinels = dict(sorted(pc.sentinels.items(), key=order))
 
 
 def _note_ends(processes: list[Any], ended: dict[int, float]) -> None:

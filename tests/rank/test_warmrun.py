@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -108,16 +109,17 @@ FIRST_ENDS = textwrap.dedent("""
         os.kill(os.getpid(), signal.SIGSEGV)
     while not marker.exists():
         time.sleep(0.005)
-    time.sleep(0.02)  # the peer's echo: gone well within torchrun's next poll
-    raise RuntimeError("Connection reset by peer")
+    time.sleep(0.02)  # gone well within torchrun's next poll
+    raise RuntimeError("Connection reset by peer")  # the peer's echo
 """)
 
 
-def test_torchrun_names_the_worker_that_ended_first(tmp_path: Path):
+def test_torchrun_names_the_worker_a_signal_killed_first(tmp_path: Path):
     """Rank 1 dies of SIGSEGV and rank 0 fails 20 ms later on the broken connection.
     torchrun's fork mode named rank 0's exit 1, the first ended worker in rank order,
     and the log never showed the SIGSEGV (5 of 5 replays of a segfault incident read
-    as a kill); its subprocess mode names the one it found ended first."""
+    as a kill); a user's torchrun names the SIGSEGV, since an exec'd rank 0's exit
+    path outlasts its poll."""
     script = tmp_path / "first_ends.py"
     script.write_text(FIRST_ENDS)
     for attempt in range(2):
@@ -125,7 +127,22 @@ def test_torchrun_names_the_worker_that_ended_first(tmp_path: Path):
         folder.mkdir()
         done = subprocess.run(
             [sys.executable, "-m", LAUNCHERS["warmrun"], "--standalone", "--nproc-per-node",
-             "2", "--max-restarts", "0", str(script), str(folder)],
+             "2", "--max-restarts", "0", str(script), str(folder), "segv"],
             capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(folder)})
         assert done.returncode == 1
         assert "failed (exitcode: -11) local_rank: 1" in done.stderr, done.stderr[-3000:]
+
+
+def test_workers_that_exit_stay_in_rank_order_after_those_a_signal_killed():
+    """Of the workers gone by one poll, a signal's (in the order they ended) come first,
+    then those that exited in rank order, as in torchrun's subprocess mode: a
+    preemption whose ranks each exit 143 names rank 0, the writer, though rank 1 left
+    first (it printed nothing)."""
+    from torchchaos.rank import warmrun
+
+    processes = [SimpleNamespace(exitcode=code) for code in (143, 143, -11, -9, None)]
+    ended = {1: 1.00, 0: 1.01, 3: 1.02, 2: 1.03}
+    pc = SimpleNamespace(processes=processes, _torchchaos_ended=ended,
+                         sentinels={f"s{i}": i for i in range(5)})
+    warmrun._first_ended_first(pc)
+    assert list(pc.sentinels.values()) == [3, 2, 0, 1, 4]
