@@ -74,7 +74,10 @@ def save_before(lines: Lines, number: int) -> int | None:
 
 def fenced_save(lines: Lines) -> tuple[int, int] | None:
     """A save call that the script follows with a collective every rank joins (a barrier
-    after the writer's save): (the save's line, the fence's line), the first one found."""
+    after the writer's save) and no more file work after it in its block: (the save's
+    line, the fence's line), the first one found. A barrier in the middle of a save
+    (every rank's file written, then rank 0 alone writes a `latest` marker and prunes)
+    fences nothing: the other ranks train on while the writer still saves."""
     for n, line in enumerate(lines, 1):
         if not SAVE_CALL.search(line) or line.lstrip().startswith(("def ", "#")):
             continue
@@ -83,5 +86,25 @@ def fenced_save(lines: Lines) -> tuple[int, int] | None:
             if after.lstrip().startswith(("def ", "class ")):
                 break
             if COLLECTIVE_CALL.search(after) and save_before(lines, m) == n:
-                return n, m
+                return (n, m) if not _file_work_after(lines, m) else None
     return None
+
+
+# What a save's code does to files (the writes, renames, removals of a checkpoint)
+FILE_WORK = re.compile(r"\b(?:open|os\.replace|os\.rename|os\.remove|os\.unlink|rmtree|fsync"
+                       r"|torch\.save|save_file|makedirs|mkdir|cleanup\w*|prune\w*)\s*\(|"
+                       r"\.write\(")
+
+
+def _file_work_after(lines: Lines, number: int) -> bool:
+    """Whether the rest of line `number`'s block (the lines after it at its indentation
+    or deeper) works on files."""
+    own = _indent(lines[number - 1])
+    for line in lines[number:]:
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if _indent(line) < own:
+            return False
+        if FILE_WORK.search(line):
+            return True
+    return False

@@ -108,3 +108,33 @@ def test_fences_and_saves_in_other_ways_of_writing_them():
     assert script_source.save_before(lines, 2) is None
     unfenced = lines[:6] + ["        log('saved')"]
     assert script_source.fenced_save(unfenced) is None
+
+
+def test_a_barrier_in_the_middle_of_a_save_fences_nothing():
+    """Every rank writes its file, a barrier, then rank 0 alone writes `latest` and
+    prunes (bench/targets/adamw_trainer.py): its peer trains on past that barrier."""
+    lines = ["def save_checkpoint(step, state, rank):",
+             "    torch.save(state, tmp)",
+             "    os.replace(tmp, path)",
+             "    dist.barrier()",
+             "    if rank == 0:",
+             "        with open(latest + '.tmp', 'w') as f:",
+             "            f.write(str(step))",
+             "        cleanup_old(ckpt_dir, keep=2)",
+             "",
+             "def train():"]
+    assert script_source.fenced_save(lines) is None
+    assert script_source.fenced_save(lines[:4]) == (2, 4)  # the barrier ends the save
+
+
+def test_a_peer_past_a_barrier_inside_the_save_does_not_place_the_kill_between_saves():
+    """adamw_trainer.py, rank 0 SIGKILLed in its 3rd save after the barrier (pruning the
+    oldest step folder) while rank 1 ran the next step's backward: the import said
+    "between saves: the script fences its save" (bench/incident_attribution.py,
+    adamw/05, 2026-11-28). Not a corpus case: the phase stays unseen."""
+    trainer = REPO / "bench" / "targets" / "adamw_trainer.py"
+    gathered = gather([HARNESS / "barrier_inside_the_save"], script=trainer)
+    found = attribute(gathered.observations, gathered.sources).finding
+    assert (found.kind, found.rank) == ("kill", 0), found.rules
+    assert not found.phase_seen, found.rules
+    assert not any("fences its save" in r for r in found.rules), found.rules
