@@ -103,12 +103,17 @@ class Daemon:
         with self.busy:
             self.fs.down.set()
             try:
-                killed = self._kill(pids)
+                # the processes die before the disk's refusals reach them (`FaultFS.killed`)
+                first = self._victims(pids)
+                procs.signal_all(first, signal.SIGKILL)
+                self.fs.killed.set()
+                killed = sorted(set(first) | set(self._kill(pids)))
                 with self.fs.mutex:
                     dropped = self.tracker.power_loss().to_dict() if lose_unsynced else {}
                     self.armed.clear()  # a reboot forgets pending faults
             finally:
                 self.fs.down.clear()  # up again, also if a process would not die
+                self.fs.killed.clear()
         self.log.record("fs_crash", lose_unsynced=lose_unsynced, killed=killed,
                         fault=fault_id, **dropped)
         return {"ok": True, "killed": killed, **dropped}
@@ -126,6 +131,11 @@ class Daemon:
     def _crash_later(self, fault: Armed) -> None:
         threading.Thread(target=self.crash, args=(False, None, fault.fault_id),
                          daemon=True).start()
+
+    def _victims(self, pids: list[int] | None) -> list[int]:
+        if pids is None:
+            return procs.marked_pids(self.run_id) if self.run_id else []
+        return procs.tree(pids)
 
     def _kill(self, pids: list[int] | None) -> list[int]:
         """SIGKILL the given pids (and their children), or every process of the run."""

@@ -9,9 +9,12 @@ path the moment the mount goes, however it goes.
 Each call tells the durability tracker what is about to change, applies the
 fault armed for that operation (if any) and records the mutation in the run's
 history. While the mount is `down` (a simulated crash is being carried out)
-every operation but `release` fails at once with EIO: a process stuck in a
-FUSE request that never returns cannot even be SIGKILLed, so nothing here may
-block on the crash.
+every operation but `release` fails with EIO, once the crash has sent its
+SIGKILLs (`killed`, at most a few seconds): a process stuck in a FUSE request
+that never returns cannot even be SIGKILLed, so nothing here may block on the
+crash for long; and a process that met the EIO before its SIGKILL could print
+it, where a power loss leaves no word (a rank's "OSError: [Errno 5]" in a
+rename read as an exception mid-save, 2026-11-28).
 
 `private` names top-level folders that are outside the fault model (the
 harness's own `_chaos/` when the mount covers a whole run directory): plain
@@ -32,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import mfusepy
 
@@ -42,6 +45,9 @@ from torchchaos.faults.faultfs.recording import Recorder
 from torchchaos.rundir.history import HistoryWriter
 
 Crash = Callable[[Armed], None]  # start a crash of the job (runs in another thread)
+# How long a refusal waits for the crash's SIGKILLs (finding the run's processes takes
+# milliseconds; a crash with none to kill sets it at once)
+REFUSE_AFTER_KILL_SECONDS = 2.0
 
 STAT_KEYS = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks",
              "st_atime_ns", "st_mtime_ns", "st_ctime_ns")
@@ -109,6 +115,7 @@ class FaultFS(mfusepy.Operations):
         self.private = private
         self.mutex = threading.RLock()  # one mutation (and tracker update) at a time
         self.down = threading.Event()
+        self.killed = threading.Event()  # the crash has sent its SIGKILLs
         # The name each open file was opened by: libfuse passes no path to operations on
         # a file unlinked while open (hard_remove), which a job may still read, write and
         # fsync, as on any disk (a rotation that deletes a checkpoint another rank has
@@ -176,6 +183,12 @@ class FaultFS(mfusepy.Operations):
         with self.mutex:
             yield UNTRACKED if self.recorder is not None else self.tracker
 
+    def _refuse(self) -> NoReturn:
+        """EIO, once the crash under way has sent its SIGKILLs: the process that asked
+        then dies before it can act on it (bounded: see the module's docstring)."""
+        self.killed.wait(REFUSE_AFTER_KILL_SECONDS)
+        raise mfusepy.FuseOSError(errno.EIO)
+
     def _gate(self, op: str, path: str) -> Armed | None:
         """Fail fast while down; return the armed fault that hits `op`, after
         sleeping if it is a slowdown; raise if it is an errno fault. Private paths
@@ -183,7 +196,7 @@ class FaultFS(mfusepy.Operations):
         if self._private(path):
             return None
         if self.down.is_set():
-            raise mfusepy.FuseOSError(errno.EIO)
+            self._refuse()
         fault = self.armed.take(op)
         if fault is None:
             return None
@@ -217,7 +230,7 @@ class FaultFS(mfusepy.Operations):
                 raise mfusepy.FuseOSError(errno.ESTALE)
             return _attrs(os.fstat(fh))
         if self.down.is_set() and not self._private(path):
-            raise mfusepy.FuseOSError(errno.EIO)
+            self._refuse()
         self._looked_at("stat", path)
         real = self._real(path)
         attrs = _attrs(os.fstat(fh) if fh is not None else os.stat(real) if self._is_root(path)
@@ -324,7 +337,7 @@ class FaultFS(mfusepy.Operations):
                              fault=fault.fault_id, **unlinked)
                 self.down.set()  # nothing else reaches the disk: the machine is going down
                 self.crash(fault)
-                raise mfusepy.FuseOSError(errno.EIO)
+                self._refuse()
             if self._recording(path):  # the bytes go to the blob file only
                 blob = self.recorder.write(fh, data, offset)
                 written = len(data)

@@ -348,6 +348,40 @@ def test_torn_write_crashes_every_process_of_the_run(tmp_path):
         assert target.read_bytes() == b"z" * 500
 
 
+def test_a_process_the_crash_kills_never_sees_the_disk_refuse(tmp_path):
+    """A crash leaves no word: the torn write's EIO reaches its writer, and a peer's
+    next operation its EIO, only once the crash has sent its SIGKILLs, so both die in
+    the call. An adamw_trainer.py rank met the refusal first and printed "OSError:
+    [Errno 5] Input/output error" from a rename, which the incident import read as an
+    exception mid-save."""
+    with Mount(tmp_path / "mnt", tmp_path / "state", tmp_path / "fs.jsonl",
+               run_id="testrun-quiet") as mount:
+        env = {**os.environ, "TORCHCHAOS_RUN_ID": "testrun-quiet"}
+        started = tmp_path / "the peer runs"
+
+        def process(lines: list[str], said: Path) -> subprocess.Popen:
+            body = "".join(f"    {line}\n" for line in lines)
+            script = (f"import os, time\ntry:\n{body}except OSError as exc:\n"
+                      f"    open({str(said)!r}, 'w').write(str(exc))\ntime.sleep(60)\n")
+            return subprocess.Popen([sys.executable, "-c", script], env=env)
+
+        peer = process([f"open({str(started)!r}, 'w').close()",
+                        f"while True: os.stat({str(mount.mountpoint)!r})"],
+                       tmp_path / "the peer saw EIO")
+        deadline = time.monotonic() + 30
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert peer.poll() is None, "the peer did not start"
+        mount.request({"cmd": "arm", "mode": "torn", "keep": 0.5})
+        writer = process([f"fd = os.open({str(mount.mountpoint / 'model.pt')!r},"
+                          " os.O_CREAT | os.O_WRONLY)", "os.write(fd, b'z' * 1000)"],
+                         tmp_path / "the writer saw EIO")
+        assert writer.wait(timeout=20) == -signal.SIGKILL
+        assert peer.wait(timeout=20) == -signal.SIGKILL
+        mount.settle()
+        assert sorted(p.name for p in tmp_path.glob("*saw EIO")) == []
+
+
 def test_slow_mode_delays_operations(fs):
     fs.request({"cmd": "arm", "mode": "slow", "delay": 0.2, "duration": 30})
     start = time.monotonic()
