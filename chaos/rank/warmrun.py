@@ -163,7 +163,7 @@ def _print_uncaught(exc: BaseException, script: str) -> None:
     (a DDP model, its process group), then live until the process ends by os._exit,
     as in a rank that ends without an error: freed at the end of `except`, a process
     group whose communicator was aborted could hang in its destructor's thread join
-    (torch 2.13 gloo, 2 of 28 warm runs of `abort` on plain_ddp.py; 0 of 20 exec'd)."""
+    (torch 2.13 gloo, 2 of 30 warm runs of `abort` on plain_ddp.py; 0 of 26 exec'd)."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != script:
         tb = tb.tb_next
