@@ -58,8 +58,10 @@ class Abort(FaultKind):
 
     def said(self, event: dict[str, Any]) -> str:
         after = event.get("after") or 0
+        if event.get("step") is None:  # no view of training: timed from the trigger
+            return f"its process group aborted {after:g} s after the trigger"
         late = f"{after:g} s after" if after else "as"
-        return f"its process group aborted {late} the backward of step {event.get('step')}"
+        return f"its process group aborted {late} the backward of step {event['step']}"
 
     def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
         raise NotExported("a communicator inside the training process; the nearest cluster"

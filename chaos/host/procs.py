@@ -116,25 +116,30 @@ def signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
-def reap(run_id: str | None, roots: list[int], timeout: float = 10.0) -> list[int]:
+def reap(run_id: str | None, roots: list[int], timeout: float = 10.0,
+         sent: Callable[[], None] | None = None) -> list[int]:
     """SIGKILL every process of the run (found by marker, unless `run_id` is None)
-    and every process in the trees of `roots`; return the pids that had to be killed."""
+    and every process in the trees of `roots`; return the pids that had to be killed.
+    `sent` is called once the first round of SIGKILLs is out (see kill_until_gone)."""
 
     def victims() -> list[int]:
         marked = marked_pids(run_id) if run_id is not None else []
         return sorted(set(tree(roots)) | set(marked))
 
-    killed, survivors = kill_until_gone(victims, timeout)
+    killed, survivors = kill_until_gone(victims, timeout, sent)
     if survivors:
         raise RuntimeError(f"processes of run {run_id} survived SIGKILL: {survivors}")
     return killed
 
 
-def kill_until_gone(victims: Callable[[], list[int]],
-                    timeout: float) -> tuple[list[int], list[int]]:
+def kill_until_gone(victims: Callable[[], list[int]], timeout: float,
+                    sent: Callable[[], None] | None = None) -> tuple[list[int], list[int]]:
     """SIGKILL whatever `victims()` finds, again and again (a dying agent may fork a
     worker meanwhile), until it finds nothing or `timeout` seconds passed: the pids that
-    had to be killed, and those still there at the end.
+    had to be killed, and those still there at the end. `sent()`, if given, is called
+    once after the first round, when every process found then has its SIGKILL (or none
+    was found): what the caller holds back until then no process of that round can
+    act on (the fault filesystem's refusals during a crash).
 
     Stopped processes are sent SIGCONT too: a SIGKILLed process that is stopped dies
     anyway, but its parent may be waiting on it."""
@@ -142,11 +147,15 @@ def kill_until_gone(victims: Callable[[], list[int]],
     deadline = time.monotonic() + timeout
     while True:
         found = victims()
+        if found:
+            killed.update(found)
+            signal_all(found, signal.SIGKILL)
+            signal_all(found, signal.SIGCONT)
+        if sent is not None:
+            sent()
+            sent = None
         if not found:
             return sorted(killed), []
-        killed.update(found)
-        signal_all(found, signal.SIGKILL)
-        signal_all(found, signal.SIGCONT)
         if time.monotonic() > deadline:
             return sorted(killed), found
         time.sleep(0.05)

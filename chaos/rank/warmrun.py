@@ -15,7 +15,7 @@ off, no death signal from the launcher, torch's and numpy's global generators se
 anew, the script's folder first on sys.path, the agent armed, an uncaught exception
 printed by sys.excepthook from the script's first frame, and the exit code and atexit
 handlers as the interpreter's own; and torchrun names the failed worker a user's
-torchrun would (`_first_ended_first`). What it cannot renew is the str-hash seed: every
+torchrun would (`_signalled_first`). What it cannot renew is the str-hash seed: every
 rank and restart shares the launcher's, so the harness gives each job the same one
 (`PYTHONHASHSEED`, runner.job_environment) and a cold job agrees with a warm one.
 Its exit, like torchrun's, freezes the heap (sitecustomize).
@@ -65,7 +65,7 @@ def _poll_counting_quiet_exits(self: torchrun_processes.MultiprocessContext) -> 
     ends with os._exit (the bundled target does, to skip a teardown that can hang) never
     lets it send: the launcher would wait for it forever."""
     if self._pc is not None:
-        _first_ended_first(self._pc)
+        _signalled_first(self._pc)
         for local_rank, process in enumerate(self._pc.processes):
             if (process.exitcode == 0 and local_rank not in self._return_values
                     and self._ret_vals[local_rank].empty()):
@@ -73,7 +73,7 @@ def _poll_counting_quiet_exits(self: torchrun_processes.MultiprocessContext) -> 
     return _poll(self)
 
 
-def _first_ended_first(pc: Any) -> None:
+def _signalled_first(pc: Any) -> None:
     """Have torchrun's poll name the worker a user's torchrun would: of the workers that
     ended since its last poll, the first killed by a signal, else the first in rank
     order. A signal ends a worker at once in either mode, but a worker that exits runs

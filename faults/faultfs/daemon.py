@@ -104,10 +104,7 @@ class Daemon:
             self.fs.down.set()
             try:
                 # the processes die before the disk's refusals reach them (`FaultFS.killed`)
-                first = self._victims(pids)
-                procs.signal_all(first, signal.SIGKILL)
-                self.fs.killed.set()
-                killed = sorted(set(first) | set(self._kill(pids)))
+                killed = self._kill(pids)
                 with self.fs.mutex:
                     dropped = self.tracker.power_loss().to_dict() if lose_unsynced else {}
                     self.armed.clear()  # a reboot forgets pending faults
@@ -132,16 +129,14 @@ class Daemon:
         threading.Thread(target=self.crash, args=(False, None, fault.fault_id),
                          daemon=True).start()
 
-    def _victims(self, pids: list[int] | None) -> list[int]:
-        if pids is None:
-            return procs.marked_pids(self.run_id) if self.run_id else []
-        return procs.tree(pids)
-
     def _kill(self, pids: list[int] | None) -> list[int]:
-        """SIGKILL the given pids (and their children), or every process of the run."""
-        if pids is None:
-            return procs.reap(self.run_id, [], timeout=KILL_TIMEOUT) if self.run_id else []
-        return procs.reap(None, pids, timeout=KILL_TIMEOUT)
+        """SIGKILL the given pids (and their children), or every process of the run;
+        the mount's refusals wait until the first round is sent (`FaultFS.killed`)."""
+        if pids is None and not self.run_id:
+            self.fs.killed.set()  # nothing to kill
+            return []
+        return procs.reap(self.run_id if pids is None else None, pids or [],
+                          timeout=KILL_TIMEOUT, sent=self.fs.killed.set)
 
     def bitrot(self, request: dict[str, Any]) -> dict[str, Any]:
         pattern = str(request.get("file") or "*")

@@ -144,5 +144,5 @@ def test_workers_that_exit_stay_in_rank_order_after_those_a_signal_killed():
     ended = {1: 1.00, 0: 1.01, 3: 1.02, 2: 1.03}
     pc = SimpleNamespace(processes=processes, _torchchaos_ended=ended,
                          sentinels={f"s{i}": i for i in range(5)})
-    warmrun._first_ended_first(pc)
+    warmrun._signalled_first(pc)
     assert list(pc.sentinels.values()) == [3, 2, 0, 1, 4]
