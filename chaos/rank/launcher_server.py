@@ -72,7 +72,7 @@ def _serve_until_owner_leaves(listener: socket.socket | None,
     del warmrun  # imported for what it imports (torch.distributed.run)
     _say({"ready": os.getpid()})
     clients: dict[int, _Client] = {0: _Client(None, _say)}  # by fd; 0: the owner
-    asked_by: dict[int, Reply] = {}  # launcher pid -> where its "exited" goes
+    asked_by: dict[int, _Client] = {}  # launcher pid -> the harness its "exited" goes to
     listening = [listener] if listener is not None else []
     while True:
         waiting = [*clients, *(sock.fileno() for sock in listening)]
@@ -85,8 +85,13 @@ def _serve_until_owner_leaves(listener: socket.socket | None,
             client = clients[fd]
             chunk = client.read()
             if not chunk:
+                # that harness is gone (a harness hangs up on a server with no launcher
+                # running, or at its end), and so are the launchers it asked for: one
+                # forked from a request it sent just before it died carries its run's
+                # marks only once it runs, after the harness's reap, and would run on
+                _end_launchers_of(client, asked_by)
                 if fd == 0:
-                    return  # the harness is gone; its lifeline reaps what its runs left
+                    return  # its lifeline reaps what else its runs left
                 client.close()
                 del clients[fd]
                 continue
@@ -97,7 +102,7 @@ def _serve_until_owner_leaves(listener: socket.socket | None,
                     sockets = [c.conn for c in clients.values() if c.conn is not None]
                     pid = _serve(request, client.reply, [*sockets, *listening])
                     if pid is not None:
-                        asked_by[pid] = client.reply
+                        asked_by[pid] = client
         _report_ended(asked_by)
 
 
@@ -170,7 +175,7 @@ def _serve(request: dict[str, Any], reply: Reply,
     return pid
 
 
-def _report_ended(asked_by: dict[int, Reply]) -> None:
+def _report_ended(asked_by: dict[int, _Client]) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -178,7 +183,21 @@ def _report_ended(asked_by: dict[int, Reply]) -> None:
             return
         if pid == 0:
             return
-        asked_by.pop(pid, _say)({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+        client = asked_by.pop(pid, None)
+        (client.reply if client is not None else _say)(
+            {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _end_launchers_of(client: _Client, asked_by: dict[int, _Client]) -> None:
+    """SIGKILL the launchers `client` asked for that still run, with their ranks."""
+    for pid in [pid for pid, asker in asked_by.items() if asker is client]:
+        try:
+            if os.getpgid(pid) == pid:  # it leads its own group (setsid): ranks and all
+                os.killpg(pid, signal.SIGKILL)
+            else:  # forked a moment ago, still in this one's group: no ranks yet
+                os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _environ_region() -> tuple[int, int]:

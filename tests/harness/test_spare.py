@@ -151,6 +151,23 @@ def test_a_lent_server_serves_the_environment_it_was_started_with_only(tmp_path)
         same.close()
 
 
+def test_a_harness_that_hangs_up_takes_its_launchers_along(tmp_path):
+    """A harness interrupted while its launch request waits in the server's socket
+    (a battery stopped by SIGTERM on a busy machine): the server forks that launcher
+    after the harness's reap, and the launcher carried the run's marks and ran on."""
+    command, environ, _ = _job(tmp_path, {})
+    (tmp_path / "probe.py").write_text("import time\ntime.sleep(120)\n")
+    with _lending_owner(tmp_path, environ) as (_, path):
+        _, base = spare._key(environ)
+        server = spare.LauncherServer.connect(path, base)
+        assert server is not None
+        served = server.launch(command[len(spare.LAUNCHER):], environ, str(tmp_path),
+                               str(tmp_path / "launch.log"))
+        assert served is not None
+        server.close()  # gone, as far as the server can tell
+        _wait_until_ended(served.pid, 30, "the launcher outlived the harness that asked")
+
+
 def test_a_lent_server_ends_with_its_owner_and_takes_its_socket_along(tmp_path):
     _, environ, _ = _job(tmp_path, {})
     with _lending_owner(tmp_path, environ) as (owner, path):
