@@ -10,7 +10,10 @@ AdamW trainer of bench/targets with per-rank files, and tests/scripts/safetensor
 in a Hugging Face Trainer's layout), the battery's rows as the
 reference run places them (kills of rank 0 and the last rank between saves, a node
 kill, kills inside the 2nd save, a torn write, a power loss, a preemption) plus a
-stopped rank, a rank held in a collective and a SIGSEGV. Each run's folder keeps
+stopped rank, a rank held in a collective and a SIGSEGV, the field's kinds (OOM,
+exceptions, native crashes, a hang holding the GIL, an abort), an exception out of the
+writer's save, and a kill followed by an exception out of the restart's load (scored
+on both: the first failure, and the restart's own on its rank and phase). Each run's folder keeps
 only what a failed job leaves an engineer: the launcher's logs, torchelastic's
 error files, the stacks a hang watchdog took, and the checkpoint folders. The
 harness's report and the agent's history stay out; `injected.json` beside the
@@ -47,10 +50,18 @@ SCRIPTS = {
 }
 
 
+# A case of two faults, the second on the restart the first causes: `first + then`
+THEN = " + "
+
+
 def expected(spec: str) -> dict:
-    """What the import should find for an injected spec."""
+    """What the import should find for an injected spec; for `first + then`, the first
+    failure, and under `then` the restart's own failure."""
     from torchchaos.scenario.spec import parse_fault_spec
 
+    if THEN in spec:
+        first, then = spec.split(THEN)
+        return {**expected(first), "then": expected(then)}
     fault = parse_fault_spec(spec)
     params, trig = fault.params, fault.trigger
     kind = {"raise": "exception"}.get(fault.kind, fault.kind)
@@ -62,8 +73,8 @@ def expected(spec: str) -> dict:
             kind = "node"
     elif fault.kind == "storage":
         kind = {"torn": "torn_write", "lose_unsynced": "power_loss"}[str(params["mode"])]
-    phase = "mid_save" if trig.phase == "checkpoint_save" else \
-        "between_saves"
+    phase = {"checkpoint_save": "mid_save", "checkpoint_load": "load"}.get(
+        trig.phase or "", "between_saves")
     return {"kind": kind, "rank": int(fault.target) if fault.target_type == "rank" else None,
             "node": int(fault.target) if fault.target_type == "node" else None,
             "phase": phase, "step": trig.step}
@@ -90,16 +101,19 @@ def make(corpus: Path, names: list[str]) -> None:
         entries = battery.plan(base, cache, lambda m: None)
         mid = next(int(e.fault.split("step=")[1].split(",")[0]) for e in entries
                    if e.fault.startswith("kill:rank=0,step="))
+        in_save = next(e.fault.split(",", 1)[1] for e in entries
+                       if e.fault.startswith("kill:rank=0,phase=checkpoint_save"))
         specs = [e.fault for e in entries] + [
             f"hang:rank=1,step={mid},mode=stop", f"hang:rank=1,step={mid},mode=collective",
-            f"kill:rank=1,step={mid},signal=SIGSEGV"] + field_kinds(mid, name)
+            f"kill:rank=1,step={mid},signal=SIGSEGV"] + field_kinds(mid, name) + \
+            save_and_load_kinds(mid, in_save)
         for i, spec in enumerate(specs):
             case = corpus / name / f"{i:02d}"
             if (case / "injected.json").exists():
                 continue
             print(f"[{name} {i}] {spec}", flush=True)
             with tempfile.TemporaryDirectory() as tmp:
-                scenario = Scenario.build(str(script), faults=[spec], args=args + (
+                scenario = Scenario.build(str(script), faults=spec.split(THEN), args=args + (
                     LOADER if spec.startswith("dataloader") else []), hang_timeout=6.0)
                 report = run_scenario(scenario, Path(tmp) / "run", cache)
                 keep(Path(tmp) / "run" / "chaos", case / "left")
@@ -125,6 +139,14 @@ def field_kinds(mid: int, name: str) -> list[str]:
         specs += [f"dataloader:rank=1,step={mid},mode=kill",
                   f"dataloader:rank=1,step={mid},mode=stop"]
     return specs
+
+
+def save_and_load_kinds(mid: int, in_save: str) -> list[str]:
+    """Exceptions where a checkpoint is written or read: one out of the writer's save (the
+    place of the battery's first kill inside a save), and one out of the restart's first
+    read after rank 1 was killed (an exception at load: it needs a restart to load)."""
+    return [f"raise:rank=0,{in_save}",
+            f"kill:rank=1,step={mid}{THEN}raise:rank=0,phase=checkpoint_load,event=1"]
 
 
 def keep(run_dir: Path, dest: Path) -> None:
@@ -170,6 +192,13 @@ def score(corpus: Path) -> int:
         window = "-" if step is None else "unknown" if lo is None else \
             "yes" if lo <= step and (hi is None or step <= hi) else f"no ({lo}-{hi})"
         ok = f.kind == want["kind"] and rank_ok and f.phase == want["phase"]
+        again, then = found.restart_failure, want.get("then")
+        then_wrong = False
+        if then is not None:  # the restart's own failure must be told too, rank and phase
+            then_ok = again is not None and (again.rank, again.phase) == (
+                then["rank"], then["phase"])
+            then_wrong = again is not None and not then_ok and again.rank is not None
+            ok = ok and then_ok
         exact += ok
         parts["kind"] += f.kind == want["kind"]
         parts["rank"] += rank_ok
@@ -177,13 +206,18 @@ def score(corpus: Path) -> int:
         said_unknown = f.kind == "unknown" or f.rank is None and want["rank"] is not None or \
             f.phase == "unknown" or not f.phase_seen and f.phase != want["phase"] or \
             want["kind"] in f.alternatives
-        verdict = "exact" if ok else "said unknown" if said_unknown else "WRONG"
+        verdict = "exact" if ok else "said unknown" if said_unknown and not then_wrong \
+            else "WRONG"
         parts["wrong"] += verdict == "WRONG"
-        rows.append((case, want, f, f"{verdict}; step in window: {window}"))
+        rows.append((case, want, found, f"{verdict}; step in window: {window}"))
     print(f"{'case':<14} {'injected':<62} {'imported (kind rank phase)':<36} result")
-    for case, want, f, result in rows:
+    for case, want, found, result in rows:
+        f = found.finding if found else None
         got = "-" if f is None else f"{f.kind} {f.rank if f.rank is not None else f.role}" \
             f" {f.phase}{'' if f is None or f.phase_seen else '*'}"
+        if found is not None and found.restart_failure is not None:
+            again = found.restart_failure
+            got += f", then {again.rank} {again.phase}"
         print(f"{case.parent.name + '/' + case.name:<14} {want['spec'][:62]:<62} {got:<36}"
               f" {result}")
     print(f"exact on kind + rank + phase: {exact}/{len(rows)}"

@@ -46,7 +46,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchchaos.incident import script_source
-from torchchaos.incident.observations import Observation, Source, phase_of_frames
+from torchchaos.incident.observations import (
+    Observation,
+    Source,
+    phase_of_frames,
+    telling_frame,
+)
 
 KINDS = ("oom", "crash", "dataloader", "abort", "exception", "hang", "preempt", "kill", "node",
          "torn_write", "power_loss", "unknown")
@@ -110,6 +115,25 @@ class Finding:
 
 
 @dataclass
+class RestartFailure:
+    """The restart's own failure, where the restart after the first failure failed too."""
+
+    rank: int | None
+    phase: str      # load | mid_save | after_resume
+    how: str        # its error, first sentence
+    source: str
+    # the error says the checkpoint it read is bad or missing (a file that does not
+    # load, a key or file not there): the script's own doing after the first failure,
+    # which a replay of that failure reproduces; else a fault of its own (an I/O error,
+    # a timeout, any other exception raised while the data was fine)
+    bad_data: bool = False
+    role: str = "unknown"   # writer | other, as the first failure's rank is told
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
 class Incident:
     finding: Finding
     ranks: dict[int, RankStory]
@@ -120,6 +144,7 @@ class Incident:
     script: str | None = None
     world_size: int | None = None
     recovery: str = "not seen"  # what the restart after the first failure did
+    restart_failure: RestartFailure | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"finding": self.finding.to_dict(),
@@ -127,6 +152,8 @@ class Incident:
                 "restarts": self.restarts, "resumed": self.resumed,
                 "checkpoints": self.checkpoints, "unknowns": self.unknowns,
                 "recovery": self.recovery,
+                **({"restart_failure": self.restart_failure.to_dict()}
+                   if self.restart_failure else {}),
                 **({"world_size": self.world_size} if self.world_size else {})}
 
 
@@ -151,7 +178,7 @@ def attribute(observations: list[Observation],
     if ended is not None:  # a launch that vanished: what came after is the next launch's
         later = [o for o in everything if o.source.file > ended
                  and _same_folder(o.source.file, ended)]
-    incident.recovery = _recovery(later, stopped)
+    incident.recovery, incident.restart_failure = _recovery(later, stopped)
     incident.restarts = sum(1 for o in obs if o.what == "restart" and "attempts left" in o.detail)
     incident.resumed = [f"{o.detail} ({o.source})" for o in everything if o.what == "resume"]
     incident.checkpoints = [f"{o.source}: {o.detail}" for o in everything
@@ -226,19 +253,30 @@ def _first_sentence(text: str, limit: int = 160) -> str:
     return cut + ("..." if len(cut) < len(text) and not cut.endswith(".") else "")
 
 
-def _recovery(later: list[Observation], stopped: set[int | None]) -> str:
-    errors = _own_errors(later)
+def _recovery(later: list[Observation],
+              stopped: set[int | None]) -> tuple[str, RestartFailure | None]:
+    # the first error the log printed (the launcher's summary repeats one, later)
+    errors = sorted(_own_errors(later), key=lambda o: (o.source.file, o.source.line or 1e9))
     resumed = [o for o in later if o.what == "resume"]
     if errors:
         e = errors[0]
-        where = " while loading a checkpoint" if LOAD_ERROR.search(e.detail) \
-            or e.phase == "load" else ""
-        return f"failed{where}: {_first_sentence(e.detail)} ({e.source})"
+        loading = bool(LOAD_ERROR.search(e.detail)) or e.phase == "load"
+        phase = "load" if loading else "mid_save" if e.phase == "save" else "after_resume"
+        failure = RestartFailure(e.rank, phase, _first_sentence(e.detail), str(e.source),
+                                 bad_data=bool(BAD_DATA.search(e.detail)))
+        where = " while loading a checkpoint" if loading else ""
+        return f"failed{where}: {failure.how} ({e.source})", failure
     if resumed:
-        return f"resumed: {resumed[0].detail[:120]} ({resumed[0].source})"
+        return f"resumed: {resumed[0].detail[:120]} ({resumed[0].source})", None
     if later:
-        return "restarted; no resume line in the logs"
-    return "not seen"
+        return "restarted; no resume line in the logs", None
+    return "not seen", None
+
+
+# A restart's error that says the checkpoint it read is bad or not there: a file that
+# does not load, a missing file or key, a state that does not fit the model
+BAD_DATA = re.compile(LOAD_ERROR.pattern + r"|FileNotFoundError|No such file|KeyError|"
+                      r"Missing key|Unexpected key|size mismatch|JSONDecodeError", re.I)
 
 
 # -- who is who ---------------------------------------------------------------------------
@@ -289,7 +327,11 @@ def _stories(obs: list[Observation], stopped: set[int | None]) -> dict[int, Rank
                 and not story.error and not o.detail.startswith("faulthandler"):
             story.error = o.detail[:200]
         if o.frames and (not story.frame or o.what == "stack"):
-            story.frame, story.phase = o.frames[-1], o.phase or story.phase
+            # the frame that tells the phase names where the rank was; the innermost one
+            # may be a wrapper's (the code that raised, a hook)
+            told = telling_frame(o.frames)
+            story.frame = told[0] if told else o.frames[-1]
+            story.phase = o.phase or story.phase
     return ranks
 
 
@@ -631,6 +673,10 @@ def _place(obs: list[Observation], incident: Incident, later: list[Observation],
         if not writers:
             f.rules.append("rank 0 is taken as the rank that writes checkpoints: the log"
                            " names no other")
+    again = incident.restart_failure
+    if again is not None and again.rank is not None:
+        writers = {o.rank for o in obs + later if o.what == "save" and o.rank is not None}
+        again.role = "writer" if again.rank == (min(writers) if writers else 0) else "other"
     if f.kind == "node" and f.phase == "mid_save":
         f.alternatives.append("torn_write")
     if f.alternatives:

@@ -59,7 +59,33 @@ def placement_from_reference(history: History, scenario: Scenario) -> Placement:
 
 
 def faults_for(incident: Incident, place: Placement, same_script: bool) -> list[tuple[str, str]]:
-    """(spec, note) pairs that replay the incident's first failure."""
+    """(spec, note) pairs that replay the incident: its first failure, then the restart's
+    failure where that was a fault of its own."""
+    return _first_failure(incident, place, same_script) + \
+        _restart_failure(incident, place, same_script)
+
+
+def _restart_failure(incident: Incident, place: Placement,
+                     same_script: bool) -> list[tuple[str, str]]:
+    """A restart whose load raised on data that was fine (an I/O error, a timeout) met a
+    fault of its own: replayed as that exception out of the resume's first read. One whose
+    data was bad (a file that does not load) is the script's own doing after the first
+    failure, which the replay of that failure reproduces, and which a fixed script then
+    passes: injecting it would keep the incident failing after the fix."""
+    failed = incident.restart_failure
+    if failed is None or failed.phase != "load" or failed.bad_data \
+            or incident.finding.phase == "load" or failed.rank is None:
+        return []
+    rank = failed.rank if same_script and failed.rank <= place.last_rank else \
+        place.writer if failed.role == "writer" else place.last_rank
+    return [(f"raise:rank={rank},phase=checkpoint_load,event=1"
+             f",type={exception_name(failed.how)}",
+             f"then the restart's load on rank {failed.rank} raised {failed.how[:100]}"
+             f" ({failed.source}), with nothing in the error saying the checkpoint was bad")]
+
+
+def _first_failure(incident: Incident, place: Placement,
+                   same_script: bool) -> list[tuple[str, str]]:
     f = incident.finding
     rank = _rank(incident, place, same_script)
     step = _step(incident, place, same_script)

@@ -9,6 +9,7 @@ so every field of an imported incident can say where it came from.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -100,34 +101,55 @@ def signal_of_exitcode(code: int | None) -> str | None:
     return None
 
 
+# A function of a training script that resumes: `resume`, `maybe_resume`,
+# `resume_from_checkpoint`, `restore`, `restore_checkpoint`, `load_checkpoint`, `load_ckpt`,
+# Hugging Face's `_load_from_checkpoint` (a frame inside one is the resume's load, whatever
+# it calls: a manifest's read, safetensors' `load_file`, a wrapper of `torch.load`)
+RESUMES = re.compile(r"resume|restore|^_?load_(from_)?(checkpoint|ckpt)")
+
+
 def phase_of_frames(frames: tuple[str, ...] | list[str]) -> str | None:
     """The phase the innermost telling frame puts a rank in, by the function names torch
     and common code use: a save, a load, a collective, the data loader."""
+    found = telling_frame(frames)
+    return found[1] if found else None
+
+
+def telling_frame(frames: tuple[str, ...] | list[str]) -> tuple[str, str] | None:
+    """(the innermost frame that tells a phase, that phase)."""
     for frame in reversed(list(frames)):
-        name = frame.split(" (", 1)[0].strip().lower()
-        text = frame.lower()
-        if name in ("save", "_save", "save_state_dict", "_save_state_dict", "async_save") \
-                or "checkpoint/state_dict_saver" in text or name.startswith("save_checkpoint") \
-                or "torch/serialization.py" in text and "_save" in name:
-            return "save"
-        if name in ("load", "_load", "load_state_dict", "_load_state_dict") \
-                and ("serialization" in text or "checkpoint" in text) \
-                or name.startswith("load_checkpoint") or "state_dict_loader" in text:
-            return "load"
-        if name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier",
-                    "all_to_all", "all_gather_into_tensor", "reduce_scatter_tensor", "wait",
-                    "send", "recv", "monitored_barrier", "_sync_params_and_buffers",
-                    "_verify_param_shape_across_processes", "allreduce_hook") \
-                or "distributed_c10d.py" in text:
-            return "collective"
-        if name in ("_engine_run_backward", "run_backward", "backward"):
-            # DDP's gradient all-reduce runs inside backward: a rank stuck there waits (a
-            # frame named backward is `loss.backward()` itself, or a wrapper held in it)
-            return "collective"
-        if "dataloader.py" in text or "worker.py" in text and "data" in text:
-            return "data"
-        if "rendezvous" in text or name in ("init_process_group", "init_distributed"):
-            return "init"
+        phase = _phase_of_frame(frame)
+        if phase:
+            return frame, phase
+    return None
+
+
+def _phase_of_frame(frame: str) -> str | None:
+    name = frame.split(" (", 1)[0].strip().lower()
+    text = frame.lower()
+    if name in ("save", "_save", "save_state_dict", "_save_state_dict", "async_save") \
+            or "checkpoint/state_dict_saver" in text or name.startswith("save_checkpoint") \
+            or "torch/serialization.py" in text and "_save" in name \
+            or name == "save_file" and "safetensors" in text:
+        return "save"
+    if name in ("load", "_load", "load_state_dict", "_load_state_dict", "load_file") \
+            and ("serialization" in text or "checkpoint" in text or "safetensors" in text) \
+            or RESUMES.search(name) or "state_dict_loader" in text:
+        return "load"
+    if name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier",
+                "all_to_all", "all_gather_into_tensor", "reduce_scatter_tensor", "wait",
+                "send", "recv", "monitored_barrier", "_sync_params_and_buffers",
+                "_verify_param_shape_across_processes", "allreduce_hook") \
+            or "distributed_c10d.py" in text:
+        return "collective"
+    if name in ("_engine_run_backward", "run_backward", "backward"):
+        # DDP's gradient all-reduce runs inside backward: a rank stuck there waits (a
+        # frame named backward is `loss.backward()` itself, or a wrapper held in it)
+        return "collective"
+    if "dataloader.py" in text or "worker.py" in text and "data" in text:
+        return "data"
+    if "rendezvous" in text or name in ("init_process_group", "init_distributed"):
+        return "init"
     return None
 
 

@@ -344,8 +344,8 @@ def _incident(value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
     _mapping(value, "incident", ("signature", "finding", "ranks", "restarts", "recovery",
-                                 "resumed", "checkpoints", "unknowns", "artefacts",
-                                 "passed_over", "world_size", "script"))
+                                 "restart_failure", "resumed", "checkpoints", "unknowns",
+                                 "artefacts", "passed_over", "world_size", "script"))
     _mapping(value.get("signature", {}), "incident.signature",
              ("kind", "role", "phase", "how", "collective", "recovery"))
     return value

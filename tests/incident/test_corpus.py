@@ -11,7 +11,9 @@ stands in for the path the log names, as `--script` does). `quiet_peer` is a SIG
 rank 1 that left no line: torchrun names only rank 0's echo. `silent_peer_named_on_resume`
 and `oom_glued_resume_lines` are the same in the silent script: only the restart's own
 lines ("rank 1 resumed from ...", two ranks' prints glued on one line) show there was a
-rank 1."""
+rank 1. `exception_at_restart_load_*` are a kill of rank 1, then an exception out of rank
+0's first read of the resume: the traceback's frames pass through the script's `resume`
+(and the agent's wrapper of `torch.load` or safetensors' `load_file`, not torch's own)."""
 
 from __future__ import annotations
 
@@ -58,6 +60,11 @@ def test_the_import_finds_what_was_done_or_says_it_cannot_tell(case):
     if found.phase != want["phase"]:
         assert any("phase" in u for u in incident.unknowns)
     assert recovery_class(incident.recovery) == want["recovery"], incident.recovery
+    if "restart_failure" in want:  # the restart failed too: on which rank, where, why
+        again = incident.restart_failure
+        assert again is not None, incident.recovery
+        assert {k: getattr(again, k) for k in want["restart_failure"]} == \
+            want["restart_failure"], again
 
 
 def test_most_of_the_corpus_is_told_exactly():
