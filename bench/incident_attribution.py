@@ -47,6 +47,9 @@ SCRIPTS = {
                                                                  "--save-every", "5"]),
     # a Hugging Face Trainer's layout: checkpoint-N/ folders, safetensors from Rust
     "safetensors": (REPO / "tests" / "scripts" / "safetensors_ddp.py", []),
+    # another save protocol: FSDP2 shards saved by DCP's async_save from a background
+    # thread, a folder per checkpoint, a manifest published by rank 0
+    "dcp": (REPO / "targets" / "dcp_lm.py", ["--steps", "20", "--ckpt-every", "5"]),
 }
 
 

@@ -64,7 +64,9 @@ ECHO = re.compile(r"Connection (closed|reset) by peer|Timed out waiting|Watchdog
                   r"exited while this rank was in|"
                   r"Signal \d+ \(SIG\w+\) received|ChildFailedError|ProcessExitedException|"
                   r"SignalException|KeyboardInterrupt|NCCL communicator was aborted|"
-                  r"DistBackendError|DistNetworkError|ncclRemoteError|the remote worker",
+                  r"DistBackendError|DistNetworkError|ncclRemoteError|the remote worker|"
+                  # DCP's wrapper of the failed ranks' own errors, which it relays after it
+                  r"CheckpointException ranks:",
                   re.I)
 # how a hang reads where the rank waited in its data loader (mapping replays it so)
 LOADER_WAIT = "waiting for a batch from its DataLoader worker"

@@ -136,6 +136,9 @@ def _phase_of_frame(frame: str) -> str | None:
             and ("serialization" in text or "checkpoint" in text or "safetensors" in text) \
             or RESUMES.search(name) or "state_dict_loader" in text:
         return "load"
+    if "distributed/checkpoint/utils.py" in text:
+        return None  # DCP's own coordination (its all_reduce of every rank's result) is
+        # part of the save or load around it, whose frames say which
     if name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier",
                 "all_to_all", "all_gather_into_tensor", "reduce_scatter_tensor", "wait",
                 "send", "recv", "monitored_barrier", "_sync_params_and_buffers",

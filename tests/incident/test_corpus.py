@@ -13,7 +13,9 @@ and `oom_glued_resume_lines` are the same in the silent script: only the restart
 lines ("rank 1 resumed from ...", two ranks' prints glued on one line) show there was a
 rank 1. `exception_at_restart_load_*` are a kill of rank 1, then an exception out of rank
 0's first read of the resume: the traceback's frames pass through the script's `resume`
-(and the agent's wrapper of `torch.load` or safetensors' `load_file`, not torch's own)."""
+(and the agent's wrapper of `torch.load` or safetensors' `load_file`, not torch's own).
+`dcp_relayed_save_error` is an exception in rank 0's DCP async save: every rank prints
+DCP's CheckpointException, rank 0's own traceback relayed inside it."""
 
 from __future__ import annotations
 
@@ -70,7 +72,8 @@ def test_the_import_finds_what_was_done_or_says_it_cannot_tell(case):
 def test_most_of_the_corpus_is_told_exactly():
     """Kind, rank and phase all right: 14 of 14 on 2026-11-26; 21 of 22 with harness/, the
     21st (`told_as`) a SIGBUS that left no word, named as a kill with a crash among the
-    alternatives; 24 of 25 with the three cases of 2026-11-28. (An earlier
+    alternatives; 24 of 25 with the three cases of 2026-11-28, 27 of 28 with the
+    exceptions at a restart's load and DCP's relayed one. (An earlier
     corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank
     and whose launcher line, racing, named the peer's SIGTERM.)"""
     missed = []

@@ -131,17 +131,30 @@ class TorchrunLog(Reader):
                 heard.setdefault(rank, number)
         found = []
         for rank, stream in streams.items():
+            headers = dict(stream)
             for number, frames, last, code in text.tracebacks(stream):
                 if "ChildFailedError" in last or any("elastic/" in f and "launch_agent" in f
                                                       for f in frames[-2:]):
                     continue
-                found.append(Observation("error", Source(name, number), rank=rank, detail=last,
-                                         frames=frames, phase=phase_of_frames(frames),
-                                         extra={"code": code} if code else {}))
+                # DCP relays each failed rank's traceback to every rank, headed "(RANK n)":
+                # the error is rank n's own, whoever printed it
+                relayed = RELAYED.search(headers.get(number, ""))
+                extra = {"code": code} if code else {}
+                if relayed:
+                    extra["relayed_by"] = rank
+                found.append(Observation("error", Source(name, number),
+                                         rank=int(relayed.group(1)) if relayed else rank,
+                                         detail=last, frames=frames,
+                                         phase=phase_of_frames(frames), extra=extra))
         # a rank of the job, even one that died without a word of its own: a warning
         # it printed ("[rank3]:...") is enough to know it was there
         return found + [Observation("rank_line", Source(name, n), rank=r)
                         for r, n in sorted(heard.items())]
+
+
+# the header of a rank's traceback that torch.distributed.checkpoint relays inside its
+# CheckpointException: "Traceback (most recent call last): (RANK 0)"
+RELAYED = re.compile(r"Traceback \(most recent call last\):? \(RANK (\d+)\)\s*$")
 
 
 def _summary_entry(fields: dict, where: Source, root: bool, script: str | None) -> Observation:
