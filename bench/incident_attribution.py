@@ -4,20 +4,23 @@
     python bench/incident_attribution.py --score /tmp/corpus     # import each, print the table
     python bench/incident_attribution.py --replay /tmp/corpus --planted   # replay each
 
-`--make` runs, for each script (the bundled target; tests/scripts/plain_ddp.py, a DDP
-script written apart that prints almost nothing; and two more written apart, the
-AdamW trainer of bench/targets with per-rank files, and tests/scripts/safetensors_ddp.py
-in a Hugging Face Trainer's layout), the battery's rows as the
-reference run places them (kills of rank 0 and the last rank between saves, a node
-kill, kills inside the 2nd save, a torn write, a power loss, a preemption) plus a
-stopped rank, a rank held in a collective and a SIGSEGV, the field's kinds (OOM,
-exceptions, native crashes, a hang holding the GIL, an abort), an exception out of the
-writer's save, and a kill followed by an exception out of the restart's load (scored
-on both: the first failure, and the restart's own on its rank and phase). Each run's folder keeps
-only what a failed job leaves an engineer: the launcher's logs, torchelastic's
-error files, the stacks a hang watchdog took, and the checkpoint folders. The
-harness's report and the agent's history stay out; `injected.json` beside the
-copy says what was injected, for the scoring only.
+`--make` runs, for each script, the battery's rows as the reference run places them
+(kills of rank 0 and the last rank between saves, a node kill, kills inside the 2nd
+save, a torn write, a power loss, a preemption), then a stopped rank, a rank held in
+a collective, a SIGSEGV, and the field's kinds (OOM, exceptions, native crashes, a
+hang holding the GIL, an abort). Two exceptions follow: one out of the writer's save,
+and one out of the restart's load after a kill. That last case is scored on both
+failures: the first one, and the restart's own, by its rank and phase.
+
+The scripts: the bundled target; tests/scripts/plain_ddp.py, a DDP script written
+apart that prints almost nothing; two more written apart, the AdamW trainer of
+bench/targets with per-rank files and tests/scripts/safetensors_ddp.py in a Hugging
+Face Trainer's layout; and targets/dcp_lm.py, DCP's async save of FSDP2 shards.
+
+Each run's folder keeps only what a failed job leaves an engineer: the launcher's
+logs, torchelastic's error files, the stacks a hang watchdog took, and the
+checkpoint folders. The harness's report and the agent's history stay out;
+`injected.json` beside the copy says what was injected, for the scoring only.
 
 The jobs run with exec'd ranks (`TORCHCHAOS_COLD_START=1`), as a user's torchrun
 starts them, so that torchrun's lines are its subprocess mode's.
