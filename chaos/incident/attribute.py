@@ -101,6 +101,9 @@ class Finding:
     role: str = "unknown"       # writer | other | node | job | unknown
     phase: str = "unknown"
     phase_seen: bool = False    # False: placed by rule, not seen in a frame or a file
+    # mid_save seen as a peer waiting inside a save of its own (every rank takes part in
+    # the save): the failing rank was deep enough in it that the others had joined
+    peers_in_save: bool = False
     how: str = ""               # SIGKILL, SIGTERM, SIGSEGV, "RuntimeError: ...", OOM
     collective: str | None = None
     step_window: tuple[int | None, int | None] = (None, None)
@@ -793,6 +796,7 @@ def _peers_waiting(obs: list[Observation], f: Finding, sources: dict[str, list[s
         return False
     (phase, (why, peer)), = said.items()
     f.phase, f.phase_seen = phase, True
+    f.peers_in_save = why.startswith(f"rank {peer.rank} waited inside a checkpoint save")
     _say(f, f"phase {phase}: {why}", peer)
     return True
 

@@ -37,6 +37,9 @@ class Placement:
     last_rank: int = 1
     between: int | None = None   # a step between two checkpoints
     in_save: str = "phase=checkpoint_save,save=2,event=1"
+    # the battery's kill right after a rename in the save: late in it, where a save that
+    # every rank takes part in has the others inside it too
+    late_in_save: str | None = None
     torn: str | None = None      # the battery's torn-write spec, where the script has one
     power_loss: str | None = None
     source: str = "the incident's own steps"
@@ -50,12 +53,15 @@ def placement_from_reference(history: History, scenario: Scenario) -> Placement:
     writer = history.checkpoint_writer()
     between = next(int(e.fault.split("step=")[1].split(",")[0]) for e in entries
                    if e.fault.startswith("kill:rank=0,step="))
-    in_save = next((e.fault.split(",", 1)[1] for e in entries
-                    if e.fault.startswith(f"kill:rank={writer},phase=checkpoint_save")), None)
+    in_saves = [e for e in entries
+                if e.fault.startswith(f"kill:rank={writer},phase=checkpoint_save,save=2,")]
+    in_save = next((e.fault.split(",", 1)[1] for e in in_saves), None)
+    late = next((e.fault.split(",", 1)[1] for e in in_saves if "after a rename" in e.name),
+                None)
     torn = next((e.fault for e in entries if e.fault.startswith("storage:mode=torn")), None)
     power = next((e.fault for e in entries if "lose_unsynced" in e.fault), None)
     return Placement(writer, scenario.world_size - 1, between, in_save or Placement.in_save,
-                     torn, power, "the replay script's fault-free reference run")
+                     late, torn, power, "the replay script's fault-free reference run")
 
 
 def faults_for(incident: Incident, place: Placement, same_script: bool) -> list[tuple[str, str]]:
@@ -113,6 +119,10 @@ def _first_failure(incident: Incident, place: Placement,
                  f"rank {rank} stops making progress; the others wait ({f.how}); {why}")]
     kind, params = _kind_and_params(incident)
     note = STAND_IN_NOTES.get(f.kind, f"rank {rank} {_what(incident)}")
+    if f.phase == "mid_save" and f.peers_in_save and place.late_in_save:
+        return [(f"{kind}:rank={rank},{place.late_in_save}{params}",
+                 f"{note}, late inside a checkpoint save (right after a rename), where the"
+                 " other ranks waited inside the save too, as in the incident")]
     if f.phase == "mid_save":
         return [(f"{kind}:rank={rank},{place.in_save}{params}",
                  f"{note}, inside a checkpoint save")]

@@ -83,3 +83,18 @@ def test_a_restart_whose_load_raised_on_sound_data_replays_that_exception_after_
     assert raised[1][0] == "raise:rank=0,phase=checkpoint_load,event=1,type=RuntimeError"
     torn = faults_for(_incident(DATA / "load"), Placement(), same_script=True)
     assert not any("checkpoint_load" in spec for spec, _ in torn), torn
+
+
+def test_a_death_seen_through_a_peer_inside_the_save_replays_late_in_the_save():
+    """A peer that waited inside a save of its own (DCP's broadcast, dcp_lm.py's async
+    save) was there because the dying rank was deep in the save: replayed right after a
+    rename. At the save's first write, that script's peer still trains and the replay's
+    phase is unknown (1 of 1 replays before, 5 of 5 reproduced after)."""
+    place = Placement(in_save="phase=checkpoint_save,save=2,event=3",
+                      late_in_save="phase=checkpoint_save,save=2,event=8")
+    peer_in_save = _incident(DATA / "harness" / "dcp_peer_inside_the_save")
+    assert peer_in_save.finding.peers_in_save
+    [(spec, _note)] = faults_for(peer_in_save, place, same_script=True)
+    assert spec == "kill:rank=0,phase=checkpoint_save,save=2,event=8"
+    peer_at_barrier = _incident(DATA / "harness" / "silent_mid_save")  # after the save
+    assert not peer_at_barrier.finding.peers_in_save
