@@ -74,6 +74,11 @@ LOAD_ERROR = re.compile(r"PytorchStreamReader|central directory|Ran out of input
                         r"invalid load key|unpickling|checksum|sha256|corrupt|truncated|"
                         r"safetensors|UnpicklingError|EOFError", re.I)
 
+# A restart's error that says the checkpoint it read is bad or not there: a file that
+# does not load, a missing file or key, a state that does not fit the model
+BAD_DATA = re.compile(LOAD_ERROR.pattern + r"|FileNotFoundError|No such file|KeyError|"
+                      r"Missing key|Unexpected key|size mismatch|JSONDecodeError", re.I)
+
 
 @dataclass
 class RankStory:
@@ -276,12 +281,6 @@ def _recovery(later: list[Observation],
     if later:
         return "restarted; no resume line in the logs", None
     return "not seen", None
-
-
-# A restart's error that says the checkpoint it read is bad or not there: a file that
-# does not load, a missing file or key, a state that does not fit the model
-BAD_DATA = re.compile(LOAD_ERROR.pattern + r"|FileNotFoundError|No such file|KeyError|"
-                      r"Missing key|Unexpected key|size mismatch|JSONDecodeError", re.I)
 
 
 # -- who is who ---------------------------------------------------------------------------
@@ -761,13 +760,14 @@ def _peers_waiting(obs: list[Observation], f: Finding, sources: dict[str, list[s
     in a script whose saves are fenced by a collective (no rank runs ahead of a save)."""
     if f.kind in ("hang", "node", "unknown", "torn_write", "power_loss"):
         return False
-    said: dict[str, tuple[str, Observation]] = {}
+    # phase -> (why, the peer it stands on, whether that peer waited inside a save)
+    said: dict[str, tuple[str, Observation, bool]] = {}
     for o in obs:
         if o.what != "error" or o.rank == f.rank or not ECHO.search(o.detail):
             continue
         if any(phase_of_frames([frame]) == "save" for frame in o.frames):
             said.setdefault("mid_save", (f"rank {o.rank} waited inside a checkpoint save"
-                                         f" ({o.frames[-1]}) ({o.source})", o))
+                                         f" ({o.frames[-1]}) ({o.source})", o, True))
             continue
         code = [c for c in o.extra.get("code") or () if c[0] in sources]
         if not code or o.phase != "collective":
@@ -780,7 +780,7 @@ def _peers_waiting(obs: list[Observation], f: Finding, sources: dict[str, list[s
                                          f" {o.source}), which the script reaches right after"
                                          f" its save (`{sources[path][save - 1].strip()}`,"
                                          f" {name}:{save}): the failing rank never got there",
-                                         o))
+                                         o, False))
             continue
         fenced = next(((c, fence) for c in reversed(code)
                        if (fence := script_source.fenced_save(sources[c[0]]))), None)
@@ -791,12 +791,11 @@ def _peers_waiting(obs: list[Observation], f: Finding, sources: dict[str, list[s
                             f" collective (`{quoted}`, {name}:{number}, {o.source}), and the"
                             f" script fences its save ({name}:{save}) with"
                             f" `{lines[fence - 1].strip()}` ({name}:{fence}): no rank"
-                            " runs a step while another saves", o))
+                            " runs a step while another saves", o, False))
     if len(said) != 1:
         return False
-    (phase, (why, peer)), = said.items()
-    f.phase, f.phase_seen = phase, True
-    f.peers_in_save = why.startswith(f"rank {peer.rank} waited inside a checkpoint save")
+    (phase, (why, peer, inside)), = said.items()
+    f.phase, f.phase_seen, f.peers_in_save = phase, True, inside
     _say(f, f"phase {phase}: {why}", peer)
     return True
 

@@ -82,8 +82,7 @@ def _restart_failure(incident: Incident, place: Placement,
     if failed is None or failed.phase != "load" or failed.bad_data \
             or incident.finding.phase == "load" or failed.rank is None:
         return []
-    rank = failed.rank if same_script and failed.rank <= place.last_rank else \
-        place.writer if failed.role == "writer" else place.last_rank
+    rank = _replay_rank(failed.rank, failed.role, place, same_script)
     return [(f"raise:rank={rank},phase=checkpoint_load,event=1"
              f",type={exception_name(failed.how)}",
              f"then the restart's load on rank {failed.rank} raised {failed.how[:100]}"
@@ -182,9 +181,14 @@ def _what(incident: Incident) -> str:
 
 def _rank(incident: Incident, place: Placement, same_script: bool) -> int:
     f = incident.finding
-    if same_script and f.rank is not None and f.rank <= place.last_rank:
-        return f.rank
-    return place.writer if f.role == "writer" else place.last_rank
+    return _replay_rank(f.rank, f.role, place, same_script)
+
+
+def _replay_rank(rank: int | None, role: str, place: Placement, same_script: bool) -> int:
+    """The incident's rank on the same script; else the replay's rank of the same role."""
+    if same_script and rank is not None and rank <= place.last_rank:
+        return rank
+    return place.writer if role == "writer" else place.last_rank
 
 
 def _step(incident: Incident, place: Placement, same_script: bool) -> int:
