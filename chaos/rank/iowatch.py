@@ -123,6 +123,10 @@ class IOWatch:
 
     def __init__(self, root: str, exclude: str, listener: Listener) -> None:
         self.root = os.path.abspath(root) + os.sep
+        # A root reached through a symlink (a home or scratch folder linked elsewhere)
+        # is not where a rank's relative paths land: os.getcwd() gives the real folder.
+        # Paths under either are reported under `root` as given.
+        self._real_root = os.path.realpath(root) + os.sep
         self.exclude = os.path.abspath(exclude) + os.sep
         self.listener = listener
         self._fds: dict[int, Any] = {}  # fd -> path (os.open) or _WatchedFile
@@ -141,6 +145,8 @@ class IOWatch:
         if dir_fd is not None and not os.path.isabs(text):
             text = os.path.join(_fd_path(dir_fd) or "", text)
         full = os.path.abspath(text)
+        if full.startswith(self._real_root) and self._real_root != self.root:
+            full = self.root + full[len(self._real_root):]
         if full.startswith(self.root) and not (full + os.sep).startswith(self.exclude):
             return full
         return None

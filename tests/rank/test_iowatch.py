@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -73,6 +74,23 @@ def test_events_of_an_atomic_save_in_order(tmp_path):
         ["read", "ckpt/step-1.pt"], ["remove", "ckpt/meta.pt"],
         ["open", "ckpt/manifest-"], ["write", "ckpt/manifest-"],
     ]
+
+
+def test_a_root_reached_through_a_symlink_sees_the_same_events(tmp_path):
+    """A run folder under a linked home or scratch folder: the rank's cwd is the real
+    folder, so its relative paths resolve there; each is still an event, named under
+    the root as given (before, the reference of such a run saw no save at all)."""
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.mkdir()
+    link.symlink_to(real)
+    seen = {}
+    for root in (real, link):
+        result = _run(root)
+        assert result.returncode == 0, result.stderr
+        seen[root] = [[op, path.split("manifest-")[0]] for op, path in json.loads(result.stdout)]
+        shutil.rmtree(real)
+        real.mkdir()
+    assert seen[link] == seen[real] and ["rename", "ckpt/step-1.pt"] in seen[link]
 
 
 def test_a_kill_at_the_write_event_leaves_a_torn_file(tmp_path):
