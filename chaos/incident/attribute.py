@@ -671,16 +671,14 @@ def _place(obs: list[Observation], incident: Incident, later: list[Observation],
     if f.kind == "node" or f.node is not None and f.rank is None:
         f.role = "node"
     elif f.rank is not None:
-        writers = {o.rank for o in obs if o.what == "save" and o.rank is not None}
-        writer = min(writers) if writers else 0
-        f.role = "writer" if f.rank == writer else "other"
-        if not writers:
+        writer = _writer(obs)
+        f.role = "writer" if f.rank == (writer or 0) else "other"
+        if writer is None:
             f.rules.append("rank 0 is taken as the rank that writes checkpoints: the log"
                            " names no other")
     again = incident.restart_failure
     if again is not None and again.rank is not None:
-        writers = {o.rank for o in obs + later if o.what == "save" and o.rank is not None}
-        again.role = "writer" if again.rank == (min(writers) if writers else 0) else "other"
+        again.role = "writer" if again.rank == (_writer(obs + later) or 0) else "other"
     if f.kind == "node" and f.phase == "mid_save":
         f.alternatives.append("torn_write")
     if f.alternatives:
@@ -691,6 +689,11 @@ def _place(obs: list[Observation], incident: Incident, later: list[Observation],
     if f.step_window[0] is None:
         incident.unknowns.append(f"no step is known for the {f.kind}: the log names none"
                                  " before it")
+
+
+def _writer(obs: list[Observation]) -> int | None:
+    """The rank that writes checkpoints: the lowest that logged a save; None if none did."""
+    return min((o.rank for o in obs if o.what == "save" and o.rank is not None), default=None)
 
 
 def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later,
