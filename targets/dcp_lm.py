@@ -26,6 +26,10 @@ The protocol:
 
 SIGTERM: wait for the save in flight, save the current step, exit 143.
 
+``main`` is decorated with torchelastic's ``@record``, as torchtitan's entry point
+is: a rank that raises also writes its error file (``TORCHELASTIC_ERROR_FILE``),
+whose traceback torchrun prints in its failure summary.
+
 ``--sync-save``: the same protocol with ``dcp.save`` (the training thread writes,
 and the save is committed at once).
 
@@ -59,6 +63,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.fsdp import fully_shard
 
 # Sibling modules: a script's own folder comes first on sys.path.
@@ -235,6 +240,7 @@ def train_step(t: Trainer) -> None:
     t.loss = loss.item()
 
 
+@record
 def main() -> None:
     args = parse_args()
     t = setup(args)

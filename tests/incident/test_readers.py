@@ -79,6 +79,18 @@ def test_faulthandler_dump_of_a_segfault():
     assert found[0].frames[-2].startswith("fail (incident_probe.py:")
 
 
+
+@pytest.mark.parametrize("name, rank", [
+    ("launch-0-node-0.log", None),  # a launcher's log: its number is the node's
+    ("rank-1.txt", 1), ("stacks_1.txt", 1), ("pyspy.3.dump", 3),
+    ("logs/run/attempt_0/1/stderr.log", 1),  # torchrun --log-dir: the worker's folder
+])
+def test_a_faulthandler_dump_takes_a_rank_only_from_a_name_that_says_one(name, rank):
+    dump = (DATA / "segv" / "launcher.log").read_bytes()
+    found = [o for o in Stacks().read(dump, name) if o.what == "exit"]
+    assert [o.rank for o in found] == [rank]
+
+
 def test_kernel_oom_lines():
     (kill,) = read(KernelLog(), DATA / "oom" / "kernel.log")
     assert kill.what == "oom_kill" and kill.pid and kill.extra["scope"] == "cgroup"

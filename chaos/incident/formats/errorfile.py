@@ -12,7 +12,6 @@ worker at `.../attempt_<n>/<local rank>/error.json`: the path gives both.
 from __future__ import annotations
 
 import json
-import re
 
 from torchchaos.incident.formats import text
 from torchchaos.incident.observations import (
@@ -22,8 +21,6 @@ from torchchaos.incident.observations import (
     signal_of_exitcode,
 )
 from torchchaos.incident.readers import BadArtefact, Reader
-
-ATTEMPT_PATH = re.compile(r"attempt_(\d+)/(\d+)/[^/]*$")
 
 
 class ErrorFile(Reader):
@@ -54,7 +51,7 @@ class ErrorFile(Reader):
         found = text.tracebacks(list(enumerate(stack.splitlines(), 1))) \
             if stack.startswith("Traceback") else []
         frames = found[0][1] if found else ()
-        m = ATTEMPT_PATH.search(name)
+        m = text.ATTEMPT_PATH.search(name)
         code = code if isinstance(code, int) and not isinstance(code, bool) else None
         return [Observation("error", Source(name, key=key), detail=detail.strip()[:500],
                             rank=int(m.group(2)) if m else None,

@@ -16,7 +16,8 @@ faulthandler (a fatal signal, or `faulthandler.dump_traceback`):
     Current thread 0x00007f... (most recent call first):
       File "/tmp/t.py", line 14 in main
 
-The rank is the file name's (`rank-1...`, `rank1`, `_1.txt`) or the lines' tag.
+The rank is the lines' tag, the file name's (`rank-1...`, `rank1`, `stacks_1.txt`) or,
+in torchrun's `--log-dir` layout (`attempt_0/1/stderr.log`), its folder's local rank.
 """
 
 from __future__ import annotations
@@ -40,7 +41,12 @@ PYSPY_FRAME = re.compile(r"^\s+(\S+) \(([^)]+)\)\s*$")
 FATAL = re.compile(r"Fatal Python error: ?(.*)$")
 FH_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):")
 FH_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)')
-RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)|[-_.](\d+)\.(?:txt|log|dump)$")
+# A rank in a file's name: "rank-1", "rank1", or a trailing number where the name says
+# the file holds stacks ("stacks_1.txt", "pyspy.1.dump"). Not any trailing number: a
+# launcher's log is "launch-0-node-0.log", and its untagged faulthandler dump is not
+# rank 0's (a crash of rank 1 was read as rank 0's so).
+RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)|(?:stack|dump|spy|trace|fault)\w*[-_.](\d+)"
+                          r"\.(?:txt|log|dump)$", re.I)
 SIGNAL_OF_FATAL = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
                    "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
 
@@ -61,6 +67,8 @@ class Stacks(Reader):
         base = name.rsplit("/", 1)[-1]
         m = RANK_IN_NAME.search(base)
         file_rank = int(m.group(1) or m.group(2)) if m else None
+        if file_rank is None and (m := text.ATTEMPT_PATH.search(name)):
+            file_rank = int(m.group(2))
         streams: dict[int | None, list[tuple[int, str]]] = {}
         for number, line in enumerate(text.decode(data).splitlines(), 1):
             rank, body, _ = text.split_tag(line)
