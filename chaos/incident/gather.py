@@ -23,6 +23,9 @@ MAX_READ = 256 << 20  # a log past this is read from its last MAX_READ bytes
 # Folders no artefact of a failed job lives in: caches, and a torchchaos run's own
 # bookkeeping (an import of a run must see only what the job and its launcher left).
 SKIP_DIRS = {"__pycache__", ".git", "history", "fired", "beats", "weights", "snapshot"}
+# and in a run's `_chaos/`: the faults the harness planned (its steps are the injected
+# faults', not the job's) and its record of what it stopped
+HARNESS_OWN = {"schedule.json", "stopped"}
 
 
 @dataclass
@@ -66,9 +69,11 @@ def gather(paths: list[Path], script: Path | None = None) -> Gathered:
 def _walk(root: Path, found: Gathered) -> list[tuple[Path, str]]:
     files: list[tuple[Path, str]] = []
     for folder, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS
-                         and not d.startswith(("torchinductor", "triton")))
         here = Path(folder)
+        own = HARNESS_OWN if here.name == "_chaos" else set()
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS | own
+                         and not d.startswith(("torchinductor", "triton")))
+        names = [n for n in names if n not in own]
         shown = str(here.relative_to(root.parent))
         if checkpoints.is_checkpoint_folder(here):
             found.observations += checkpoints.read_folder(here, shown)
@@ -90,7 +95,8 @@ def _read_file(path: Path, shown: str, readers: list[Reader], found: Gathered,
     if not data.strip():
         if named:
             return [f"{shown}: empty"]
-        if path.suffix in LOG_SUFFIXES:  # a launch that said nothing is still a launch
+        # a launch that said nothing is still a launch; an empty stack dump is not one
+        if path.suffix in LOG_SUFFIXES and path.parent.name != "stacks":
             found.observations.append(Observation("log_file", Source(shown), detail="empty"))
             found.read[shown] = ["(empty log)"]
         return []

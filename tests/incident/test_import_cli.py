@@ -162,3 +162,25 @@ def test_a_large_binary_file_in_a_folder_is_passed_over_from_its_head(tmp_path):
         f.truncate(1 << 30)
     found = gather([tmp_path / "job"])
     assert "job/tokens.npy" in found.passed_over
+
+
+def test_a_run_folder_is_read_as_the_job_left_it_not_as_the_harness_planned_it(tmp_path):
+    """A replay is judged from its run folder. The harness's `_chaos/schedule.json` holds
+    the injected faults' steps ("step": 12) and was read as a training log's step, which
+    also cut the log's attempts wrong: the restart's exception was then taken for the
+    first failure. Its empty stack dumps were read as launches that said nothing."""
+    from torchchaos.scenario import schedule
+    from torchchaos.scenario.spec import parse_fault_spec
+
+    case = Path(__file__).resolve().parents[1] / "data" / "incidents" / "harness" / \
+        "exception_at_restart_load_plain_ddp"
+    chaos = tmp_path / "chaos" / "_chaos"
+    (chaos / "logs").mkdir(parents=True)
+    shutil.copy(case / "launch-0-node-0.log", chaos / "logs")
+    alone = gather([tmp_path / "chaos"]).observations
+    specs = [parse_fault_spec("kill:rank=1,step=12"),
+             parse_fault_spec("raise:rank=0,phase=checkpoint_load,event=1")]
+    schedule.save(schedule.resolve(specs, seed=1, nproc=2, nodes=1), chaos / "schedule.json")
+    (chaos / "stacks").mkdir()
+    (chaos / "stacks" / "rank-0.pid-30839.txt").touch()
+    assert gather([tmp_path / "chaos"]).observations == alone
