@@ -220,7 +220,13 @@ def _segments(obs: list[Observation]) -> dict[int, int]:
             found[i] = order[(o.source.file, before)]
         elif o.attempt is not None and len(files) == 1:  # an error file's attempt_<n>
             found[i] = min(o.attempt, len(cuts[files[0]]))
+        elif o.attempt:  # several logs (nodes, relaunches): which launch is not known,
+            found[i] = AFTER_A_RESTART  # but a restart's error never opens the incident
     return found
+
+
+# the segment of what came after some restart, in a launch not known
+AFTER_A_RESTART = 1 << 30
 
 
 def _cuts(file: str, obs: list[Observation]) -> list[int]:

@@ -19,7 +19,10 @@ DCP's CheckpointException, rank 0's own traceback relayed inside it.
 `faulthandler_in_the_launch_log` is rank 1's SIGSEGV under torchelastic's `@record`:
 the faulthandler dump it enables is printed untagged in `launch-0-node-0.log`, whose
 node number is not a rank; torchrun named only rank 0's echo. Its expected.json says
-which fields the artefacts cannot tell (`said_unknown`): the import must say so."""
+which fields the artefacts cannot tell (`said_unknown`): the import must say so.
+`two_nodes_exception_at_restart_load` is the kill-then-exception-at-load case on two
+nodes: a launcher's log per node, and the restart's error file (attempt_1) tied to
+neither."""
 
 from __future__ import annotations
 
@@ -80,7 +83,8 @@ def test_most_of_the_corpus_is_told_exactly():
     21st (`told_as`) a SIGBUS that left no word, named as a kill with a crash among the
     alternatives; 24 of 25 with the three cases of 2026-11-28, 27 of 28 with the
     exceptions at a restart's load and DCP's relayed one; 28 of 30 with a SIGSEGV whose
-    untagged faulthandler dump names no rank (`said_unknown`). (An earlier
+    untagged faulthandler dump names no rank (`said_unknown`); 29 of 31 with the
+    two-node case. (An earlier
     corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank
     and whose launcher line, racing, named the peer's SIGTERM.)"""
     missed = []
