@@ -51,6 +51,7 @@ from torchchaos.incident.observations import (
     Source,
     phase_of_frames,
     telling_frame,
+    worker_of,
 )
 
 KINDS = ("oom", "crash", "dataloader", "abort", "exception", "hang", "preempt", "kill", "node",
@@ -205,8 +206,11 @@ def attribute(observations: list[Observation],
 def _segments(obs: list[Observation]) -> dict[int, int]:
     """Each line-sourced observation's launch: log files in name order (one per launch or
     requeue), each cut where its launcher restarted the workers."""
+    # a worker's own file (torchrun --log-dir: attempt_1/0/stdout.log) is no launch's
+    # log: its attempt, from its path, places it, as an error file's does
     files = sorted({o.source.file for o in obs if o.source.line is not None and (
-        o.what in ("step", "resume", "save", "restart") or "local_rank" in o.extra)})
+        o.what in ("step", "resume", "save", "restart") or "local_rank" in o.extra)
+        and worker_of(o.source.file) is None})
     cuts = {f: _cuts(f, obs) for f in files}
     order, seg = {}, 0
     for f in files:
@@ -853,6 +857,10 @@ def _first_failure_line(obs: list[Observation], f: Finding):
 
 def _earlier(o: Any, where: Any) -> bool:
     src = o.source if isinstance(o, Observation) else o
+    if src.file != where.file and worker_of(src.file) and not worker_of(where.file):
+        # a worker's own file (torchrun --log-dir) in the first failure's view ended
+        # with that failure, which the launcher's log tells after it
+        return True
     if src.line is None or where.line is None or src.file != where.file:
         return src.file < where.file if src.file != where.file else True
     return src.line < where.line

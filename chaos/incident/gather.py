@@ -15,7 +15,7 @@ from pathlib import Path
 from torchchaos.errors import UsageError
 from torchchaos.incident import script_source
 from torchchaos.incident.formats import checkpoints
-from torchchaos.incident.observations import Observation, Source
+from torchchaos.incident.observations import Observation, Source, worker_of
 from torchchaos.incident.readers import BadArtefact, Reader, all_readers
 
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
@@ -95,8 +95,10 @@ def _read_file(path: Path, shown: str, readers: list[Reader], found: Gathered,
     if not data.strip():
         if named:
             return [f"{shown}: empty"]
-        # a launch that said nothing is still a launch; an empty stack dump is not one
-        if path.suffix in LOG_SUFFIXES and path.parent.name != "stacks":
+        # a launch that said nothing is still a launch; an empty stack dump, or a
+        # worker's empty stdout.log in torchrun's --log-dir, is not one
+        if path.suffix in LOG_SUFFIXES and path.parent.name != "stacks" \
+                and worker_of(shown) is None:
             found.observations.append(Observation("log_file", Source(shown), detail="empty"))
             found.read[shown] = ["(empty log)"]
         return []

@@ -164,3 +164,14 @@ def collective_of_frames(frames: tuple[str, ...] | list[str]) -> str | None:
                     "recv", "monitored_barrier"):
             return name
     return None
+
+
+# torchrun's folder per worker (--log-dir, TORCHELASTIC_ERROR_FILE): attempt, local rank
+ATTEMPT_PATH = re.compile(r"attempt_(\d+)/(\d+)/[^/]*$")
+
+
+def worker_of(name: str) -> tuple[int, int] | None:
+    """(attempt, local rank) of a file in torchrun's folder per worker
+    (`.../attempt_1/0/stderr.log`): what its untagged lines belong to."""
+    m = ATTEMPT_PATH.search(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None

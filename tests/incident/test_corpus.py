@@ -22,7 +22,9 @@ node number is not a rank; torchrun named only rank 0's echo. Its expected.json 
 which fields the artefacts cannot tell (`said_unknown`): the import must say so.
 `two_nodes_exception_at_restart_load` is the kill-then-exception-at-load case on two
 nodes: a launcher's log per node, and the restart's error file (attempt_1) tied to
-neither."""
+neither. `torchrun_log_dir` is a real job outside the harness, under torchrun's
+--log-dir: its folder per worker (attempt_N/R/stdout.log, stderr.log, error.json) holds
+lines with no rank tag, which belong to the folder's rank and attempt."""
 
 from __future__ import annotations
 
@@ -84,7 +86,7 @@ def test_most_of_the_corpus_is_told_exactly():
     alternatives; 24 of 25 with the three cases of 2026-11-28, 27 of 28 with the
     exceptions at a restart's load and DCP's relayed one; 28 of 30 with a SIGSEGV whose
     untagged faulthandler dump names no rank (`said_unknown`); 29 of 31 with the
-    two-node case. (An earlier
+    two-node case; 30 of 32 with a real job's torchrun --log-dir. (An earlier
     corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank
     and whose launcher line, racing, named the peer's SIGTERM.)"""
     missed = []

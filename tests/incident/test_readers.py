@@ -91,6 +91,22 @@ def test_a_faulthandler_dump_takes_a_rank_only_from_a_name_that_says_one(name, r
     assert [o.rank for o in found] == [rank]
 
 
+def test_torchruns_folder_per_worker_gives_its_untagged_lines_their_rank_and_attempt():
+    """torchrun --log-dir --redirects 3: each worker's stdout.log and stderr.log, in
+    attempt_N/<local rank>/, carry no rank tag (a rank's print, an error before the
+    process group was up)."""
+    run = next((DATA / "torchrun_log_dir" / "logs").iterdir())
+    shown = f"logs/{run.name}/attempt_0/0/stdout.log"
+    steps = TrainingLog().read((run / "attempt_0" / "0" / "stdout.log").read_bytes(), shown)
+    assert [(o.rank, o.attempt, o.step) for o in steps] == [(0, 0, 10), (0, 0, 20), (0, 0, 30)]
+    shown = f"logs/{run.name}/attempt_1/0/stderr.log"
+    data = (run / "attempt_1" / "0" / "stderr.log").read_bytes()
+    assert TorchrunLog().sniff(data, shown)
+    errors = [o for o in TorchrunLog().read(data, shown) if o.what == "error"]
+    assert [(o.rank, o.attempt) for o in errors] == [(0, 1)]
+    assert "Gloo connectFullMesh failed" in errors[0].detail
+
+
 def test_kernel_oom_lines():
     (kill,) = read(KernelLog(), DATA / "oom" / "kernel.log")
     assert kill.what == "oom_kill" and kill.pid and kill.extra["scope"] == "cgroup"

@@ -19,6 +19,7 @@ from torchchaos.incident.observations import (
     Source,
     phase_of_frames,
     signal_of_exitcode,
+    worker_of,
 )
 from torchchaos.incident.readers import BadArtefact, Reader
 
@@ -51,14 +52,14 @@ class ErrorFile(Reader):
         found = text.tracebacks(list(enumerate(stack.splitlines(), 1))) \
             if stack.startswith("Traceback") else []
         frames = found[0][1] if found else ()
-        m = text.ATTEMPT_PATH.search(name)
+        attempt, local = worker_of(name) or (None, None)
         code = code if isinstance(code, int) and not isinstance(code, bool) else None
         return [Observation("error", Source(name, key=key), detail=detail.strip()[:500],
-                            rank=int(m.group(2)) if m else None,
-                            attempt=int(m.group(1)) if m else None, frames=frames,
+                            rank=local,
+                            attempt=attempt, frames=frames,
                             phase=phase_of_frames(frames), exitcode=code,
                             signal=signal_of_exitcode(code), time=_stamp(stamp),
-                            extra={"local_rank": int(m.group(2))} if m else {})]
+                            extra={"local_rank": local} if local is not None else {})]
 
 
 def load_json(data: bytes) -> object:

@@ -30,6 +30,7 @@ from torchchaos.incident.observations import (
     Source,
     collective_of_frames,
     phase_of_frames,
+    worker_of,
 )
 from torchchaos.incident.readers import Reader
 
@@ -67,8 +68,8 @@ class Stacks(Reader):
         base = name.rsplit("/", 1)[-1]
         m = RANK_IN_NAME.search(base)
         file_rank = int(m.group(1) or m.group(2)) if m else None
-        if file_rank is None and (m := text.ATTEMPT_PATH.search(name)):
-            file_rank = int(m.group(2))
+        if file_rank is None and (worker := worker_of(name)):
+            file_rank = worker[1]
         streams: dict[int | None, list[tuple[int, str]]] = {}
         for number, line in enumerate(text.decode(data).splitlines(), 1):
             rank, body, _ = text.split_tag(line)

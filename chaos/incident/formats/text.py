@@ -10,8 +10,6 @@ from torchchaos.incident.readers import BadArtefact
 # "[default1]:" (the role's local rank); many launch wrappers with "rank 1:".
 RANK_TAG = re.compile(r"^\s*\[(?:rank|Rank )(\d+)\]:?\s?|^\s*\[default(\d+)\]:\s?|^(\d+): ")
 FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
-# torchrun's folder per worker (--log-dir, TORCHELASTIC_ERROR_FILE): attempt, local rank
-ATTEMPT_PATH = re.compile(r"attempt_(\d+)/(\d+)/[^/]*$")
 EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|"
                             r"Failure|Timeout|Warning)|[A-Za-z_][\w.]*Error\w*): ?(?P<msg>.*)$")
 

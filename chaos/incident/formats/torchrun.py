@@ -31,6 +31,7 @@ from torchchaos.incident.observations import (
     Source,
     phase_of_frames,
     signal_of_exitcode,
+    worker_of,
 )
 from torchchaos.incident.readers import Reader
 
@@ -53,7 +54,8 @@ class TorchrunLog(Reader):
         body = text.text_of(data)
         if body is None:
             return False
-        return any(m.search(body) for m in MARKERS) or "[rank" in body and "Traceback" in body
+        return any(m.search(body) for m in MARKERS) or "Traceback" in body and (
+            "[rank" in body or worker_of(name) is not None)  # a worker's stderr.log
 
     def read(self, data: bytes, name: str) -> list[Observation]:
         lines = text.decode(data).splitlines()
@@ -124,8 +126,10 @@ class TorchrunLog(Reader):
         ChildFailedError) is not a rank's."""
         streams: dict[int | None, list[tuple[int, str]]] = {}
         heard: dict[int, int] = {}  # global rank -> the first line it printed
+        attempt, worker = worker_of(name) or (None, None)
         for number, line in enumerate(lines, 1):
             rank, body, _ = text.split_tag(line)
+            rank = worker if rank is None else rank  # torchrun --log-dir: the file's rank
             streams.setdefault(rank, []).append((number, body))
             if rank is not None and line.lstrip().startswith("[rank"):
                 heard.setdefault(rank, number)
@@ -144,7 +148,7 @@ class TorchrunLog(Reader):
                     extra["relayed_by"] = rank
                 found.append(Observation("error", Source(name, number),
                                          rank=int(relayed.group(1)) if relayed else rank,
-                                         detail=last, frames=frames,
+                                         detail=last, frames=frames, attempt=attempt,
                                          phase=phase_of_frames(frames), extra=extra))
         # a rank of the job, even one that died without a word of its own: a warning
         # it printed ("[rank3]:...") is enough to know it was there

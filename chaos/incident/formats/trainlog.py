@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from torchchaos.incident.formats import text
-from torchchaos.incident.observations import Observation, Source
+from torchchaos.incident.observations import Observation, Source, worker_of
 from torchchaos.incident.readers import Reader
 
 STEP = re.compile(r"\b(?:step|iter(?:ation)?|global_step)(?:\b\s*[:=#]?\s*|[-_])(\d+)", re.I)
@@ -43,8 +43,10 @@ class TrainingLog(Reader):
 
     def read(self, data: bytes, name: str) -> list[Observation]:
         found = []
+        attempt, worker = worker_of(name) or (None, None)
         for number, line in enumerate(text.decode(data).splitlines(), 1):
             rank, body, _ = text.split_tag(line)
+            rank = worker if rank is None else rank  # torchrun --log-dir: the file's rank
             if NOT_OURS.match(body) or "torch/distributed" in body or \
                     text.EXCEPTION_LINE.match(body.strip()):
                 continue  # an error's message may name a step; it is not the counter
@@ -54,15 +56,21 @@ class TrainingLog(Reader):
             for piece in pieces:
                 own = OWN_RANK.match(piece) if rank is None else None
                 found += _observed(piece, int(own.group(1)) if own else rank,
-                                   Source(name, number))
+                                   Source(name, number), attempt)
         return found
 
 
-def _observed(body: str, rank: int | None, where: Source) -> list[Observation]:
+def _observed(body: str, rank: int | None, where: Source,
+              attempt: int | None) -> list[Observation]:
     step = STEP.search(body)
     number = int(step.group(1)) if step else None
     if RESUME.search(body):
-        return [Observation("resume", where, rank=rank, step=number, detail=body.strip()[:200])]
-    if SAVE.search(body):
-        return [Observation("save", where, rank=rank, step=number, detail=body.strip()[:200])]
-    return [Observation("step", where, rank=rank, step=number)] if step else []
+        what = "resume"
+    elif SAVE.search(body):
+        what = "save"
+    elif step:
+        what = "step"
+    else:
+        return []
+    detail = body.strip()[:200] if what != "step" else ""
+    return [Observation(what, where, rank=rank, step=number, detail=detail, attempt=attempt)]
