@@ -15,7 +15,9 @@ failures: the first one, and the restart's own, by its rank and phase.
 The scripts: the bundled target; tests/scripts/plain_ddp.py, a DDP script written
 apart that prints almost nothing; two more written apart, the AdamW trainer of
 bench/targets with per-rank files and tests/scripts/safetensors_ddp.py in a Hugging
-Face Trainer's layout; and targets/dcp_lm.py, DCP's async save of FSDP2 shards.
+Face Trainer's layout; and targets/dcp_lm.py, DCP's async save of FSDP2 shards,
+its main under torchelastic's @record (error files, faulthandler). `--scripts hf` adds
+targets/hf_trainer_lm.py, the Hugging Face Trainer itself (the `frameworks` extra).
 
 Each run's folder keeps only what a failed job leaves an engineer: the launcher's
 logs, torchelastic's error files, the stacks a hang watchdog took, and the
@@ -53,7 +55,12 @@ SCRIPTS = {
     # another save protocol: FSDP2 shards saved by DCP's async_save from a background
     # thread, a folder per checkpoint, a manifest published by rank 0
     "dcp": (REPO / "targets" / "dcp_lm.py", ["--steps", "20", "--ckpt-every", "5"]),
+    # a framework's own loop and logging: the Hugging Face Trainer as its docs show it
+    # (tqdm bars, dicts of metrics, no step line of the script's own); opt in, it needs
+    # the `frameworks` extra
+    "hf": (REPO / "targets" / "hf_trainer_lm.py", ["--steps", "20", "--ckpt-every", "5"]),
 }
+DEFAULT_SCRIPTS = ["bundled", "plain_ddp", "adamw", "safetensors", "dcp"]
 
 
 # A case of two faults, the second on the restart the first causes: `first + then`
@@ -308,7 +315,7 @@ def main() -> int:
                         help="with --make: only these scripts (default: all)")
     ns = parser.parse_args()
     if ns.make:
-        make(ns.make, ns.scripts or list(SCRIPTS))
+        make(ns.make, ns.scripts or DEFAULT_SCRIPTS)
     if ns.score:
         score(ns.score)
     if ns.replay:

@@ -55,8 +55,7 @@ class ErrorFile(Reader):
         attempt, local = worker_of(name) or (None, None)
         code = code if isinstance(code, int) and not isinstance(code, bool) else None
         return [Observation("error", Source(name, key=key), detail=detail.strip()[:500],
-                            rank=local,
-                            attempt=attempt, frames=frames,
+                            rank=local, attempt=attempt, frames=frames,
                             phase=phase_of_frames(frames), exitcode=code,
                             signal=signal_of_exitcode(code), time=_stamp(stamp),
                             extra={"local_rank": local} if local is not None else {})]
