@@ -216,11 +216,13 @@ def score(corpus: Path) -> int:
         parts["kind"] += f.kind == want["kind"]
         parts["rank"] += rank_ok
         parts["phase"] += f.phase == want["phase"]
-        said_unknown = f.kind == "unknown" or f.rank is None and want["rank"] is not None or \
-            f.phase == "unknown" or not f.phase_seen and f.phase != want["phase"] or \
-            want["kind"] in f.alternatives
-        verdict = "exact" if ok else "said unknown" if said_unknown and not then_wrong \
-            else "WRONG"
+        # wrong: a field the import told (not unknown, not among the kinds it said the
+        # artefacts fit, a phase it saw rather than placed by rule) that is not what was
+        # done; a miss with nothing told wrong is one it said it could not tell
+        told_wrong = then_wrong or f.kind not in ("unknown", want["kind"]) and \
+            want["kind"] not in f.alternatives or f.rank is not None and not rank_ok or \
+            f.phase_seen and f.phase not in ("unknown", want["phase"])
+        verdict = "exact" if ok else "WRONG" if told_wrong else "said unknown"
         parts["wrong"] += verdict == "WRONG"
         rows.append((case, want, found, f"{verdict}; step in window: {window}"))
     print(f"{'case':<14} {'injected':<62} {'imported (kind rank phase)':<36} result")

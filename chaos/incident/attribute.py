@@ -689,7 +689,10 @@ def _place(obs: list[Observation], incident: Incident, later: list[Observation],
     again = incident.restart_failure
     if again is not None and again.rank is not None:
         again.role = "writer" if again.rank == (_writer(obs + later) or 0) else "other"
-    if f.kind == "node" and f.phase == "mid_save":
+    # a node that went down inside a save, or at a point nothing shows (the phase placed
+    # by rule), fits a write cut short by its death as well
+    if f.kind == "node" and (f.phase == "mid_save" or not f.phase_seen) \
+            and "torn_write" not in f.alternatives:
         f.alternatives.append("torn_write")
     if f.alternatives:
         why = f.alternatives_why or ("a power loss that drops nothing fsynced, and a write"
