@@ -462,6 +462,10 @@ def _abort(obs, stopped, ranks, f: Finding) -> bool:
 
 def _exception(obs, stopped, ranks, f: Finding) -> bool:
     errors = [o for o in _own_errors(obs) if not WORKER_DIED.search(o.detail)]
+    vanished = _vanished_launch(obs)
+    if vanished is not None:  # a launch that vanished before: the errors are its restart's
+        errors = [o for o in errors if not (o.source.file > vanished[0]
+                                            and _same_folder(vanished[0], o.source.file))]
     if not errors:
         return False
     roots = [o for o in errors if o.extra.get("root_cause")]
@@ -603,22 +607,38 @@ def _node(obs, stopped, ranks, f: Finding) -> bool:
         f.alternatives = ["power_loss"] if said[0].reason == "NODE_FAIL" else []
         _say(f, f"node: {said[0].detail or said[0].reason} ({said[0].source})", said[0])
         return True
+    vanished = _vanished_launch(obs)
+    if vanished is None:
+        return False
+    ended, after = vanished
+    f.kind, f.how, f.node = "node", "the launcher and its ranks vanished", None
+    f.alternatives = ["power_loss"]
+    then = "resumed" if after.what == "resume" else "failed reading the checkpoint"
+    f.rules.append(f"node: {ended} ends with no failure and no success, and {after.source}"
+                   f" {then}: the node went down")
+    f.sources.append(f"{ended}:end")
+    if after.what == "resume":
+        _lost_save(obs, ended, after, f)
+    return True
+
+
+def _vanished_launch(obs: list[Observation]) -> tuple[str, Observation] | None:
+    """(a launch's log that ends with no failure and no success, what shows a later launch
+    in its folder took over: a resume, or a failure reading the checkpoint: in a load, or
+    an error that says the data read was bad), or None."""
     logs = sorted({o.source.file for o in obs if o.what == "log_file"})
-    resumes = [o for o in obs if o.what == "resume"]
-    ended_silent = [name for name in logs if not any(
-        o.source.file == name and o.what in ("exit", "error", "restart", "resume") for o in obs)
-        and any(_same_folder(name, r.source.file) and r.source.file > name for r in resumes)]
-    later_resume = [r for r in resumes if ended_silent and r.source.file > ended_silent[0]
-                    and _same_folder(ended_silent[0], r.source.file)]
-    if ended_silent and later_resume:
-        f.kind, f.how, f.node = "node", "the launcher and its ranks vanished", None
-        f.alternatives = ["power_loss"]
-        f.rules.append(f"node: {ended_silent[0]} ends with no failure and no success, and"
-                       f" {later_resume[0].source} resumed: the node went down")
-        f.sources.append(f"{ended_silent[0]}:end")
-        _lost_save(obs, ended_silent[0], later_resume[0], f)
-        return True
-    return False
+    took_over = [o for o in obs if o.what == "resume" or o.what == "error"
+                 and (o.phase == "load" or BAD_DATA.search(o.detail))
+                 and not ECHO.search(o.detail)]
+    for name in logs:
+        if any(o.source.file == name and o.what in ("exit", "error", "restart", "resume")
+               for o in obs):
+            continue
+        after = [o for o in took_over if o.source.file > name
+                 and _same_folder(name, o.source.file)]
+        if after:
+            return name, after[0]
+    return None
 
 
 # a save the log says is done (not one begun: "saving checkpoint to ...")

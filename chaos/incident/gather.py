@@ -112,6 +112,10 @@ def _read_file(path: Path, shown: str, readers: list[Reader], found: Gathered,
             return [f"{shown}: {what}, and no reader knows its format (they read:"
                     f" {', '.join(r.name for r in readers)})"]
         found.passed_over.append(shown)
+        if path.suffix in (".log", ".out", ".err") and path.parent.name != "stacks" \
+                and worker_of(shown) is None:  # a launch whose lines say nothing known
+            found.observations.append(Observation("log_file", Source(shown),
+                                                  detail="nothing read"))
         return []
     observations = []
     for reader in claimed:

@@ -134,7 +134,8 @@ def _phase_of_frame(frame: str) -> str | None:
         return "save"
     if name in ("load", "_load", "load_state_dict", "_load_state_dict", "load_file") \
             and ("serialization" in text or "checkpoint" in text or "safetensors" in text) \
-            or RESUMES.search(name) or "state_dict_loader" in text:
+            or RESUMES.search(name) or "state_dict_loader" in text \
+            or name == "load_from_json" and "trainer_callback" in text:  # HF's trainer_state
         return "load"
     if "distributed/checkpoint/utils.py" in text:
         return None  # DCP's own coordination (its all_reduce of every rank's result) is
