@@ -624,8 +624,10 @@ def _node(obs, stopped, ranks, f: Finding) -> bool:
 
 def _vanished_launch(obs: list[Observation]) -> tuple[str, Observation] | None:
     """(a launch's log that ends with no failure and no success, what shows a later launch
-    in its folder took over: a resume, or a failure reading the checkpoint: in a load, or
-    an error that says the data read was bad), or None."""
+    took over: a resume, or a failure reading the checkpoint: in a load, or an error that
+    says the data read was bad), or None. The later launch's log is named as the first,
+    its numbers aside (launch-0-node-0.log, launch-1-node-0.log; slurm-41.out,
+    slurm-42.out): another log in the folder (a build's, a tool's) is no launch of it."""
     logs = sorted({o.source.file for o in obs if o.what == "log_file"})
     took_over = [o for o in obs if o.what == "resume" or o.what == "error"
                  and (o.phase == "load" or BAD_DATA.search(o.detail))
@@ -635,7 +637,8 @@ def _vanished_launch(obs: list[Observation]) -> tuple[str, Observation] | None:
                for o in obs):
             continue
         after = [o for o in took_over if o.source.file > name
-                 and _same_folder(name, o.source.file)]
+                 and _same_folder(name, o.source.file)
+                 and _numbers_aside(name) == _numbers_aside(o.source.file)]
         if after:
             return name, after[0]
     return None
@@ -663,6 +666,10 @@ def _lost_save(obs: list[Observation], ended: str, resume: Observation, f: Findi
             " not survive the node (never made durable: no fsync of it or its folder)",
          last, resume)
     f.rules.append(f"phase between_saves: after the save of step {last.step} was done")
+
+
+def _numbers_aside(name: str) -> str:
+    return re.sub(r"\d+", "#", name)
 
 
 def _same_folder(a: str, b: str) -> bool:

@@ -184,3 +184,19 @@ def test_a_run_folder_is_read_as_the_job_left_it_not_as_the_harness_planned_it(t
     (chaos / "stacks").mkdir()
     (chaos / "stacks" / "rank-0.pid-30839.txt").touch()
     assert gather([tmp_path / "chaos"]).observations == alone
+
+
+def test_a_log_no_reader_takes_is_a_launch_only_of_a_job_named_as_it_is(tmp_path):
+    """A launcher's log that says nothing the readers take still counts as a launch, so
+    a relaunch named as it is (launch-1-... after launch-0-...) that failed reading a bad
+    checkpoint tells a node's death. Another log beside them (a build's) is no launch of
+    the job: a job that failed at its start on a torn checkpoint (the real lines of
+    `load/`'s restart) stays that exception, not a node's death."""
+    from torchchaos.incident.attribute import attribute
+
+    lines = (Path(__file__).resolve().parents[1] / "data" / "incidents" / "load" /
+             "launcher.log").read_text().splitlines(keepends=True)
+    (tmp_path / "launcher.log").write_text("".join(lines[26:]))  # from the restart on
+    (tmp_path / "a_build.log").write_text("compiling the extension\ndone\n")
+    found = attribute(gather([tmp_path]).observations).finding
+    assert (found.kind, found.rank, found.phase) == ("exception", 0, "load"), found.rules
