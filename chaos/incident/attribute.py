@@ -78,7 +78,8 @@ LOAD_ERROR = re.compile(r"PytorchStreamReader|central directory|Ran out of input
 # A restart's error that says the checkpoint it read is bad or not there: a file that
 # does not load, a missing file or key, a state that does not fit the model
 BAD_DATA = re.compile(LOAD_ERROR.pattern + r"|FileNotFoundError|No such file|KeyError|"
-                      r"Missing key|Unexpected key|size mismatch|JSONDecodeError", re.I)
+                      r"Missing key|Unexpected key|size mismatch|JSONDecodeError|"
+                      r"valid checkpoint", re.I)  # the Trainer: "Can't find a valid checkpoint"
 
 
 @dataclass

@@ -26,7 +26,9 @@ neither. `torn_write_read_as_a_node` is a torn write that killed the whole job: 
 launch that vanished, a node's death at a point nothing shows, told with the torn write
 among the kinds the artefacts fit (`told_as`, `told_phase`); `hf_trainer_torn_state` is
 the same in the Hugging Face Trainer, whose first launch printed nothing a reader takes
-and whose relaunch failed reading the torn `trainer_state.json`. `torchrun_log_dir` is a
+and whose relaunch failed reading the torn `trainer_state.json`;
+`hf_trainer_no_valid_checkpoint` is a kill inside the Trainer's save, whose restart
+says "Can't find a valid checkpoint": bad data, not a fault of its own. `torchrun_log_dir` is a
 real job outside the harness, under torchrun's --log-dir: its folder per worker
 (attempt_N/R/stdout.log, stderr.log, error.json) holds lines with no rank tag, which
 belong to the folder's rank and attempt."""
@@ -95,7 +97,8 @@ def test_most_of_the_corpus_is_told_exactly():
     exceptions at a restart's load and DCP's relayed one; 28 of 30 with a SIGSEGV whose
     untagged faulthandler dump names no rank (`said_unknown`); 29 of 31 with the
     two-node case; 30 of 32 with a real job's torchrun --log-dir; 30 of 33 with a torn
-    write told as a node's death; 30 of 34 with the Trainer's. (An earlier
+    write told as a node's death; 30 of 34 with the Trainer's; 30 of 35 with a kill in
+    the Trainer's save, whose phase nothing tells. (An earlier
     corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank
     and whose launcher line, racing, named the peer's SIGTERM.)"""
     missed = []
