@@ -465,8 +465,7 @@ def _exception(obs, stopped, ranks, f: Finding) -> bool:
     errors = [o for o in _own_errors(obs) if not WORKER_DIED.search(o.detail)]
     vanished = _vanished_launch(obs)
     if vanished is not None:  # a launch that vanished before: the errors are its restart's
-        errors = [o for o in errors if not (o.source.file > vanished[0]
-                                            and _same_folder(vanished[0], o.source.file))]
+        errors = [o for o in errors if not _relaunch_of(vanished[0], o.source.file)]
     if not errors:
         return False
     roots = [o for o in errors if o.extra.get("root_cause")]
@@ -626,9 +625,9 @@ def _node(obs, stopped, ranks, f: Finding) -> bool:
 def _vanished_launch(obs: list[Observation]) -> tuple[str, Observation] | None:
     """(a launch's log that ends with no failure and no success, what shows a later launch
     took over: a resume, or a failure reading the checkpoint: in a load, or an error that
-    says the data read was bad), or None. The later launch's log is named as the first,
-    its numbers aside (launch-0-node-0.log, launch-1-node-0.log; slurm-41.out,
-    slurm-42.out): another log in the folder (a build's, a tool's) is no launch of it."""
+    says the data read was bad), or None. Only a relaunch's log counts (`_relaunch_of`:
+    slurm-41.out, slurm-42.out): another log in the folder (a build's, a tool's) is no
+    launch of the job."""
     logs = sorted({o.source.file for o in obs if o.what == "log_file"})
     took_over = [o for o in obs if o.what == "resume" or o.what == "error"
                  and (o.phase == "load" or BAD_DATA.search(o.detail))
@@ -637,9 +636,7 @@ def _vanished_launch(obs: list[Observation]) -> tuple[str, Observation] | None:
         if any(o.source.file == name and o.what in ("exit", "error", "restart", "resume")
                for o in obs):
             continue
-        after = [o for o in took_over if o.source.file > name
-                 and _same_folder(name, o.source.file)
-                 and _numbers_aside(name) == _numbers_aside(o.source.file)]
+        after = [o for o in took_over if _relaunch_of(name, o.source.file)]
         if after:
             return name, after[0]
     return None
@@ -669,8 +666,11 @@ def _lost_save(obs: list[Observation], ended: str, resume: Observation, f: Findi
     f.rules.append(f"phase between_saves: after the save of step {last.step} was done")
 
 
-def _numbers_aside(name: str) -> str:
-    return re.sub(r"\d+", "#", name)
+def _relaunch_of(log: str, file: str) -> bool:
+    """Whether `file` is a later launch's log of the job that wrote `log`: in its folder,
+    after it, and named as it is, numbers aside (launch-0-node-0.log, launch-1-node-0.log)."""
+    return file > log and _same_folder(log, file) and \
+        re.sub(r"\d+", "#", log) == re.sub(r"\d+", "#", file)
 
 
 def _same_folder(a: str, b: str) -> bool:

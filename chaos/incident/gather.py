@@ -19,6 +19,8 @@ from torchchaos.incident.observations import Observation, Source, worker_of
 from torchchaos.incident.readers import BadArtefact, Reader, all_readers
 
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
+# a text file no reader takes is a launch only by these: a .txt beside logs is often notes
+LAUNCH_SUFFIXES = (".log", ".out", ".err")
 MAX_READ = 256 << 20  # a log past this is read from its last MAX_READ bytes
 # Folders no artefact of a failed job lives in: caches, and a torchchaos run's own
 # bookkeeping (an import of a run must see only what the job and its launcher left).
@@ -95,10 +97,7 @@ def _read_file(path: Path, shown: str, readers: list[Reader], found: Gathered,
     if not data.strip():
         if named:
             return [f"{shown}: empty"]
-        # a launch that said nothing is still a launch; an empty stack dump, or a
-        # worker's empty stdout.log in torchrun's --log-dir, is not one
-        if path.suffix in LOG_SUFFIXES and path.parent.name != "stacks" \
-                and worker_of(shown) is None:
+        if _launch_log(path, shown, LOG_SUFFIXES):  # a launch that said nothing
             found.observations.append(Observation("log_file", Source(shown), detail="empty"))
             found.read[shown] = ["(empty log)"]
         return []
@@ -112,8 +111,7 @@ def _read_file(path: Path, shown: str, readers: list[Reader], found: Gathered,
             return [f"{shown}: {what}, and no reader knows its format (they read:"
                     f" {', '.join(r.name for r in readers)})"]
         found.passed_over.append(shown)
-        if path.suffix in (".log", ".out", ".err") and path.parent.name != "stacks" \
-                and worker_of(shown) is None:  # a launch whose lines say nothing known
+        if _launch_log(path, shown, LAUNCH_SUFFIXES):  # a launch whose lines no reader takes
             found.observations.append(Observation("log_file", Source(shown),
                                                   detail="nothing read"))
         return []
@@ -131,6 +129,12 @@ def _read_file(path: Path, shown: str, readers: list[Reader], found: Gathered,
     found.observations += observations
     found.read[shown] = [r.name for r in claimed]
     return []
+
+
+def _launch_log(path: Path, shown: str, suffixes: tuple[str, ...]) -> bool:
+    """Whether a file that says nothing a reader takes may still be a launch's log: not an
+    empty stack dump, nor a worker's own file in torchrun's --log-dir."""
+    return path.suffix in suffixes and path.parent.name != "stacks" and worker_of(shown) is None
 
 
 def _sniffs(reader: Reader, data: bytes, shown: str) -> bool:

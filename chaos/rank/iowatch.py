@@ -145,7 +145,7 @@ class IOWatch:
         if dir_fd is not None and not os.path.isabs(text):
             text = os.path.join(_fd_path(dir_fd) or "", text)
         full = os.path.abspath(text)
-        if full.startswith(self._real_root) and self._real_root != self.root:
+        if self._real_root != self.root and full.startswith(self._real_root):
             full = self.root + full[len(self._real_root):]
         if full.startswith(self.root) and not (full + os.sep).startswith(self.exclude):
             return full
