@@ -412,6 +412,16 @@ def _crash(obs, stopped, ranks, f: Finding) -> bool:
     first = next((o for o in fatal if o.rank is not None), fatal[0])
     f.kind, f.rank, f.how = "crash", first.rank, first.signal or ""
     _say(f, f"crash: rank {first.rank} died of {first.signal} ({first.source})", first)
+    if first.rank is None:
+        # an untagged faulthandler dump: a rank that died of it said nothing else
+        silent = _silent_ranks(obs, ranks)
+        if len(silent) == 1:
+            f.rank = silent[0]
+            f.rules.append(f"the dump names no rank, and rank {f.rank} is the only rank with"
+                           " no word of its own while a peer saw its connection close:"
+                           f" the dump is rank {f.rank}'s")
+        else:
+            f.rules.append("the dump names no rank, and the rank is not known")
     return True
 
 
@@ -585,8 +595,11 @@ def _silent_peer(obs, stopped, ranks, f: Finding) -> bool:
         f.rules.append(f"kill: rank {f.rank} is the only rank with no word in the logs; a"
                        " death that leaves none is a SIGKILL, the OOM killer, or a fatal"
                        " signal with no faulthandler (no exit line or kernel log says which)")
-    else:
+    elif silent:
         f.rules.append("the rank that died is not known: more than one rank left no word")
+    else:
+        f.rules.append("the rank that died is not known: every rank the artefacts name"
+                       " spoke, and nothing tells how many ranks the job had")
     return True
 
 
@@ -869,7 +882,8 @@ def save_interval(obs: list[Observation]) -> int | None:
 
 def _first_failure_line(obs: list[Observation], f: Finding):
     """Where the failure shows in the log that counts the steps: the end of a log that
-    stopped, the rule's own line there, or the failing rank's end there."""
+    stopped, the rule's own line there, the failing rank's end there, or a peer's echo
+    of it there."""
     stepped = {o.source.file for o in obs if o.what == "step"}
     lined = {str(o.source): o.source for o in obs if o.source.line is not None}
     for src in f.sources:
@@ -883,6 +897,12 @@ def _first_failure_line(obs: list[Observation], f: Finding):
                 and o.source.line is not None and o.what in ("exit", "error")]
         if ends:
             return min(ends, key=lambda s: s.line)
+    # told by a file with no place among the log's lines (a kernel log): a peer's echo of
+    # the death in the log comes after it
+    echoes = [o.source for o in obs if o.what == "peer_lost" and o.source.file in stepped
+              and o.source.line is not None]
+    if echoes and f.kind != "hang":
+        return min(echoes, key=lambda s: (s.file, s.line))
     return next((lined[src] for src in f.sources if src in lined), None)
 
 

@@ -20,6 +20,9 @@ DCP's CheckpointException, rank 0's own traceback relayed inside it.
 the faulthandler dump it enables is printed untagged in `launch-0-node-0.log`, whose
 node number is not a rank; torchrun named only rank 0's echo. Its expected.json says
 which fields the artefacts cannot tell (`said_unknown`): the import must say so.
+`dcp_oom_under_record` is rank 1's OOM kill in the same script: the kernel's line names a
+pid no launcher line ties to a rank, and the DCP shards of the checkpoint folder
+(`__0_0`, `__1_0`) say the job had a rank 1, which said nothing.
 `two_nodes_exception_at_restart_load` is the kill-then-exception-at-load case on two
 nodes: a launcher's log per node, and the restart's error file (attempt_1) tied to
 neither. `torn_write_read_as_a_node` is a torn write that killed the whole job: a
@@ -98,7 +101,8 @@ def test_most_of_the_corpus_is_told_exactly():
     untagged faulthandler dump names no rank (`said_unknown`); 29 of 31 with the
     two-node case; 30 of 32 with a real job's torchrun --log-dir; 30 of 33 with a torn
     write told as a node's death; 30 of 34 with the Trainer's; 30 of 35 with a kill in
-    the Trainer's save, whose phase nothing tells. (An earlier
+    the Trainer's save, whose phase nothing tells; 31 of 36 with an OOM kill whose rank
+    only the checkpoint's shards tell. (An earlier
     corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank
     and whose launcher line, racing, named the peer's SIGTERM.)"""
     missed = []

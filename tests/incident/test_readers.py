@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from torchchaos.incident.formats.checkpoints import read_folder
+from torchchaos.incident.formats.checkpoints import rank_of, read_folder
 from torchchaos.incident.formats.collectives import CollectiveErrors
 from torchchaos.incident.formats.errorfile import ErrorFile
 from torchchaos.incident.formats.flight import FlightRecorder
@@ -181,6 +181,23 @@ def test_checkpoint_folder_a_cut_file_a_leftover_and_a_good_one(tmp_path):
     assert found["step-0008.pt"].extra["loads"] is False
     assert "cut short" in found["step-0008.pt"].detail
     assert found["step-0012.pt.tmp"].extra["temp"] is True
+
+
+@pytest.mark.parametrize(("name", "rank"), [
+    ("__1_0.distcp", 1), ("__0_3.distcp", 0),              # DCP: __{rank}_{n}
+    ("rank_1.pt", 1), ("model_rank3.pt", 3), ("optim-rank-2.pt", 2), ("rank1.safetensors", 1),
+    ("mp_rank_01_model_states.pt", None),                  # a tensor-parallel index
+    ("zero_pp_rank_3_mp_rank_00_optim_states.pt", None),   # indices inside groups
+    ("step-000010.pt", None), ("rng_state_1.pth", None), ("crankshaft3.pt", None),
+    (".metadata", None)])
+def test_a_checkpoint_file_names_the_global_rank_that_wrote_it_or_none(name, rank):
+    assert rank_of(name) == rank
+
+
+def test_dcp_shards_tell_the_ranks_of_the_job():
+    found = read_folder(DATA / "harness" / "dcp_oom_under_record" / "ckpt" / "step-000020",
+                        "ckpt/step-000020")
+    assert sorted(o.rank for o in found if o.rank is not None) == [0, 1]
 
 
 def test_an_error_file_cut_short_is_said_so(tmp_path):

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 from torchchaos.incident.attribute import attribute
 from torchchaos.incident.gather import gather
+
+HARNESS = Path(__file__).resolve().parents[1] / "data" / "incidents" / "harness"
 
 
 def _import(tmp_path, first: str, second: str):
@@ -34,3 +39,39 @@ def test_a_save_begun_is_not_a_save_done(tmp_path):
         "saving checkpoint to ckpt/step-10.pt\n"
     found = _import(tmp_path, first, "resumed from ckpt/step-5.pt at step 5\nstep 20 loss 3\n")
     assert found.kind == "node", found.rules
+
+
+def _case(tmp_path, name: str, shards: bool):
+    """A corpus case copied without its expected.json, with or without the DCP shards of
+    a job of two ranks (the newest save of `dcp_oom_under_record`, the same script)."""
+    shutil.copytree(HARNESS / name, tmp_path / name,
+                    ignore=shutil.ignore_patterns("expected.json", "ckpt"))
+    if shards:
+        shutil.copytree(HARNESS / "dcp_oom_under_record" / "ckpt", tmp_path / name / "ckpt")
+    gathered = gather([tmp_path / name])
+    return attribute(gathered.observations, gathered.sources).finding
+
+
+def test_an_untagged_crash_dump_is_the_rank_the_shards_show_said_nothing(tmp_path):
+    """torchrun named rank 0's echo; the faulthandler dump names no rank. Rank 1 is known
+    only from its checkpoint shard, and it is the only rank with no word of its own."""
+    assert _case(tmp_path / "a", "faulthandler_in_the_launch_log", shards=False).rank is None
+    found = _case(tmp_path / "b", "faulthandler_in_the_launch_log", shards=True)
+    assert (found.kind, found.rank) == ("crash", 1), found.rules
+    assert any("the dump is rank 1's" in r for r in found.rules), found.rules
+
+
+def test_an_oom_kill_of_an_unnamed_pid_is_the_rank_the_shards_show_said_nothing(tmp_path):
+    found = _case(tmp_path / "a", "dcp_oom_under_record", shards=False)
+    assert (found.kind, found.rank) == ("oom", None), found.rules
+    assert any("nothing tells how many ranks" in r or "rank is not known" in r
+               for r in found.rules), found.rules
+    found = _case(tmp_path / "b", "dcp_oom_under_record", shards=True)
+    assert (found.kind, found.rank, found.phase) == ("oom", 1, "between_saves"), found.rules
+
+
+def test_a_kernel_line_is_placed_in_the_log_by_the_peers_echo(tmp_path):
+    """The OOM killer's line is in kernel.log, which has no place among the training
+    log's lines: the step window ends where rank 0 saw its peer go."""
+    found = _case(tmp_path, "dcp_oom_under_record", shards=True)
+    assert found.step_window[0] == 10, found.rules

@@ -7,6 +7,11 @@ directory sits at its end, so a file cut short has none; a safetensors file
 says its own length in its header. A temporary file (`*.tmp`, `tmp*`,
 `*.partial`) left beside them is a save that never finished, and a DCP folder
 with `.distcp` shards and no `.metadata` is one that never committed.
+
+A file that one rank wrote says so in its name (DCP's `__1_0.distcp`,
+`rank_1.pt`, `model_rank1.pt`): its observation carries that rank, so a job
+whose launcher named only some ranks still shows how many it had. A model- or
+pipeline-parallel index (`mp_rank_01`) is not a global rank and is not taken.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from torchchaos.incident.observations import Observation, Source
 WEIGHTS = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".distcp", ".tar")
 TEMP = re.compile(r"(\.tmp\b|^tmp|\.partial$|\.incomplete$|\.inprogress$|~$)")
 STEP_IN_NAME = re.compile(r"(\d+)(?!.*\d)")
+DCP_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")  # FileSystemWriter: __{rank}_{n}.distcp
+RANK_IN_NAME = re.compile(r"(?:^|[._-])((?:[a-z]{2}_)?)rank[_-]?(\d+)(?=[._-]|$)")
+PARALLEL_INDEX = ("mp_", "pp_", "tp_", "dp_", "ep_", "cp_")  # an index inside one group
 
 
 def looks_like_checkpoint(path: Path) -> bool:
@@ -53,13 +61,23 @@ def read_folder(folder: Path, shown: str) -> list[Observation]:
             continue
         problem = _problem(path)
         found.append(Observation("checkpoint", Source(name), step=int(step.group(1)) if step
-                                 else None, detail=problem or "loads",
+                                 else None, detail=problem or "loads", rank=rank_of(path.name),
                                  extra={"temp": False, "loads": problem is None}))
     if any(p.suffix == ".distcp" for p in files) and not (folder / ".metadata").exists():
         found.append(Observation("checkpoint", Source(shown), detail="DCP shards without"
                                  " .metadata: a save that never committed",
                                  extra={"temp": True, "loads": False}))
     return found
+
+
+def rank_of(name: str) -> int | None:
+    """The global rank that wrote a per-rank file, where its name says one."""
+    if m := DCP_SHARD.match(name):
+        return int(m.group(1))
+    m = RANK_IN_NAME.search(name.lower())
+    if m is None or m.group(1) in PARALLEL_INDEX:
+        return None
+    return int(m.group(2))
 
 
 def _problem(path: Path) -> str | None:
