@@ -17,7 +17,8 @@ apart that prints almost nothing; two more written apart, the AdamW trainer of
 bench/targets with per-rank files and tests/scripts/safetensors_ddp.py in a Hugging
 Face Trainer's layout; and targets/dcp_lm.py, DCP's async save of FSDP2 shards,
 its main under torchelastic's @record (error files, faulthandler). `--scripts hf` adds
-targets/hf_trainer_lm.py, the Hugging Face Trainer itself (the `frameworks` extra).
+targets/hf_trainer_lm.py, the Hugging Face Trainer itself, and `--scripts lightning`
+targets/lightning_lm.py, Lightning's Trainer (both need the `frameworks` extra).
 
 Each run's folder keeps only what a failed job leaves an engineer: the launcher's
 logs, torchelastic's error files, the stacks a hang watchdog took, and the
@@ -59,6 +60,11 @@ SCRIPTS = {
     # (tqdm bars, dicts of metrics, no step line of the script's own); opt in, it needs
     # the `frameworks` extra
     "hf": (REPO / "targets" / "hf_trainer_lm.py", ["--steps", "20", "--ckpt-every", "5"]),
+    # another framework, as quiet as its docs' recipe leaves it: Lightning's Trainer with
+    # no progress bar and no logger, ModelCheckpoint's `epoch=0-step=10.ckpt` and
+    # `last.ckpt`, and a SIGTERM that ends the fit with exit 0; opt in (`frameworks`)
+    "lightning": (REPO / "targets" / "lightning_lm.py", ["--steps", "20", "--ckpt-every",
+                                                          "5"]),
 }
 DEFAULT_SCRIPTS = ["bundled", "plain_ddp", "adamw", "safetensors", "dcp"]
 

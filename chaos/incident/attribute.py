@@ -45,7 +45,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchchaos.incident import script_source
+from torchchaos.incident import frameworks, script_source
 from torchchaos.incident.observations import (
     Observation,
     Source,
@@ -522,6 +522,9 @@ def _hang(obs, stopped, ranks, f: Finding) -> bool:
         _say(f, f"rank {f.rank}'s stack is outside every collective (in {where}) while the"
                 " others wait in one", outside[0])
         return True
+    if inside and not outside and len({_waits_in(o) for o in inside}) > 1:
+        _out_of_step(inside, f)
+        return True
     alive = sorted({o.rank for o in obs if o.reason == "stopped by the launcher"
                     and o.rank is not None} - waiting)
     if len(alive) == 1:
@@ -544,6 +547,28 @@ def _hang(obs, stopped, ranks, f: Finding) -> bool:
     return True
 
 
+def _waits_in(stack: Observation) -> str:
+    """The collective a stack waits in: its name, or the innermost frame (a backward's
+    all-reduce runs under autograd, with no collective's name on the stack)."""
+    return stack.collective or (stack.frames[-1].split(" (")[0] if stack.frames else "")
+
+
+def _out_of_step(inside: list[Observation], f: Finding) -> None:
+    """Every rank waits in a collective, not all in the same one: each waits for a peer
+    that has gone past or not come to it, so no stack says which rank began it."""
+    where = ", ".join(f"rank {o.rank} in {_waits_in(o)}" for o in inside[:4])
+    f.how = "ranks wait in different collectives"
+    f.alternatives = ["abort"]
+    f.alternatives_why = ("a rank whose collective failed and that went on (a framework that"
+                          " catches the error, as Lightning does around its broadcast of a"
+                          " SIGTERM flag) is out of step with its peers just as a rank that"
+                          " took its own path is; no line says which")
+    f.rules.append(f"hang: every rank waits in a collective, not the same one ({where}): the"
+                   " ranks' collectives went out of step; the rank that skipped one is not"
+                   " known")
+    f.sources.extend(str(o.source) for o in inside[:4])
+
+
 def _signal_death(obs, stopped, kinds: tuple[str, ...]) -> list[Observation]:
     return [o for o in obs if o.what == "exit" and o.pid not in stopped
             and o.reason != "stopped by the launcher"
@@ -552,15 +577,31 @@ def _signal_death(obs, stopped, kinds: tuple[str, ...]) -> list[Observation]:
 
 def _preempt(obs, stopped, ranks, f: Finding) -> bool:
     deaths = _signal_death(obs, stopped, ("SIGTERM",))
+    # a handler that caught it may end the rank with exit 0 (Lightning's does): only its
+    # line is left
+    caught = [o for o in obs if o.what == "signal" and o.signal == "SIGTERM"
+              and not _launcher_stopped_before(o, obs)]
     said = [o for o in obs if o.what == "node_lost" and o.reason in ("PREEMPTED",
                                                                        "PreemptionByScheduler")]
-    if not deaths and not said:
+    if not deaths and not caught and not said:
         return False
-    first = (deaths or said)[0]
+    first = (deaths or caught or said)[0]
     f.kind, f.rank, f.how, f.node = "preempt", first.rank, "SIGTERM", first.extra.get("node")
-    _say(f, f"preempt: {'rank ' + str(first.rank) if first.rank is not None else 'the job'}"
-            f" ended by SIGTERM the launcher did not send ({first.source})", first)
+    who = f"rank {first.rank}" if first.rank is not None else "the job"
+    if first in caught:
+        _say(f, f"preempt: {who} said it got a SIGTERM ({first.detail[:80]!r}), and no"
+                f" launcher line before it sent one ({first.source})", first)
+    else:
+        _say(f, f"preempt: {who} ended by SIGTERM the launcher did not send"
+                f" ({first.source})", first)
     return True
+
+
+def _launcher_stopped_before(said: Observation, obs: list[Observation]) -> bool:
+    """Whether the launcher's own SIGTERM ("Sending process N closing signal SIGTERM")
+    came before a rank's word that it got one: then that word is the launcher's stop."""
+    return any(o.reason == "stopped by the launcher" and o.source.file == said.source.file
+               and (o.source.line or 0) < (said.source.line or 0) for o in obs)
 
 
 def _kill(obs, stopped, ranks, f: Finding) -> bool:
@@ -822,9 +863,17 @@ def _peers_waiting(obs: list[Observation], f: Finding, sources: dict[str, list[s
     for o in obs:
         if o.what != "error" or o.rank == f.rank or not ECHO.search(o.detail):
             continue
-        if any(phase_of_frames([frame]) == "save" for frame in o.frames):
+        loop = frameworks.loop_of(o.frames)
+        if any(phase_of_frames([frame]) == "save" for frame in o.frames) \
+                or loop is not None and loop.in_save(o.frames):
             said.setdefault("mid_save", (f"rank {o.rank} waited inside a checkpoint save"
                                          f" ({o.frames[-1]}) ({o.source})", o, True))
+            continue
+        if loop is not None and o.phase == "collective":
+            said.setdefault("between_saves", (f"rank {o.rank} waited in a collective of"
+                            f" {loop.framework}'s training step ({o.frames[-1]}, {o.source}),"
+                            f" and {loop.framework} fences every save: {loop.fence}; no"
+                            " rank runs a step while another saves", o, False))
             continue
         code = [c for c in o.extra.get("code") or () if c[0] in sources]
         if not code or o.phase != "collective":

@@ -62,7 +62,8 @@ def timeline_text(incident: Incident) -> str:
                 f"ended {story.end}" if story.end else "",
                 f"error {story.error!r}" if story.error else "",
                 f"at {story.frame}" if story.frame else ""]
-        lines.append(f"rank {rank}: " + "; ".join(b for b in bits if b) + ".")
+        told = "; ".join(b for b in bits if b)
+        lines.append(f"rank {rank}: {told or 'no step, end or frame of its own in the artefacts'}.")
     for unknown in incident.unknowns:
         lines.append(f"not known: {unknown}.")
     return "\n".join(lines) + "\n"

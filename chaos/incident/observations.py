@@ -32,6 +32,7 @@ WHATS = (
     "checkpoint",    # the checkpoint folder as found: a file that loads or does not
     "log_file",      # a log was given (detail "empty" when it holds nothing)
     "rank_line",     # a rank printed something: it was a rank of the job
+    "signal",        # a rank said it got a signal (its handler's own line): signal
     "injected",      # this project's own record of a fault (report.json, replay.yaml)
 )
 

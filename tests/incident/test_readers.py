@@ -119,6 +119,21 @@ def test_training_log_steps_saves_and_resumes():
     assert max(o.step for o in found if o.what == "step") == 12
 
 
+@pytest.mark.parametrize(("line", "rank"), [
+    ("[rank: 1] Received SIGTERM: 15", 1),                 # Lightning
+    ("got signal 15, exiting", None),                      # a script's own handler
+    ("[rank0]: caught SIGTERM, saving and exiting", 0),
+    ("SIGTERM received: checkpointing", None)])
+def test_a_sigterm_the_script_says_it_got(line, rank):
+    found = TrainingLog().read(line.encode() + b"\n", "launch.log")
+    assert [(o.what, o.signal, o.rank) for o in found] == [("signal", "SIGTERM", rank)]
+
+
+def test_lightnings_restore_line_is_a_resume():
+    line = b"Restoring states from the checkpoint path at /job/ckpt/last.ckpt\n"
+    assert [o.what for o in TrainingLog().read(line, "launch.log")] == ["resume"]
+
+
 def test_a_line_the_script_starts_with_its_rank_is_that_ranks_even_glued_to_another():
     """Two ranks printing at once: each print is two writes (text, then newline), so the
     second rank's text lands on the first's line, as in tests/data/incidents/harness/

@@ -75,3 +75,33 @@ def test_a_kernel_line_is_placed_in_the_log_by_the_peers_echo(tmp_path):
     log's lines: the step window ends where rank 0 saw its peer go."""
     found = _case(tmp_path, "dcp_oom_under_record", shards=True)
     assert found.step_window[0] == 10, found.rules
+
+
+LAUNCHER_STOPS_RANK_1 = (
+    "W1128 10:52:12.721000 29670 site-packages/torch/distributed/elastic/multiprocessing/"
+    "api.py:1028] Sending process 29674 closing signal SIGTERM\n")
+RANK_0_KILLED = (
+    "E1128 10:52:13.194000 29670 site-packages/torch/distributed/elastic/multiprocessing/"
+    "api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 29673) of binary: python\n")
+
+
+def _one_log(tmp_path, text: str):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "launch-0-node-0.log").write_text(text)
+    gathered = gather([tmp_path / "logs"])
+    return attribute(gathered.observations, gathered.sources).finding
+
+
+def test_a_sigterm_a_rank_says_it_caught_with_no_launcher_stop_before_it_is_a_preemption(
+        tmp_path):
+    """Lightning's handler ends the fit with exit 0: its line is all that is left."""
+    found = _one_log(tmp_path, "[rank: 0] Seed set to 0\n[rank: 0] Received SIGTERM: 15\n")
+    assert (found.kind, found.rank) == ("preempt", 0), found.rules
+
+
+def test_a_sigterm_the_launcher_sent_first_is_its_stop_not_a_preemption(tmp_path):
+    """lightning/00's lines: torchrun stops rank 1 after rank 0's SIGKILL, and rank 1's
+    handler says so."""
+    found = _one_log(tmp_path, LAUNCHER_STOPS_RANK_1 + "[rank: 1] Received SIGTERM: 15\n"
+                     + RANK_0_KILLED)
+    assert (found.kind, found.rank) == ("kill", 0), found.rules

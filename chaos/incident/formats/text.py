@@ -7,8 +7,10 @@ import re
 from torchchaos.incident.readers import BadArtefact
 
 # torch prefixes a rank's stderr with "[rank1]:"; torchrun --tee/--log-dir with
-# "[default1]:" (the role's local rank); many launch wrappers with "rank 1:".
-RANK_TAG = re.compile(r"^\s*\[(?:rank|Rank )(\d+)\]:?\s?|^\s*\[default(\d+)\]:\s?|^(\d+): ")
+# "[default1]:" (the role's local rank); Lightning its own messages with "[rank: 1]";
+# many launch wrappers with "rank 1:".
+RANK_TAG = re.compile(r"^\s*\[(?:rank|Rank |rank: )(\d+)\]:?\s?|^\s*\[default(\d+)\]:\s?"
+                      r"|^(\d+): ")
 FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
 EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|"
                             r"Failure|Timeout|Warning)|[A-Za-z_][\w.]*Error\w*): ?(?P<msg>.*)$")

@@ -2,8 +2,10 @@
 
 Read loosely, since every script words them its own way; only lines that
 name a step (`step 12`, `iter 12:`, `global_step=12`), a checkpoint written
-(`saved checkpoint ...`, `saving checkpoint to ...`) or a resume (`resumed from
-ckpt/step-10.pt at step 10`, `Resuming training from ...`) count. A line tagged
+(`saved checkpoint ...`, `saving checkpoint to ...`), a resume (`resumed from
+ckpt/step-10.pt at step 10`, `Resuming training from ...`) or a SIGTERM the script's
+handler says it got (`got signal 15, exiting`, Lightning's `Received SIGTERM: 15`)
+count. A line tagged
 by torch or torchrun ([rank1]:, [default1]:) belongs to that rank, and so does one
 the script starts with its rank (`rank 1 resumed from ...`, `[rank 1] step 12`); any
 other line to no rank in particular (most scripts print from rank 0 only).
@@ -18,9 +20,14 @@ from torchchaos.incident.observations import Observation, Source, worker_of
 from torchchaos.incident.readers import Reader
 
 STEP = re.compile(r"\b(?:step|iter(?:ation)?|global_step)(?:\b\s*[:=#]?\s*|[-_])(\d+)", re.I)
-RESUME = re.compile(r"\bresum(?:ed|ing)\b.*\b(?:from|at)\b", re.I)
+RESUME = re.compile(r"\bresum(?:ed|ing)\b.*\b(?:from|at)\b"
+                    r"|\brestor(?:ed|ing) (?:states? )?from\b.*\bcheckpoint", re.I)  # Lightning
 SAVE = re.compile(r"\b(?:sav(?:ed|ing)|wrote|writing)\b.*\bcheckpoint|\bcheckpoint\b.*"
                   r"\b(?:saved|written)\b", re.I)
+# a handler's word that the rank got a SIGTERM: Lightning's "Received SIGTERM: 15", a
+# script's own "got signal 15, exiting"
+SIGTERM_SAID = re.compile(r"\b(?:received|got|caught)\s+(?:signal\s*:?\s*)?(?:SIGTERM|15\b)"
+                          r"|\bSIGTERM\s+(?:received|caught)", re.I)
 # a line the script starts with its own rank (torch's "[rank1]:" tag is read first)
 OWN_RANK = re.compile(r"^\s*\[?rank[ _=#:]?(\d+)\]?(?=[\s:,\]]|$)", re.I)
 # where another rank's line starts glued to the end of one ("...step-0015.ptrank 1 resumed")
@@ -39,7 +46,7 @@ class TrainingLog(Reader):
         if body is None or head[:1] == b"{" or head in (b"[{", b'["', b"[]"):
             return False  # a JSON document (a manifest, a config) is no log
         return any(p.search(line) for line in body.splitlines()[:20000]
-                   for p in (STEP, RESUME, SAVE) if not NOT_OURS.match(line))
+                   for p in (STEP, RESUME, SAVE, SIGTERM_SAID) if not NOT_OURS.match(line))
 
     def read(self, data: bytes, name: str) -> list[Observation]:
         found = []
@@ -62,6 +69,9 @@ class TrainingLog(Reader):
 
 def _observed(body: str, rank: int | None, where: Source,
               attempt: int | None) -> list[Observation]:
+    if SIGTERM_SAID.search(body):
+        return [Observation("signal", where, rank=rank, signal="SIGTERM",
+                            detail=body.strip()[:200], attempt=attempt)]
     step = STEP.search(body)
     number = int(step.group(1)) if step else None
     if RESUME.search(body):
