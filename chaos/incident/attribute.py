@@ -599,9 +599,14 @@ def _preempt(obs, stopped, ranks, f: Finding) -> bool:
 
 def _launcher_stopped_before(said: Observation, obs: list[Observation]) -> bool:
     """Whether the launcher's own SIGTERM ("Sending process N closing signal SIGTERM")
-    came before a rank's word that it got one: then that word is the launcher's stop."""
-    return any(o.reason == "stopped by the launcher" and o.source.file == said.source.file
-               and (o.source.line or 0) < (said.source.line or 0) for o in obs)
+    came before a rank's word that it got one: then that word is the launcher's stop. A
+    worker's own file (torchrun --log-dir) has no place among the launcher's lines: any
+    stop of its attempt may be the one it heard."""
+    stops = [o for o in obs if o.reason == "stopped by the launcher"]
+    if worker_of(said.source.file):
+        return bool(stops)
+    return any(o.source.file == said.source.file
+               and (o.source.line or 0) < (said.source.line or 0) for o in stops)
 
 
 def _kill(obs, stopped, ranks, f: Finding) -> bool:

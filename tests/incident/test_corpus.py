@@ -23,6 +23,12 @@ which fields the artefacts cannot tell (`said_unknown`): the import must say so.
 `dcp_oom_under_record` is rank 1's OOM kill in the same script: the kernel's line names a
 pid no launcher line ties to a rank, and the DCP shards of the checkpoint folder
 (`__0_0`, `__1_0`) say the job had a rank 1, which said nothing.
+`lightning_*` ran Lightning's Trainer as its docs show it (targets/lightning_lm.py: no
+progress bar, no logger, so no step line): `kill_between_saves` is placed by where rank
+0's echo ran in Lightning's own loop, which fences every save; `sigterm_ends_the_fit_with_exit_0`
+is a preemption that Lightning's handler turned into exit 0, told by its own line only;
+`collectives_out_of_step` is an abort of rank 1's process group that Lightning's
+per-step broadcast swallowed, so the job hung with each rank in another collective.
 `two_nodes_exception_at_restart_load` is the kill-then-exception-at-load case on two
 nodes: a launcher's log per node, and the restart's error file (attempt_1) tied to
 neither. `torn_write_read_as_a_node` is a torn write that killed the whole job: a
@@ -102,7 +108,8 @@ def test_most_of_the_corpus_is_told_exactly():
     two-node case; 30 of 32 with a real job's torchrun --log-dir; 30 of 33 with a torn
     write told as a node's death; 30 of 34 with the Trainer's; 30 of 35 with a kill in
     the Trainer's save, whose phase nothing tells; 31 of 36 with an OOM kill whose rank
-    only the checkpoint's shards tell. (An earlier
+    only the checkpoint's shards tell; 32 of 39 with three of Lightning's, two of them
+    said unknown in part. (An earlier
     corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank
     and whose launcher line, racing, named the peer's SIGTERM.)"""
     missed = []

@@ -41,6 +41,16 @@ def test_torchrun_log_worker_failures_launcher_stops_and_the_summary():
     assert roots[0].detail  # the root cause's own last line, not torchrun's banner
 
 
+def test_the_launchers_stop_in_either_of_its_modes():
+    lines = (b"W1128 11:08:04.721000 3436 site-packages/torch/distributed/elastic/"
+             b"multiprocessing/api.py:937] Closing process 3447 via signal SIGTERM\n"
+             b"W1128 10:52:12.721000 29670 site-packages/torch/distributed/elastic/"
+             b"multiprocessing/api.py:1028] Sending process 29674 closing signal SIGTERM\n")
+    found = TorchrunLog().read(lines, "launch.log")
+    assert [(o.pid, o.signal, o.reason) for o in found] == [
+        (3447, "SIGTERM", "stopped by the launcher"), (29674, "SIGTERM", "stopped by the launcher")]
+
+
 def test_rank_tagged_tracebacks_keep_their_rank_and_last_line():
     errors = [o for o in read(TorchrunLog(), DATA / "raise" / "launcher.log")
               if o.what == "error" and o.rank == 1]
@@ -127,6 +137,11 @@ def test_training_log_steps_saves_and_resumes():
 def test_a_sigterm_the_script_says_it_got(line, rank):
     found = TrainingLog().read(line.encode() + b"\n", "launch.log")
     assert [(o.what, o.signal, o.rank) for o in found] == [("signal", "SIGTERM", rank)]
+
+
+@pytest.mark.parametrize("line", ["Received 15 batches from the loader", "got 15 samples"])
+def test_a_count_of_15_is_no_signal(line):
+    assert not any(o.what == "signal" for o in TrainingLog().read(line.encode(), "a.log"))
 
 
 def test_lightnings_restore_line_is_a_resume():

@@ -105,3 +105,15 @@ def test_a_sigterm_the_launcher_sent_first_is_its_stop_not_a_preemption(tmp_path
     found = _one_log(tmp_path, LAUNCHER_STOPS_RANK_1 + "[rank: 1] Received SIGTERM: 15\n"
                      + RANK_0_KILLED)
     assert (found.kind, found.rank) == ("kill", 0), found.rules
+
+
+def test_a_workers_own_file_that_heard_the_launchers_sigterm_is_no_preemption(tmp_path):
+    """torchrun --log-dir: rank 1's handler line is in its own stdout.log, which has no
+    place among the launcher's lines; the launcher stopped that attempt's ranks."""
+    (tmp_path / "logs" / "attempt_0" / "1").mkdir(parents=True)
+    (tmp_path / "logs" / "launcher.log").write_text(LAUNCHER_STOPS_RANK_1 + RANK_0_KILLED)
+    (tmp_path / "logs" / "attempt_0" / "1" / "stdout.log").write_text(
+        "step 11\ngot signal 15, exiting\n")
+    gathered = gather([tmp_path / "logs"])
+    found = attribute(gathered.observations, gathered.sources).finding
+    assert (found.kind, found.rank) == ("kill", 0), found.rules

@@ -5,6 +5,8 @@ The lines read, as torch.distributed.elastic writes them:
     E1126 20:27:13.204000 3193 .../api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 3197)
       of binary: ...
     W1126 20:27:13.171000 3193 .../api.py:1028] Sending process 3196 closing signal SIGTERM
+    W1128 11:08:04.721000 3436 .../api.py:937] Closing process 3447 via signal SIGTERM
+      (its multiprocessing mode: a function under elastic_launch)
     I... [default] Worker group FAILED. 3/3 attempts left; will restart worker group
     torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
     ...
@@ -36,7 +38,10 @@ from torchchaos.incident.observations import (
 from torchchaos.incident.readers import Reader
 
 WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
-CLOSING = re.compile(r"Sending process (\d+) closing signal (SIG\w+)")
+# the launcher stops a worker: its subprocess mode's line, and its multiprocessing mode's
+# (a function launched by elastic_launch, start method fork or spawn)
+CLOSING = re.compile(r"(?:Sending process (\d+) closing signal|Closing process (\d+) via signal)"
+                     r" (SIG\w+)")
 RESTART = re.compile(r"Worker group (\w+)\. (\d+)/(\d+) attempts left; will restart worker group")
 SUMMARY_START = re.compile(r"ChildFailedError:\s*$")
 ENTRY = re.compile(r"^\[(\d+)\]:\s*$")
@@ -74,7 +79,8 @@ class TorchrunLog(Reader):
                                          exitcode=code, signal=signal_of_exitcode(code),
                                          attempt=attempt, extra={"local_rank": int(m.group(2))}))
             elif m := CLOSING.search(line):
-                found.append(Observation("exit", where, pid=int(m.group(1)), signal=m.group(2),
+                found.append(Observation("exit", where, pid=int(m.group(1) or m.group(2)),
+                                         signal=m.group(3),
                                          reason="stopped by the launcher", attempt=attempt))
             elif m := RESTART.search(line):
                 found.append(Observation("restart", where, attempt=attempt,

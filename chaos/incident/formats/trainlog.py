@@ -26,8 +26,8 @@ SAVE = re.compile(r"\b(?:sav(?:ed|ing)|wrote|writing)\b.*\bcheckpoint|\bcheckpoi
                   r"\b(?:saved|written)\b", re.I)
 # a handler's word that the rank got a SIGTERM: Lightning's "Received SIGTERM: 15", a
 # script's own "got signal 15, exiting"
-SIGTERM_SAID = re.compile(r"\b(?:received|got|caught)\s+(?:signal\s*:?\s*)?(?:SIGTERM|15\b)"
-                          r"|\bSIGTERM\s+(?:received|caught)", re.I)
+SIGTERM_SAID = re.compile(r"\b(?:received|got|caught)\s+(?:signal\s*:?\s*(?:SIGTERM|15)\b"
+                          r"|SIGTERM\b)|\bSIGTERM\s+(?:received|caught)", re.I)
 # a line the script starts with its own rank (torch's "[rank1]:" tag is read first)
 OWN_RANK = re.compile(r"^\s*\[?rank[ _=#:]?(\d+)\]?(?=[\s:,\]]|$)", re.I)
 # where another rank's line starts glued to the end of one ("...step-0015.ptrank 1 resumed")
