@@ -13,8 +13,9 @@ Every job the harness runs starts this way unless the user asks for exec'd ranks
 a fresh `python -u script.py` would (`_rank`): default signal handlers, faulthandler
 off, no death signal from the launcher, torch's and numpy's global generators seeded
 anew, the script's folder first on sys.path, the agent armed, an uncaught exception
-printed by sys.excepthook from the script's first frame, and the exit code and atexit
-handlers as the interpreter's own; and torchrun names the failed worker a user's
+printed by sys.excepthook from the script's first frame, the exit code and atexit
+handlers as the interpreter's own, and the process gone once the script returns (its
+connections closed, as an exec'd rank's exit closes them); and torchrun names the failed worker a user's
 torchrun would (`_signalled_first`). What it cannot renew is the str-hash seed: every
 rank and restart shares the launcher's, so the harness gives each job the same one
 (`PYTHONHASHSEED`, runner.job_environment) and a cold job agrees with a warm one.
@@ -134,6 +135,12 @@ def _rank(script: str, *args: str) -> None:
         os.kill(os.getpid(), signal.SIGINT)
     if code not in (0, None):
         raise SystemExit(code)  # torchrun's worker wrapper exits with it
+    # torchrun's wrapper of a forked worker waits, once the script returns, until every
+    # rank has returned, the rank's sockets still open: a peer that waits to see it go (a
+    # barrier that fails once a rank has left, Lightning's on a SIGTERM) hung there, where
+    # an exec'd rank's exit lets it go on at once. It leaves now, as that exit does, and
+    # torchrun counts it done (_poll_counting_quiet_exits).
+    os._exit(0)
 
 
 def _as_a_fresh_interpreter(script: str) -> None:

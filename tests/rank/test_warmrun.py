@@ -146,3 +146,37 @@ def test_workers_that_exit_stay_in_rank_order_after_those_a_signal_killed():
                          sentinels={f"s{i}": i for i in range(5)})
     warmrun._signalled_first(pc)
     assert list(pc.sentinels.values()) == [3, 2, 0, 1, 4]
+
+
+RETURNS_FIRST = textwrap.dedent("""
+    import datetime, os, sys, time
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=15))
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    if dist.get_rank() == 0:
+        sys.exit(0)  # done first (Lightning's rank 0 after a SIGTERM: SystemExit, no code)
+    time.sleep(0.5)
+    try:
+        dist.barrier()  # Lightning's: a barrier that may fail, "to prevent deadlocks"
+        print("barrier passed", flush=True)
+    except Exception as exc:
+        print("peer gone:", str(exc).splitlines()[0], flush=True)
+""")
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "warmrun"])
+def test_a_rank_that_returns_first_hangs_up_on_its_peers(tmp_path: Path, launcher: str):
+    """A forked worker that returns waits in torchrun's wrapper for the others, its
+    process group's sockets open: its peer's barrier waited for it (15 s here; gloo's
+    default is 30 min) where an exec'd rank's exit ends it at once. A Lightning job
+    preempted by SIGTERM hung that way under the harness, not under torchrun."""
+    script = tmp_path / "returns_first.py"
+    script.write_text(RETURNS_FIRST)
+    done = subprocess.run(
+        [sys.executable, "-m", LAUNCHERS[launcher], "--standalone", "--nproc-per-node", "2",
+         "--max-restarts", "0", str(script)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    # the connection closed, as at an exit; not gloo's "Timed out waiting 15000ms"
+    assert "peer gone:" in done.stdout and "Connection" in done.stdout, done.stdout
