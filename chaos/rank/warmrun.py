@@ -15,9 +15,10 @@ off, no death signal from the launcher, torch's and numpy's global generators se
 anew, the script's folder first on sys.path, the agent armed, an uncaught exception
 printed by sys.excepthook from the script's first frame, the exit code and atexit
 handlers as the interpreter's own, and the process gone once the script returns (its
-connections closed, as an exec'd rank's exit closes them); and torchrun names the failed worker a user's
-torchrun would (`_signalled_first`). What it cannot renew is the str-hash seed: every
-rank and restart shares the launcher's, so the harness gives each job the same one
+connections closed, as an exec'd rank's exit closes them); and torchrun names the
+failed worker a user's torchrun would (`_signalled_first`). What it cannot renew is
+the str-hash seed: every rank and restart shares the launcher's, so the harness gives
+each job the same one
 (`PYTHONHASHSEED`, runner.job_environment) and a cold job agrees with a warm one.
 Its exit, like torchrun's, freezes the heap (sitecustomize).
 """
