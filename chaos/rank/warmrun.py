@@ -18,8 +18,8 @@ handlers as the interpreter's own, and the process gone once the script returns 
 connections closed, as an exec'd rank's exit closes them); and torchrun names the
 failed worker a user's torchrun would (`_signalled_first`). What it cannot renew is
 the str-hash seed: every rank and restart shares the launcher's, so the harness gives
-each job the same one
-(`PYTHONHASHSEED`, runner.job_environment) and a cold job agrees with a warm one.
+each job the same one (`PYTHONHASHSEED`, runner.job_environment) and a cold job agrees
+with a warm one.
 Its exit, like torchrun's, freezes the heap (sitecustomize).
 """
 
