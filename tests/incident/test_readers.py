@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from torchchaos.incident.formats.checkpoints import rank_of, read_folder
+from torchchaos.incident.formats.checkpoints import rank_of, read_folder, step_of
 from torchchaos.incident.formats.collectives import CollectiveErrors
 from torchchaos.incident.formats.errorfile import ErrorFile
 from torchchaos.incident.formats.flight import FlightRecorder
@@ -222,6 +222,17 @@ def test_checkpoint_folder_a_cut_file_a_leftover_and_a_good_one(tmp_path):
     (".metadata", None)])
 def test_a_checkpoint_file_names_the_global_rank_that_wrote_it_or_none(name, rank):
     assert rank_of(name) == rank
+
+
+@pytest.mark.parametrize(("path", "step"), [
+    ("ckpt/step-0030.pt", 30), ("ckpt/epoch=1-step=10.ckpt", 10), ("ckpt/ckpt_100.pt", 100),
+    ("ckpt/step-000010/__1_0.distcp", 10), ("ckpt/step-000010/.metadata", 10),  # DCP
+    ("checkpoints/step_20/rank_1.pt", 20), ("out/checkpoint-15/rng_state_1.pth", 15),
+    ("ckpt2/step-0010.pt", 10), ("ckpt/step-0012.pt.tmp", 12),
+    ("ckpt/last.ckpt", None), ("ckpt/model_rank1.pt", None), ("ckpt/.tmp-mli_i8pq", None),
+    ("mp_rank_00/model_optim_rng.pt", None)])
+def test_a_checkpoint_files_step_is_never_a_rank_a_shard_or_random_letters(path, step):
+    assert step_of(Path(path)) == step
 
 
 def test_dcp_shards_tell_the_ranks_of_the_job():

@@ -117,3 +117,25 @@ def test_a_workers_own_file_that_heard_the_launchers_sigterm_is_no_preemption(tm
     gathered = gather([tmp_path / "logs"])
     found = attribute(gathered.observations, gathered.sources).finding
     assert (found.kind, found.rank) == ("kill", 0), found.rules
+
+
+def test_a_dcp_save_folder_names_the_step_of_its_shards(tmp_path):
+    """dcp/03: rank 0 killed inside DCP's async save of step 10, its peer already in
+    the next step's backward. The restart resumed from step 5 though the log reached
+    step 10: the save of step 10 never finished. That takes the checkpoints' interval,
+    which only the folders tell (`step-000010/__0_0.distcp`); the shards' own numbers
+    (rank 0, shard 0) had been read as step 0, and the phase was placed by rule."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "launch-0-node-0.log").write_text(
+        "step 10 loss 4.1882\n"
+        "[rank1]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+        "pair.cc:537] Read error [127.0.0.1]:1706: Connection reset by peer.\n"
+        + LAUNCHER_STOPS_RANK_1 + RANK_0_KILLED +
+        "resumed from ckpt/step-000005 at step 5\nstep 10 loss 4.1882\nstep 20 loss 3.9443\n")
+    shards = HARNESS / "dcp_oom_under_record" / "ckpt" / "step-000020"
+    for step in (10, 15, 20):
+        shutil.copytree(shards, tmp_path / "ckpt" / f"step-{step:06d}")
+    gathered = gather([tmp_path / "logs", tmp_path / "ckpt"])
+    found = attribute(gathered.observations, gathered.sources).finding
+    assert (found.kind, found.rank, found.phase) == ("kill", 0, "mid_save"), found.rules
+    assert any("save of step 10 never finished" in r for r in found.rules), found.rules

@@ -27,6 +27,10 @@ from torchchaos.incident.observations import Observation, Source
 WEIGHTS = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".distcp", ".tar")
 TEMP = re.compile(r"(\.tmp\b|^tmp|\.partial$|\.incomplete$|\.inprogress$|~$)")
 STEP_IN_NAME = re.compile(r"(\d+)(?!.*\d)")
+NAMED_STEP = re.compile(r"(?:step|iter|iteration)[-_=]?(\d+)", re.I)  # step-0010, step=10
+# a folder per checkpoint, named by its step: step-000010, step_20, checkpoint-10, iter_100
+STEP_FOLDER = re.compile(r"(?:step|checkpoint|ckpt|iter|iteration)[-_=]?(\d+)$", re.I)
+RANDOM_TEMP = re.compile(r"^\.?tmp[-_]?[a-z0-9_]{6,8}$")  # tempfile.mkstemp's names
 DCP_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$")  # FileSystemWriter: __{rank}_{n}.distcp
 RANK_IN_NAME = re.compile(r"(?:^|[._-])((?:[a-z]{2}_)?)rank[_-]?(\d+)(?=[._-]|$)")
 PARALLEL_INDEX = ("mp_", "pp_", "tp_", "dp_", "ep_", "cp_")  # an index inside one group
@@ -52,22 +56,39 @@ def read_folder(folder: Path, shown: str) -> list[Observation]:
     files = sorted(p for p in folder.iterdir() if p.is_file() and looks_like_checkpoint(p))
     for path in files:
         name = f"{shown}/{path.name}"
-        step = STEP_IN_NAME.search(path.stem)
         if TEMP.search(path.name):
             found.append(Observation("checkpoint", Source(name), detail="a temporary file left:"
-                                     " a save that never finished",
-                                     step=int(step.group(1)) if step else None,
+                                     " a save that never finished", step=step_of(path),
                                      extra={"temp": True, "loads": None}))
             continue
         problem = _problem(path)
-        found.append(Observation("checkpoint", Source(name), step=int(step.group(1)) if step
-                                 else None, detail=problem or "loads", rank=rank_of(path.name),
+        found.append(Observation("checkpoint", Source(name), step=step_of(path),
+                                 detail=problem or "loads", rank=rank_of(path.name),
                                  extra={"temp": False, "loads": problem is None}))
     if any(p.suffix == ".distcp" for p in files) and not (folder / ".metadata").exists():
         found.append(Observation("checkpoint", Source(shown), detail="DCP shards without"
                                  " .metadata: a save that never committed",
                                  extra={"temp": True, "loads": False}))
     return found
+
+
+def step_of(path: Path) -> int | None:
+    """The step a checkpoint file is of: the one its name calls a step (`step-0010.pt`,
+    `epoch=1-step=10.ckpt`); else its folder's, where the folder is one step's
+    (`step-000010/__1_0.distcp`, `step_20/rank_1.pt`, `checkpoint-10/rng_state_1.pth`);
+    else the last number of its name that is no rank's or shard's (`ckpt_100.pt`);
+    None where none names one."""
+    stem = path.stem
+    if named := NAMED_STEP.search(stem):
+        return int(named.group(1))
+    if folder := STEP_FOLDER.search(path.parent.name):
+        return int(folder.group(1))  # every file of a step's folder is of that step
+    if DCP_SHARD.match(path.name) or path.name == ".metadata" or RANDOM_TEMP.match(path.name):
+        return None  # its numbers are a rank's, a shard's or tempfile's random letters
+    if (m := RANK_IN_NAME.search(stem.lower())) and m.group(1) not in PARALLEL_INDEX:
+        stem = stem[:m.start()] + stem[m.end():]
+    number = STEP_IN_NAME.search(stem)
+    return int(number.group(1)) if number else None
 
 
 def rank_of(name: str) -> int | None:
