@@ -139,10 +139,12 @@ def test_an_independent_script_recovers_from_each(chaos_run, fault):
 def test_an_abort_lands_in_training_however_fast_the_steps(chaos_run):
     """plain_ddp.py's steps take about 1 ms on a fast machine: an abort timed 50 ms from
     its trigger landed after the last step, in the teardown, and the run passed with no
-    restart, having tested nothing (2026-11-28). It lands in the next step's backward."""
+    restart, having tested nothing (2026-11-28). It lands in the next step's backward,
+    or, on a loaded machine where its thread runs late, a step or two on (19 once in a
+    suite run beside other work); never past training's 30 steps."""
     report = chaos_run(PLAIN, faults=["abort:rank=1,step=17"], expect="pass")
     [abort] = History.of_run(Path(report.run_dir)).of("abort")
-    assert abort["step"] == 18, abort
+    assert 18 <= abort["step"] < 30, abort
     assert report.restarts >= 1, report.table()
     assert report.checks["deterministic_resume"]["ok"] is True, report.table()
 
