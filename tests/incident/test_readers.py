@@ -230,7 +230,8 @@ def test_a_checkpoint_file_names_the_global_rank_that_wrote_it_or_none(name, ran
     ("checkpoints/step_20/rank_1.pt", 20), ("out/checkpoint-15/rng_state_1.pth", 15),
     ("ckpt2/step-0010.pt", 10), ("ckpt/step-0012.pt.tmp", 12),
     ("ckpt/last.ckpt", None), ("ckpt/model_rank1.pt", None), ("ckpt/.tmp-mli_i8pq", None),
-    ("mp_rank_00/model_optim_rng.pt", None)])
+    ("mp_rank_00/model_optim_rng.pt", None), ("ckpt/mp_rank_00_model_states.pt", None),
+    ("global_step100/mp_rank_00_model_states.pt", 100)])  # DeepSpeed
 def test_a_checkpoint_files_step_is_never_a_rank_a_shard_or_random_letters(path, step):
     assert step_of(Path(path)) == step
 

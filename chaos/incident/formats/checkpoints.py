@@ -12,6 +12,8 @@ A file that one rank wrote says so in its name (DCP's `__1_0.distcp`,
 `rank_1.pt`, `model_rank1.pt`): its observation carries that rank, so a job
 whose launcher named only some ranks still shows how many it had. A model- or
 pipeline-parallel index (`mp_rank_01`) is not a global rank and is not taken.
+A file's step is the one its name calls a step, else its step folder's
+(`step-000010/__1_0.distcp`), never a rank's or a shard's number.
 """
 
 from __future__ import annotations
@@ -85,9 +87,7 @@ def step_of(path: Path) -> int | None:
         return int(folder.group(1))  # every file of a step's folder is of that step
     if DCP_SHARD.match(path.name) or path.name == ".metadata" or RANDOM_TEMP.match(path.name):
         return None  # its numbers are a rank's, a shard's or tempfile's random letters
-    if (m := RANK_IN_NAME.search(stem.lower())) and m.group(1) not in PARALLEL_INDEX:
-        stem = stem[:m.start()] + stem[m.end():]
-    number = STEP_IN_NAME.search(stem)
+    number = STEP_IN_NAME.search(RANK_IN_NAME.sub("", stem.lower()))  # no rank's, mp_rank's
     return int(number.group(1)) if number else None
 
 
