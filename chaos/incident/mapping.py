@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from torchchaos.faults.hang import COLLECTIVES as HELD_IN
 from torchchaos.incident.attribute import LOADER_WAIT, Incident
 
 if TYPE_CHECKING:
@@ -114,8 +115,14 @@ def _first_failure(incident: Incident, place: Placement,
                  f" the others for the rank; {why}")]
     if f.kind == "hang":
         mode = "collective" if f.collective or f.phase_seen else "stop"
-        return [(f"hang:rank={rank},{at},mode={mode}",
-                 f"rank {rank} stops making progress; the others wait ({f.how}); {why}")]
+        held = ""
+        if same_script and f.collective in HELD_IN:  # the calls `hang op=` can hold
+            # the peers waited in that call: the rank is held in its next one, so they
+            # wait there again (a backward's all-reduce where the call is not named)
+            mode, held = "collective", f",op={f.collective}"
+        return [(f"hang:rank={rank},{at},mode={mode}{held}",
+                 f"rank {rank} stops making progress; the others wait ({f.how}"
+                 f"{', in ' + f.collective if held else ''}); {why}")]
     kind, params = _kind_and_params(incident)
     note = STAND_IN_NOTES.get(f.kind, f"rank {rank} {_what(incident)}")
     if f.phase == "mid_save" and f.peers_in_save and place.late_in_save:

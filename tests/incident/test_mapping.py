@@ -98,3 +98,18 @@ def test_a_death_seen_through_a_peer_inside_the_save_replays_late_in_the_save():
     assert spec == "kill:rank=0,phase=checkpoint_save,save=2,event=8"
     peer_at_barrier = _incident(DATA / "harness" / "silent_mid_save")  # after the save
     assert not peer_at_barrier.finding.peers_in_save
+
+
+def test_a_hang_whose_peers_waited_in_a_named_call_holds_the_rank_in_that_call():
+    """lightning/07: rank 1 stopped, rank 0 waited in Lightning's broadcast. Held in the
+    backward's all-reduce (the default), the replay's peer waited there instead, and the
+    incident's collective was not reproduced. On another script that call may never
+    come, so there the default stays."""
+    finding = Finding(kind="hang", rank=1, role="other", phase="between_saves",
+                      how="stacks taken, job killed", collective="broadcast",
+                      step_window=(None, None))
+    same, _ = faults_for(Incident(finding, {}), Placement(between=12), same_script=True)[0]
+    other, _ = faults_for(Incident(finding, {}), Placement(between=12), same_script=False)[0]
+    assert "mode=collective,op=broadcast" in same
+    assert "mode=collective" in other and "op=" not in other
+    parse_fault_spec(same)  # the harness takes it
