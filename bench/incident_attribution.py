@@ -17,8 +17,9 @@ apart that prints almost nothing; two more written apart, the AdamW trainer of
 bench/targets with per-rank files and tests/scripts/safetensors_ddp.py in a Hugging
 Face Trainer's layout; and targets/dcp_lm.py, DCP's async save of FSDP2 shards,
 its main under torchelastic's @record (error files, faulthandler). `--scripts hf` adds
-targets/hf_trainer_lm.py, the Hugging Face Trainer itself, and `--scripts lightning`
-targets/lightning_lm.py, Lightning's Trainer (both need the `frameworks` extra).
+targets/hf_trainer_lm.py, the Hugging Face Trainer itself, `--scripts lightning`
+targets/lightning_lm.py, Lightning's Trainer, and `--scripts accelerate`
+targets/accelerate_lm.py, Accelerate's recipe (all three need the `frameworks` extra).
 
 Each run's folder keeps only what a failed job leaves an engineer: the launcher's
 logs, torchelastic's error files, the stacks a hang watchdog took, and the
@@ -65,6 +66,10 @@ SCRIPTS = {
     # `last.ckpt`, and a SIGTERM that ends the fit with exit 0; opt in (`frameworks`)
     "lightning": (REPO / "targets" / "lightning_lm.py", ["--steps", "20", "--ckpt-every",
                                                           "5"]),
+    # Accelerate's recipe: save_state into step_N folders (safetensors, every rank's RNG
+    # state), load_state of the newest, skip_first_batches; opt in (`frameworks`)
+    "accelerate": (REPO / "targets" / "accelerate_lm.py", ["--steps", "20", "--ckpt-every",
+                                                            "5"]),
 }
 DEFAULT_SCRIPTS = ["bundled", "plain_ddp", "adamw", "safetensors", "dcp"]
 

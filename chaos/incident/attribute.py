@@ -131,7 +131,7 @@ class RestartFailure:
     """The restart's own failure, where the restart after the first failure failed too."""
 
     rank: int | None
-    phase: str      # load | mid_save | after_resume
+    phase: str      # load | mid_save | after_resume | unknown
     how: str        # its error, first sentence
     source: str
     # the error says the checkpoint it read is bad or missing (a file that does not
@@ -282,7 +282,10 @@ def _recovery(later: list[Observation],
     if errors:
         e = errors[0]
         loading = bool(LOAD_ERROR.search(e.detail)) or e.phase == "load"
-        phase = "load" if loading else "mid_save" if e.phase == "save" else "after_resume"
+        # past the load only where its frames say it trained on: an error no frame places
+        # is not known to have come after the resume
+        phase = "load" if loading else "mid_save" if e.phase == "save" else \
+            "after_resume" if e.phase in ("collective", "data", "step") else "unknown"
         failure = RestartFailure(e.rank, phase, _first_sentence(e.detail), str(e.source),
                                  bad_data=bool(BAD_DATA.search(e.detail)))
         where = " while loading a checkpoint" if loading else ""

@@ -133,7 +133,8 @@ def _phase_of_frame(frame: str) -> str | None:
             or "torch/serialization.py" in text and "_save" in name \
             or name == "save_file" and "safetensors" in text:
         return "save"
-    if name in ("load", "_load", "load_state_dict", "_load_state_dict", "load_file") \
+    if name in ("load", "_load", "load_state_dict", "_load_state_dict", "load_file",
+                "load_model", "load_accelerator_state", "load_checkpoint") \
             and ("serialization" in text or "checkpoint" in text or "safetensors" in text) \
             or RESUMES.search(name) or "state_dict_loader" in text \
             or name == "load_from_json" and "trainer_callback" in text:  # HF's trainer_state

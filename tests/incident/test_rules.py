@@ -139,3 +139,30 @@ def test_a_dcp_save_folder_names_the_step_of_its_shards(tmp_path):
     found = attribute(gathered.observations, gathered.sources).finding
     assert (found.kind, found.rank, found.phase) == ("kill", 0, "mid_save"), found.rules
     assert any("save of step 10 never finished" in r for r in found.rules), found.rules
+
+
+def test_a_restart_error_no_frame_places_is_not_said_to_come_after_the_resume(tmp_path):
+    """accelerate/18 (before Accelerate's load frames were known): the restart's error came
+    out of `accelerator.load_state`, and the import said it came after the resume."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "launch-0-node-0.log").write_text(
+        "step 10 loss 4.1\n" + RANK_0_KILLED.replace("local_rank: 0", "local_rank: 1") +
+        "W1128 10:52:13.300000 29670 site-packages/torch/distributed/elastic/agent/server/"
+        "api.py:725] [default] Worker group FAILED. 3/3 attempts left; will restart worker"
+        " group\n"
+        "[rank0]: Traceback (most recent call last):\n"
+        '[rank0]:   File "/job/train.py", line 83, in main\n'
+        "[rank0]:     setup(found[0])\n"
+        "[rank0]: RuntimeError: quota exceeded\n")
+    gathered = gather([tmp_path / "logs"])
+    again = attribute(gathered.observations, gathered.sources).restart_failure
+    assert again is not None and again.phase == "unknown", again
+
+
+def test_accelerates_load_state_is_a_load():
+    from torchchaos.incident.observations import phase_of_frames
+
+    frames = ["main (accelerate_lm.py:83)", "load_state (accelerate/accelerator.py:3912)",
+              "load_accelerator_state (accelerate/checkpointing.py:243)",
+              "load_model (safetensors/torch.py:228)"]
+    assert phase_of_frames(frames) == "load"
