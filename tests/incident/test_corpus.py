@@ -29,6 +29,8 @@ progress bar, no logger, so no step line): `kill_between_saves` is placed by whe
 is a preemption that Lightning's handler turned into exit 0, told by its own line only;
 `collectives_out_of_step` is an abort of rank 1's process group that Lightning's
 per-step broadcast swallowed, so the job hung with each rank in another collective.
+`accelerate_exception_at_restart_load` is the same in Accelerate's recipe: the restart's
+exception comes out of `accelerator.load_state`, a load by Accelerate's own frames.
 `two_nodes_exception_at_restart_load` is the kill-then-exception-at-load case on two
 nodes: a launcher's log per node, and the restart's error file (attempt_1) tied to
 neither. `torn_write_read_as_a_node` is a torn write that killed the whole job: a
@@ -109,7 +111,8 @@ def test_most_of_the_corpus_is_told_exactly():
     write told as a node's death; 30 of 34 with the Trainer's; 30 of 35 with a kill in
     the Trainer's save, whose phase nothing tells; 31 of 36 with an OOM kill whose rank
     only the checkpoint's shards tell; 32 of 39 with three of Lightning's, two of them
-    said unknown in part. (An earlier
+    said unknown in part; 32 of 40 with Accelerate's exception at a restart's load, whose
+    first failure's phase nothing tells. (An earlier
     corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank
     and whose launcher line, racing, named the peer's SIGTERM.)"""
     missed = []
