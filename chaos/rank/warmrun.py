@@ -63,9 +63,10 @@ _poll = torchrun_processes.MultiprocessContext._poll
 def _poll_counting_quiet_exits(self: torchrun_processes.MultiprocessContext) -> object:
     """torchrun's poll of its forked workers, where a worker that left by os._exit(0)
     has ended well, as an exec'd one would have. torchrun's fork mode counts a worker
-    done only once its wrapper sent the function's return value, which a script that
-    ends with os._exit (the bundled target does, to skip a teardown that can hang) never
-    lets it send: the launcher would wait for it forever."""
+    done only once its wrapper sent the function's return value, which neither `_rank`
+    (it leaves as soon as the script returns) nor a script that ends with os._exit (the
+    bundled target does, to skip a teardown that can hang) lets it send: the launcher
+    would wait for it forever."""
     if self._pc is not None:
         _signalled_first(self._pc)
         for local_rank, process in enumerate(self._pc.processes):
