@@ -49,6 +49,7 @@ from torchchaos.incident import frameworks, script_source
 from torchchaos.incident.observations import (
     Observation,
     Source,
+    function_of,
     phase_of_frames,
     telling_frame,
     worker_of,
@@ -553,7 +554,7 @@ def _hang(obs, stopped, ranks, f: Finding) -> bool:
 def _waits_in(stack: Observation) -> str:
     """The collective a stack waits in: its name, or the innermost frame (a backward's
     all-reduce runs under autograd, with no collective's name on the stack)."""
-    return stack.collective or (stack.frames[-1].split(" (")[0] if stack.frames else "")
+    return stack.collective or (function_of(stack.frames[-1]) if stack.frames else "")
 
 
 def _out_of_step(inside: list[Observation], f: Finding) -> None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torchchaos.incident.observations import function_of, path_of
+
 
 @dataclass(frozen=True)
 class Loop:
@@ -29,7 +31,7 @@ class Loop:
         return any(_is(frame, *self.step) for frame in frames)
 
     def in_save(self, frames: tuple[str, ...] | list[str]) -> bool:
-        return any(_path(frame).endswith(self.saving) for frame in frames)
+        return any(path_of(frame).endswith(self.saving) for frame in frames)
 
 
 LOOPS = (
@@ -45,11 +47,5 @@ def loop_of(frames: tuple[str, ...] | list[str]) -> Loop | None:
     return next((loop for loop in LOOPS if loop.holds(frames)), None)
 
 
-def _path(frame: str) -> str:
-    """A frame as readers write it, "func (path:line)": its path."""
-    inside = frame.rpartition(" (")[2].rstrip(")")
-    return inside.rpartition(":")[0]
-
-
 def _is(frame: str, function: str, path_end: str) -> bool:
-    return frame.split(" (", 1)[0] == function and _path(frame).endswith(path_end)
+    return function_of(frame) == function and path_of(frame).endswith(path_end)

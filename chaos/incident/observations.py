@@ -109,6 +109,16 @@ def signal_of_exitcode(code: int | None) -> str | None:
 RESUMES = re.compile(r"resume|restore|^_?load_(from_)?(checkpoint|ckpt)")
 
 
+def function_of(frame: str) -> str:
+    """A frame as the readers write it, "func (path:line)": its function."""
+    return frame.split(" (", 1)[0].strip()
+
+
+def path_of(frame: str) -> str:
+    """A frame as the readers write it, "func (path:line)": its path."""
+    return frame.rpartition(" (")[2].rstrip(")").rpartition(":")[0]
+
+
 def phase_of_frames(frames: tuple[str, ...] | list[str]) -> str | None:
     """The phase the innermost telling frame puts a rank in, by the function names torch
     and common code use: a save, a load, a collective, the data loader."""
@@ -126,7 +136,7 @@ def telling_frame(frames: tuple[str, ...] | list[str]) -> tuple[str, str] | None
 
 
 def _phase_of_frame(frame: str) -> str | None:
-    name = frame.split(" (", 1)[0].strip().lower()
+    name = function_of(frame).lower()
     text = frame.lower()
     if name in ("save", "_save", "save_state_dict", "_save_state_dict", "async_save") \
             or "checkpoint/state_dict_saver" in text or name.startswith("save_checkpoint") \
@@ -161,7 +171,7 @@ def _phase_of_frame(frame: str) -> str | None:
 
 def collective_of_frames(frames: tuple[str, ...] | list[str]) -> str | None:
     for frame in reversed(list(frames)):
-        name = frame.split(" (", 1)[0].strip()
+        name = function_of(frame)
         if name in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier",
                     "all_to_all", "all_gather_into_tensor", "reduce_scatter_tensor", "send",
                     "recv", "monitored_barrier"):

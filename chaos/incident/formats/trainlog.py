@@ -5,10 +5,10 @@ name a step (`step 12`, `iter 12:`, `global_step=12`), a checkpoint written
 (`saved checkpoint ...`, `saving checkpoint to ...`), a resume (`resumed from
 ckpt/step-10.pt at step 10`, `Resuming training from ...`) or a SIGTERM the script's
 handler says it got (`got signal 15, exiting`, Lightning's `Received SIGTERM: 15`)
-count. A line tagged
-by torch or torchrun ([rank1]:, [default1]:) belongs to that rank, and so does one
-the script starts with its rank (`rank 1 resumed from ...`, `[rank 1] step 12`); any
-other line to no rank in particular (most scripts print from rank 0 only).
+count. A line tagged by torch or torchrun ([rank1]:, [default1]:) belongs to that
+rank, and so does one the script starts with its rank (`rank 1 resumed from ...`,
+`[rank 1] step 12`); any other line to no rank in particular (most scripts print
+from rank 0 only).
 """
 
 from __future__ import annotations
