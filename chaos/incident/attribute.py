@@ -28,8 +28,9 @@ order they are tried for the first failure (the first that applies wins):
    send, or a scheduler says the job was preempted.
 7. **kill**: a rank ended by SIGKILL that the launcher did not send.
 8. **node**: a scheduler says the node failed, or a launcher's log ends with no
-   failure and no success while a later launch resumed: the node (its launcher
-   and every rank on it) went down.
+   failure and no success while a later launch resumed, failed reading the
+   checkpoint, or printed every kind of line it did and went on past it: the node
+   (its launcher and every rank on it) went down.
 9. **torn_write** / **power_loss**: only the checkpoint folder shows it: a file
    that does not load.
 
@@ -676,7 +677,9 @@ def _node(obs, stopped, ranks, f: Finding) -> bool:
     ended, after = vanished
     f.kind, f.how, f.node = "node", "the launcher and its ranks vanished", None
     f.alternatives = ["power_loss"]
-    then = "resumed" if after.what == "resume" else "failed reading the checkpoint"
+    then = "resumed" if after.what == "resume" else \
+        f"printed every kind of line {ended} did and went on past it" \
+        if after.what == "log_file" else "failed reading the checkpoint"
     f.rules.append(f"node: {ended} ends with no failure and no success, and {after.source}"
                    f" {then}: the node went down")
     f.sources.append(f"{ended}:end")
@@ -687,10 +690,11 @@ def _node(obs, stopped, ranks, f: Finding) -> bool:
 
 def _vanished_launch(obs: list[Observation]) -> tuple[str, Observation] | None:
     """(a launch's log that ends with no failure and no success, what shows a later launch
-    took over: a resume, or a failure reading the checkpoint: in a load, or an error that
-    says the data read was bad), or None. Only a relaunch's log counts (`_relaunch_of`:
-    slurm-41.out, slurm-42.out): another log in the folder (a build's, a tool's) is no
-    launch of the job."""
+    took over: a resume, a failure reading the checkpoint (in a load, or an error that
+    says the data read was bad), or a log that went on past where the first one
+    stopped), or None. Only a relaunch's log counts (`_relaunch_of`: slurm-41.out,
+    slurm-42.out): another log in the folder (a build's, a tool's) is no launch of the
+    job."""
     logs = sorted({o.source.file for o in obs if o.what == "log_file"})
     took_over = [o for o in obs if o.what == "resume" or o.what == "error"
                  and (o.phase == "load" or BAD_DATA.search(o.detail))
@@ -699,10 +703,25 @@ def _vanished_launch(obs: list[Observation]) -> tuple[str, Observation] | None:
         if any(o.source.file == name and o.what in ("exit", "error", "restart", "resume")
                for o in obs):
             continue
-        after = [o for o in took_over if _relaunch_of(name, o.source.file)]
+        after = [o for o in took_over if _relaunch_of(name, o.source.file)] + \
+            [o for o in obs if o.what == "log_file" and _relaunch_of(name, o.source.file)
+             and _went_on_past(name, o, obs)]
         if after:
             return name, after[0]
     return None
+
+
+def _went_on_past(ended: str, later: Observation, obs: list[Observation]) -> bool:
+    """Whether the later launch's log printed every kind of line the log `ended` did, and
+    more: it got past where that launch stopped. A run that finished, launched again
+    from scratch, prints the same kinds of lines twice; a log that printed nothing at
+    all stopped before anything."""
+    first = next((o for o in obs if o.what == "log_file" and o.source.file == ended), None)
+    if first is None:
+        return False
+    mine = first.extra.get("shapes", frozenset())
+    theirs = later.extra.get("shapes", frozenset())
+    return bool(theirs) and mine < theirs
 
 
 # a save the log says is done (not one begun: "saving checkpoint to ...")
@@ -767,6 +786,8 @@ def _place(obs: list[Observation], incident: Incident, later: list[Observation],
         last = max(before) if before else None
     next_steps = [s for s in steps if last is not None and s > last]
     f.step_window = (last, next_steps[0] if next_steps else None)
+    if f.kind == "unknown" and len({o.source.file for o in obs if o.what == "step"}) > 1:
+        f.step_window = (None, None)  # no failure told: which launch's steps it followed
     if f.phase == "unknown":
         _phase(obs, incident, story, failed_at, later, sources)
     if f.kind == "node" or f.node is not None and f.rank is None:
@@ -848,6 +869,10 @@ def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later,
         f.phase, f.phase_seen = "between_saves", story is not None and story.phase is not None
         f.rules.append("phase between_saves: in a collective of a training step"
                        if f.phase_seen else "phase between_saves: a hang in a training step")
+        return
+    if f.kind == "unknown":
+        incident.unknowns.append("no failure is told, so none is placed: the artefacts show"
+                                 " no death, error, timeout or vanished launch")
         return
     if f.step_window[0] is None:
         f.phase = "unknown"

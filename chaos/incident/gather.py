@@ -14,7 +14,7 @@ from pathlib import Path
 
 from torchchaos.errors import UsageError
 from torchchaos.incident import script_source
-from torchchaos.incident.formats import checkpoints
+from torchchaos.incident.formats import checkpoints, text
 from torchchaos.incident.observations import Observation, Source, worker_of
 from torchchaos.incident.readers import BadArtefact, Reader, all_readers
 
@@ -113,7 +113,8 @@ def _read_file(path: Path, shown: str, readers: list[Reader], found: Gathered,
         found.passed_over.append(shown)
         if _launch_log(path, shown, LAUNCH_SUFFIXES):  # a launch whose lines no reader takes
             found.observations.append(Observation("log_file", Source(shown),
-                                                  detail="nothing read"))
+                                                  detail="nothing read",
+                                                  extra={"shapes": text.line_shapes(data)}))
         return []
     observations = []
     for reader in claimed:
@@ -125,7 +126,8 @@ def _read_file(path: Path, shown: str, readers: list[Reader], found: Gathered,
             return [f"{shown}: not a well-formed {reader.name} artefact"
                     f" ({type(exc).__name__}: {exc})"[:300]]
     if path.suffix in LOG_SUFFIXES and not any(r.structured for r in claimed):
-        observations.append(Observation("log_file", Source(shown), detail="log"))
+        observations.append(Observation("log_file", Source(shown), detail="log",
+                                        extra={"shapes": text.line_shapes(data)}))
     found.observations += observations
     found.read[shown] = [r.name for r in claimed]
     return []

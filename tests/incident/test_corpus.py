@@ -42,7 +42,10 @@ and whose relaunch failed reading the torn `trainer_state.json`;
 says "Can't find a valid checkpoint": bad data, not a fault of its own. `torchrun_log_dir` is a
 real job outside the harness, under torchrun's --log-dir: its folder per worker
 (attempt_N/R/stdout.log, stderr.log, error.json) holds lines with no rank tag, which
-belong to the folder's rank and attempt."""
+belong to the folder's rank and attempt. `hf_trainer_node_down_relaunch_went_on` (a node
+killed under the Trainer) and `power_loss_after_an_empty_launch` (plain_ddp's first
+launch printed nothing) are launches that vanished before a relaunch that says no
+resume line: the relaunch printed every kind of line the first did, and went on."""
 
 from __future__ import annotations
 
@@ -112,7 +115,8 @@ def test_most_of_the_corpus_is_told_exactly():
     the Trainer's save, whose phase nothing tells; 31 of 36 with an OOM kill whose rank
     only the checkpoint's shards tell; 32 of 39 with three of Lightning's, two of them
     said unknown in part; 32 of 40 with Accelerate's exception at a restart's load, whose
-    first failure's phase nothing tells. (An earlier
+    first failure's phase nothing tells; 32 of 42 with two launches that vanished before
+a relaunch with no resume line, whose phase nothing tells. (An earlier
     corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank
     and whose launcher line, racing, named the peer's SIGTERM.)"""
     missed = []

@@ -41,6 +41,31 @@ def test_a_save_begun_is_not_a_save_done(tmp_path):
     assert found.kind == "node", found.rules
 
 
+def test_a_launch_that_stopped_short_of_its_relaunch_is_a_node_loss(tmp_path):
+    """No resume line: the relaunch started over (a script that resumes silently, or one
+    whose checkpoints were lost), and printed what the first did and went on past it."""
+    found = _import(tmp_path, "hidden=260\nstep 5 loss 2.2451 saved\n",
+                    "hidden=260\nstep 5 loss 2.2451 saved\nstep 10 loss 2.2366 saved\n"
+                    "done at step 10, param sum 4.68e+01\n")
+    assert found.kind == "node" and "power_loss" in found.alternatives, found.rules
+    assert found.step_window == (5, 10), found.step_window
+    assert any("went on past it" in r for r in found.rules), found.rules
+
+
+def test_a_launch_that_printed_nothing_before_its_relaunch_is_a_node_loss(tmp_path):
+    found = _import(tmp_path, "", "done step 30 loss 0.519\n")
+    assert (found.kind, found.phase, found.step_window) == ("node", "unknown", (None, None))
+
+
+def test_a_finished_run_launched_again_is_no_failure(tmp_path):
+    """The same kinds of lines twice (a run that finished, started again from scratch):
+    no launch vanished, no failure is told, and none is placed at a step or phase."""
+    run = "step {} loss 4.{}\nsaved checkpoint ckpt/step-{}.pt\ndone at step 10\n"
+    found = _import(tmp_path, run.format(10, 1, 10), run.format(10, 2, 10))
+    assert (found.kind, found.phase, found.step_window) == ("unknown", "unknown",
+                                                             (None, None)), found.rules
+
+
 def _case(tmp_path, name: str, shards: bool):
     """A corpus case copied without its expected.json, with or without the DCP shards of
     a job of two ranks (the newest save of `dcp_oom_under_record`, the same script)."""

@@ -27,6 +27,22 @@ def is_text(data: bytes) -> bool:
     return b"\x00" not in data[:8192]
 
 
+# what differs between two prints of one line: numbers (steps, times, pids, rates) and
+# addresses
+NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
+
+
+def line_shapes(data: bytes) -> frozenset[str]:
+    """The kinds of lines a log printed: each line with its numbers blanked (a progress
+    bar's last frame only), so that two launches of one job can be compared."""
+    shapes = set()
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        shape = " ".join(NUMBERS.sub("#", line.rpartition("\r")[2]).split())
+        if shape:
+            shapes.add(shape)
+    return frozenset(shapes)
+
+
 def text_of(data: bytes) -> str | None:
     """A file's text for a reader's sniff, or None for a binary file: one rule for all."""
     return data.decode("utf-8", errors="replace") if is_text(data) else None
