@@ -19,7 +19,9 @@ Face Trainer's layout; and targets/dcp_lm.py, DCP's async save of FSDP2 shards,
 its main under torchelastic's @record (error files, faulthandler). `--scripts hf` adds
 targets/hf_trainer_lm.py, the Hugging Face Trainer itself, `--scripts lightning`
 targets/lightning_lm.py, Lightning's Trainer, and `--scripts accelerate`
-targets/accelerate_lm.py, Accelerate's recipe (all three need the `frameworks` extra).
+targets/accelerate_lm.py, Accelerate's recipe (all three need the `frameworks` extra),
+and `--scripts logging` tests/scripts/logging_trainer.py, a held-out script that logs
+through Python's `logging`.
 
 Each run's folder keeps only what a failed job leaves an engineer: the launcher's
 logs, torchelastic's error files, the stacks a hang watchdog took, and the
@@ -70,6 +72,11 @@ SCRIPTS = {
     # state), load_state of the newest, skip_first_batches; opt in (`frameworks`)
     "accelerate": (REPO / "targets" / "accelerate_lm.py", ["--steps", "20", "--ckpt-every",
                                                             "5"]),
+    # written apart by a helper that never read the readers: Python's logging with
+    # timestamps and `rank=N`, `global_step=12`, "restored state from ...", "checkpoint
+    # ... committed", global_step_N/ folders with a COMPLETE marker; opt in, a held-out one
+    "logging": (REPO / "tests" / "scripts" / "logging_trainer.py", ["--steps", "20",
+                                                                     "--ckpt-every", "5"]),
 }
 DEFAULT_SCRIPTS = ["bundled", "plain_ddp", "adamw", "safetensors", "dcp"]
 
@@ -221,7 +228,9 @@ def score(corpus: Path) -> int:
         if then is not None:  # the restart's own failure must be told too, rank and phase
             then_ok = again is not None and (again.rank, again.phase) == (
                 then["rank"], then["phase"])
-            then_wrong = again is not None and not then_ok and again.rank is not None
+            # told wrong: a rank, or a phase it did not say it could not tell
+            then_wrong = again is not None and again.rank is not None and (
+                again.rank != then["rank"] or again.phase not in ("unknown", then["phase"]))
             ok = ok and then_ok
         exact += ok
         parts["kind"] += f.kind == want["kind"]

@@ -725,7 +725,7 @@ def _went_on_past(ended: str, later: Observation, obs: list[Observation]) -> boo
 
 
 # a save the log says is done (not one begun: "saving checkpoint to ...")
-SAVE_DONE = re.compile(r"\b(saved|wrote|written)\b", re.I)
+SAVE_DONE = re.compile(r"\b(saved|wrote|written|committed)\b", re.I)
 
 
 def _lost_save(obs: list[Observation], ended: str, resume: Observation, f: Finding) -> None:

@@ -135,9 +135,18 @@ def telling_frame(frames: tuple[str, ...] | list[str]) -> tuple[str, str] | None
     return None
 
 
+# torchchaos's own wrappers of torch.save and torch.load, safetensors' save_file and
+# load_file: a fault injected at a save or a load raises from inside them, before the
+# real call's frames
+WATCHED_IO = {"save": "save", "whole": "save", "save_file": "save", "load": "load",
+              "load_file": "load"}
+
+
 def _phase_of_frame(frame: str) -> str | None:
     name = function_of(frame).lower()
     text = frame.lower()
+    if path_of(frame).endswith("iowatch.py") and name in WATCHED_IO:
+        return WATCHED_IO[name]
     if name in ("save", "_save", "save_state_dict", "_save_state_dict", "async_save") \
             or "checkpoint/state_dict_saver" in text or name.startswith("save_checkpoint") \
             or "torch/serialization.py" in text and "_save" in name \

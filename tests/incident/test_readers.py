@@ -149,6 +149,39 @@ def test_lightnings_restore_line_is_a_resume():
     assert [o.what for o in TrainingLog().read(line, "launch.log")] == ["resume"]
 
 
+@pytest.mark.parametrize(("line", "what", "step"), [
+    ("2026-11-28 13:47:03,011 | INFO | rank=0 | restored state from runs/ckpt/global_step_10,"
+     " continuing at global_step=10", "resume", 10),
+    ("  Continuing training from checkpoint, will skip to saved global_step", "resume", None),
+    ("successfully loaded checkpoint from /ckpt at iteration 400", "resume", 400),
+    ("resumed from ckpt/step-000010.pt at step 10", "resume", 10),
+    ("2026-11-28 13:50:11,573 | INFO | rank=0 | checkpoint global_step=10 committed in 0.005s",
+     "save", 10),
+    ("saving checkpoint to ckpt/step-10.pt", "save", 10),
+    ("global_step=12 loss=3.3760 lr=1.0e-03 dt=9.5ms", "step", 12),
+    ("loading checkpoint from /ckpt/step-10", None, None),   # begun: not yet resumed
+    ("Continuing without a checkpoint", None, None)])
+def test_resume_and_save_lines_in_other_teams_words(line, what, step):
+    found = [(o.what, o.step) for o in TrainingLog().read(line.encode() + b"\n", "launch.log")]
+    if what:
+        assert found == [(what, step)], found
+    else:
+        assert not [w for w, _ in found if w in ("resume", "save")], found
+
+
+def test_torchchaos_own_wrappers_of_torch_load_and_save_tell_the_phase():
+    """A fault injected at a load raises inside the agent's wrapper, before torch's own
+    frames: the wrapper is the load (a script that loads inline, in `main`)."""
+    from torchchaos.incident.observations import phase_of_frames
+
+    frames = ["main (logging_trainer.py:152)", "load (iowatch.py:345)", "emit (iowatch.py:158)",
+              "fire (exception.py:126)"]
+    assert phase_of_frames(frames) == "load"
+    assert phase_of_frames(["main (train.py:9)", "whole (torchchaos/rank/iowatch.py:330)"]) \
+        == "save"
+    assert phase_of_frames(["main (train.py:9)", "load (mylib/io.py:3)"]) is None
+
+
 def test_a_line_the_script_starts_with_its_rank_is_that_ranks_even_glued_to_another():
     """Two ranks printing at once: each print is two writes (text, then newline), so the
     second rank's text lands on the first's line, as in tests/data/incidents/harness/

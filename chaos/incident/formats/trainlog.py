@@ -2,8 +2,9 @@
 
 Read loosely, since every script words them its own way; only lines that
 name a step (`step 12`, `iter 12:`, `global_step=12`), a checkpoint written
-(`saved checkpoint ...`, `saving checkpoint to ...`), a resume (`resumed from
-ckpt/step-10.pt at step 10`, `Resuming training from ...`) or a SIGTERM the script's
+(`saved checkpoint ...`, `saving checkpoint to ...`, `checkpoint ... committed`), a
+resume (`resumed from ckpt/step-10.pt at step 10`, `Resuming training from ...`,
+`restored state from ...`, `continuing at global_step=20`) or a SIGTERM the script's
 handler says it got (`got signal 15, exiting`, Lightning's `Received SIGTERM: 15`)
 count. A line tagged by torch or torchrun ([rank1]:, [default1]:) belongs to that
 rank, and so does one the script starts with its rank (`rank 1 resumed from ...`,
@@ -20,10 +21,14 @@ from torchchaos.incident.observations import Observation, Source, worker_of
 from torchchaos.incident.readers import Reader
 
 STEP = re.compile(r"\b(?:step|iter(?:ation)?|global_step)(?:\b\s*[:=#]?\s*|[-_])(\d+)", re.I)
+# "resumed from ...", Lightning's "Restoring states from the checkpoint ...", "restored
+# state from runs/ckpt/global_step_20", "continuing at global_step=20", the Trainer's
+# "Continuing training from checkpoint", Megatron's "successfully loaded checkpoint"
 RESUME = re.compile(r"\bresum(?:ed|ing)\b.*\b(?:from|at)\b"
-                    r"|\brestor(?:ed|ing) (?:states? )?from\b.*\bcheckpoint", re.I)  # Lightning
+                    r"|\brestor(?:ed|ing)\b.*\bfrom\b|\bcontinu(?:ed|ing) (?:training )?"
+                    r"(?:from|at)\b|\bloaded (?:the )?checkpoint\b", re.I)
 SAVE = re.compile(r"\b(?:sav(?:ed|ing)|wrote|writing)\b.*\bcheckpoint|\bcheckpoint\b.*"
-                  r"\b(?:saved|written)\b", re.I)
+                  r"\b(?:saved|written|committed)\b", re.I)
 # a handler's word that the rank got a SIGTERM: Lightning's "Received SIGTERM: 15", a
 # script's own "got signal 15, exiting"
 SIGTERM_SAID = re.compile(r"\b(?:received|got|caught)\s+(?:signal\s*:?\s*(?:SIGTERM|15)\b"
