@@ -28,6 +28,9 @@ SKIP_DIRS = {"__pycache__", ".git", "history", "fired", "beats", "weights", "sna
 # and in a run's `_chaos/`: the faults the harness planned (its steps are the injected
 # faults', not the job's) and its record of what it stopped
 HARNESS_OWN = {"schedule.json", "stopped"}
+# Pages and plots (torchchaos's report, postmortem and timeline among them): they quote
+# the lines they were drawn from, which the logs beside them hold
+PAGES = (".html", ".htm", ".svg")
 
 
 @dataclass
@@ -53,6 +56,9 @@ def gather(paths: list[Path], script: Path | None = None) -> Gathered:
         elif path.is_dir():
             for file, shown in _walk(path, found):
                 problems += _read_file(file, shown, readers, found, named=False)
+        elif path.name.lower().endswith(PAGES):
+            problems.append(f"{path}: a page or a plot, not an artefact of the job (name the"
+                            " logs it was drawn from)")
         else:
             problems += _read_file(path, path.name, readers, found, named=True)
     if problems:
@@ -75,7 +81,7 @@ def _walk(root: Path, found: Gathered) -> list[tuple[Path, str]]:
         own = HARNESS_OWN if here.name == "_chaos" else set()
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS | own
                          and not d.startswith(("torchinductor", "triton")))
-        names = [n for n in names if n not in own]
+        names = [n for n in names if n not in own and not n.lower().endswith(PAGES)]
         shown = str(here.relative_to(root.parent))
         if checkpoints.is_checkpoint_folder(here):
             found.observations += checkpoints.read_folder(here, shown)

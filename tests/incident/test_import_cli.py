@@ -52,6 +52,8 @@ def test_import_writes_an_incident_file_replay_and_pytest_read(tmp_path, capsys)
     ("pod.json", b'{"kind": "Pod", "status": {"containerStatuses": 3}}',
      "status.containerStatuses is not a list"),
     ("sacct.txt", b"JobID|JobName|State|ExitCode\n42|train|NODE_FAIL\n", "cut off?"),
+    ("report.html", b"<pre>RuntimeError: Connection closed by peer</pre>\n",
+     "a page or a plot, not an artefact of the job"),
     ("fr_rank0", b"\x80\x04\x95" + b"entries pg_config" + b"\x00" * 20,
      "a flight-recorder pickle that does not load"),
 ])
@@ -184,6 +186,21 @@ def test_a_run_folder_is_read_as_the_job_left_it_not_as_the_harness_planned_it(t
     (chaos / "stacks").mkdir()
     (chaos / "stacks" / "rank-0.pid-30839.txt").touch()
     assert gather([tmp_path / "chaos"]).observations == alone
+
+
+def test_the_pages_and_plots_beside_a_runs_logs_are_not_read_again(tmp_path):
+    """A replay's folder holds its report and timeline, which quote the lines of the logs
+    they were drawn from: the collectives reader took a quoted 'Connection closed by
+    peer' in report.html for a second peer's loss."""
+    case = Path(__file__).resolve().parents[1] / "data" / "incidents" / "harness" / \
+        "quiet_peer"
+    shutil.copytree(case, tmp_path / "run", ignore=shutil.ignore_patterns("expected.json"))
+    alone = gather([tmp_path / "run"]).observations
+    quoted = "".join(f"<text>{line}</text>\n" for line in (case / "launch-0-node-0.log")
+                     .read_text().splitlines())
+    (tmp_path / "run" / "report.html").write_text(f"<html><body>{quoted}</body></html>\n")
+    (tmp_path / "run" / "timeline.svg").write_text(f"<svg>{quoted}</svg>\n")
+    assert gather([tmp_path / "run"]).observations == alone
 
 
 def test_a_log_no_reader_takes_is_a_launch_only_of_a_job_named_as_it_is(tmp_path):

@@ -45,10 +45,13 @@ def test_the_launchers_stop_in_either_of_its_modes():
     lines = (b"W1128 11:08:04.721000 3436 site-packages/torch/distributed/elastic/"
              b"multiprocessing/api.py:937] Closing process 3447 via signal SIGTERM\n"
              b"W1128 10:52:12.721000 29670 site-packages/torch/distributed/elastic/"
-             b"multiprocessing/api.py:1028] Sending process 29674 closing signal SIGTERM\n")
+             b"multiprocessing/api.py:1028] Sending process 29674 closing signal SIGTERM\n"
+             b"W1128 13:59:16.129000 16673 site-packages/torch/multiprocessing/spawn.py:165]"
+             b" Terminating process 16676 via signal SIGTERM\n")
     found = TorchrunLog().read(lines, "launch.log")
     assert [(o.pid, o.signal, o.reason) for o in found] == [
-        (3447, "SIGTERM", "stopped by the launcher"), (29674, "SIGTERM", "stopped by the launcher")]
+        (3447, "SIGTERM", "stopped by the launcher"), (29674, "SIGTERM", "stopped by the launcher"),
+        (16676, "SIGTERM", "stopped by the launcher")]
 
 
 def test_rank_tagged_tracebacks_keep_their_rank_and_last_line():

@@ -6,7 +6,10 @@ The lines read, as torch.distributed.elastic writes them:
       of binary: ...
     W1126 20:27:13.171000 3193 .../api.py:1028] Sending process 3196 closing signal SIGTERM
     W1128 11:08:04.721000 3436 .../api.py:937] Closing process 3447 via signal SIGTERM
-      (its multiprocessing mode: a function under elastic_launch)
+    W1128 13:59:16.129000 16673 .../multiprocessing/spawn.py:165] Terminating process 16676
+      via signal SIGTERM
+      (its multiprocessing mode, a function under elastic_launch: a forked worker's peer
+      is stopped by one or the other, by torch's version and whether the worker died)
     I... [default] Worker group FAILED. 3/3 attempts left; will restart worker group
     torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
     ...
@@ -40,8 +43,8 @@ from torchchaos.incident.readers import Reader
 WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 # the launcher stops a worker: its subprocess mode's line, and its multiprocessing mode's
 # (a function launched by elastic_launch, start method fork or spawn)
-CLOSING = re.compile(r"(?:Sending process (\d+) closing signal|Closing process (\d+) via signal)"
-                     r" (SIG\w+)")
+CLOSING = re.compile(r"(?:Sending process (\d+) closing signal|(?:Closing|Terminating) process"
+                     r" (\d+) via signal) (SIG\w+)")
 RESTART = re.compile(r"Worker group (\w+)\. (\d+)/(\d+) attempts left; will restart worker group")
 SUMMARY_START = re.compile(r"ChildFailedError:\s*$")
 ENTRY = re.compile(r"^\[(\d+)\]:\s*$")
