@@ -20,8 +20,9 @@ its main under torchelastic's @record (error files, faulthandler). `--scripts hf
 targets/hf_trainer_lm.py, the Hugging Face Trainer itself, `--scripts lightning`
 targets/lightning_lm.py, Lightning's Trainer, and `--scripts accelerate`
 targets/accelerate_lm.py, Accelerate's recipe (all three need the `frameworks` extra),
-and `--scripts logging` tests/scripts/logging_trainer.py, a held-out script that logs
-through Python's `logging`.
+and two held-out scripts written apart by helpers that never read the readers:
+`--scripts logging` (tests/scripts/logging_trainer.py, Python's `logging`) and
+`--scripts dcptrainer` (tests/scripts/dcp_trainer.py, FSDP2 and DCP).
 
 Each run's folder keeps only what a failed job leaves an engineer: the launcher's
 logs, torchelastic's error files, the stacks a hang watchdog took, and the
@@ -77,6 +78,10 @@ SCRIPTS = {
     # ... committed", global_step_N/ folders with a COMPLETE marker; opt in, a held-out one
     "logging": (REPO / "tests" / "scripts" / "logging_trainer.py", ["--steps", "20",
                                                                      "--ckpt-every", "5"]),
+    # the second held out, written apart the same way: FSDP2 over a CPU mesh, DCP's
+    # save and load into step-N/ folders, a `[trainer]` logger on rank 0 only; opt in
+    "dcptrainer": (REPO / "tests" / "scripts" / "dcp_trainer.py", ["--steps", "20",
+                                                                    "--ckpt-every", "5"]),
 }
 DEFAULT_SCRIPTS = ["bundled", "plain_ddp", "adamw", "safetensors", "dcp"]
 

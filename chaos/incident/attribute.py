@@ -288,7 +288,8 @@ def _recovery(later: list[Observation],
         # is not known to have come after the resume
         phase = "load" if loading else "mid_save" if e.phase == "save" else \
             "after_resume" if e.phase in ("collective", "data", "step") else "unknown"
-        failure = RestartFailure(e.rank, phase, _first_sentence(e.detail), str(e.source),
+        rank = e.rank if e.rank is not None else _rank_of_untagged(e, later, stopped)
+        failure = RestartFailure(rank, phase, _first_sentence(e.detail), str(e.source),
                                  bad_data=bool(BAD_DATA.search(e.detail)))
         where = " while loading a checkpoint" if loading else ""
         return f"failed{where}: {failure.how} ({e.source})", failure
@@ -297,6 +298,21 @@ def _recovery(later: list[Observation],
     if later:
         return "restarted; no resume line in the logs", None
     return "not seen", None
+
+
+def _rank_of_untagged(error: Observation, obs: list[Observation],
+                      stopped: set[int | None]) -> int | None:
+    """The rank of an error printed with no rank tag (a library's own logger: DCP's
+    "Global metadata is not found" and its traceback): the one rank whose error lines
+    quote its message, else the one rank the launcher saw fail; None where not one."""
+    message = error.detail.partition(": ")[2].strip()
+    quoting = {o.rank for o in obs if o.what == "error" and o.rank is not None
+               and len(message) > 12 and message in o.detail}
+    if len(quoting) == 1:
+        return quoting.pop()
+    failed = {o.rank for o in obs if o.rank is not None and _is_failure(o, stopped)
+              and o.what == "exit"}
+    return failed.pop() if len(failed) == 1 else None
 
 
 # -- who is who ---------------------------------------------------------------------------
@@ -434,7 +450,9 @@ WORKER_DIED = re.compile(r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\) (is ki
                          r" ?([^.]+)|exited unexpectedly)")
 # gloo's word for a group aborted under the rank (NCCL's "communicator was aborted" is
 # also what its watchdog leaves after a timeout: a hang's echo, left to the hang rule)
-GROUP_GONE = re.compile(r"Default process group has not been initialized")
+GROUP_GONE = re.compile(r"Default process group has not been initialized|"
+                        # the functional collectives' (DTensor, FSDP2) word for it
+                        r"Could not resolve the process group registered under the name")
 
 
 def _dataloader(obs, stopped, ranks, f: Finding) -> bool:
@@ -677,13 +695,13 @@ def _node(obs, stopped, ranks, f: Finding) -> bool:
     ended, after = vanished
     f.kind, f.how, f.node = "node", "the launcher and its ranks vanished", None
     f.alternatives = ["power_loss"]
-    then = "resumed" if after.what == "resume" else \
-        f"printed every kind of line {ended} did and went on past it" \
-        if after.what == "log_file" else "failed reading the checkpoint"
+    then = {"resume": "resumed", "no_checkpoint": "found no checkpoint to resume from",
+            "log_file": f"printed every kind of line {ended} did and went on past it"}.get(
+        after.what, "failed reading the checkpoint")
     f.rules.append(f"node: {ended} ends with no failure and no success, and {after.source}"
                    f" {then}: the node went down")
     f.sources.append(f"{ended}:end")
-    if after.what == "resume":
+    if after.what in ("resume", "no_checkpoint"):
         _lost_save(obs, ended, after, f)
     return True
 
@@ -696,7 +714,7 @@ def _vanished_launch(obs: list[Observation]) -> tuple[str, Observation] | None:
     slurm-42.out): another log in the folder (a build's, a tool's) is no launch of the
     job."""
     logs = sorted({o.source.file for o in obs if o.what == "log_file"})
-    took_over = [o for o in obs if o.what == "resume" or o.what == "error"
+    took_over = [o for o in obs if o.what in ("resume", "no_checkpoint") or o.what == "error"
                  and (o.phase == "load" or BAD_DATA.search(o.detail))
                  and not ECHO.search(o.detail)]
     for name in logs:
@@ -719,33 +737,44 @@ def _went_on_past(ended: str, later: Observation, obs: list[Observation]) -> boo
     first = next((o for o in obs if o.what == "log_file" and o.source.file == ended), None)
     if first is None:
         return False
-    mine = first.extra.get("shapes", frozenset())
-    theirs = later.extra.get("shapes", frozenset())
-    return bool(theirs) and mine < theirs
+    mine = first.extra.get("shapes", frozenset())  # an empty log has none
+    theirs = later.extra.get("shapes")
+    return mine is not None and bool(theirs) and mine < theirs  # None: too varied to tell
 
 
-# a save the log says is done (not one begun: "saving checkpoint to ...")
-SAVE_DONE = re.compile(r"\b(saved|wrote|written|committed)\b", re.I)
+# a save the log says is done (not one begun: "saving checkpoint to ..."), as "saved
+# checkpoint ...", "checkpoint ... committed", "Finished saving the checkpoint in 0.05 s"
+SAVE_DONE = re.compile(r"\b(saved|wrote|written|committed|finished|completed?)\b", re.I)
 
 
 def _lost_save(obs: list[Observation], ended: str, resume: Observation, f: Finding) -> None:
     """A node that vanished after its log said a checkpoint was saved, and a restart that
-    resumed from an older one: the finished save did not survive, as a power loss drops
-    what was never made durable (a killed process's writes stay in the page cache)."""
+    resumed from an older one or found none: the finished save did not survive, as a
+    power loss drops what was never made durable (a killed process's writes stay in the
+    page cache)."""
     done = [o for o in obs if o.what == "save" and o.source.file == ended
             and o.step is not None and SAVE_DONE.search(o.detail)]
-    if not done or resume.step is None:
+    start = 0 if resume.what == "no_checkpoint" else resume.step
+    if not done or start is None:
         return
     last = max(done, key=lambda o: o.step or 0)
-    if resume.step >= (last.step or 0):
+    if start >= (last.step or 0):
         return
+    found = f"resumed from step {start}" if resume.what == "resume" else \
+        "found no checkpoint to resume from"
     f.kind, f.how, f.alternatives = "power_loss", "a finished save lost with the node", []
-    f.phase, f.phase_seen = "between_saves", True
     _say(f, f"power_loss: {last.source} says the checkpoint of step {last.step} was saved,"
-            f" yet {resume.source} resumed from step {resume.step}: a finished save did"
-            " not survive the node (never made durable: no fsync of it or its folder)",
-         last, resume)
-    f.rules.append(f"phase between_saves: after the save of step {last.step} was done")
+            f" yet {resume.source} {found}: a finished save did not survive the node (never"
+            " made durable: no fsync of it or its folder)", last, resume)
+    begun = [o for o in obs if o.what == "save" and o.source.file == ended
+             and (o.step or 0) > (last.step or 0) and not SAVE_DONE.search(o.detail)]
+    if begun:
+        f.phase, f.phase_seen = "mid_save", True
+        f.rules.append(f"phase mid_save: {begun[-1].source} began the save of step"
+                       f" {begun[-1].step}, and the log never said it was done")
+    else:
+        f.phase, f.phase_seen = "between_saves", True
+        f.rules.append(f"phase between_saves: after the save of step {last.step} was done")
 
 
 def _relaunch_of(log: str, file: str) -> bool:

@@ -23,6 +23,7 @@ WHATS = (
     "stack",         # where a rank was when someone looked (py-spy, faulthandler)
     "step",          # the training log's step counter for a rank
     "resume",        # the job resumed from a checkpoint
+    "no_checkpoint",  # the job looked for a checkpoint to resume from and found none
     "save",          # the job said it saved a checkpoint
     "restart",       # the launcher restarted the workers
     "oom_kill",      # the kernel (or a scheduler) killed a process for memory

@@ -162,7 +162,16 @@ def test_lightnings_restore_line_is_a_resume():
      "save", 10),
     ("saving checkpoint to ckpt/step-10.pt", "save", 10),
     ("global_step=12 loss=3.3760 lr=1.0e-03 dt=9.5ms", "step", 12),
-    ("loading checkpoint from /ckpt/step-10", None, None),   # begun: not yet resumed
+    ("2026-11-28 13:47:59,447 | INFO | rank=0 | no usable checkpoint under runs/ckpt,"
+     " training from scratch (global_step=0)", "no_checkpoint", None),
+    ('.fit(ckpt_path="last") is set, but there is no last checkpoint available. No'
+     " checkpoint will be loaded.", "no_checkpoint", None),       # Lightning
+    ("could not find a valid checkpoint in /ckpt, starting fresh", "no_checkpoint", None),
+    ("[trainer] 2026-11-28 14:05:00,376 - INFO - Finished loading the checkpoint in 0.55"
+     " seconds; resuming after step 10.", "resume", 10),
+    ("[trainer] 2026-11-28 14:05:00,376 - INFO - Loading the checkpoint at step 10.", None,
+     None),                                                     # begun: not yet resumed
+    ("loading checkpoint from /ckpt/step-10", None, None),
     ("Continuing without a checkpoint", None, None)])
 def test_resume_and_save_lines_in_other_teams_words(line, what, step):
     found = [(o.what, o.step) for o in TrainingLog().read(line.encode() + b"\n", "launch.log")]

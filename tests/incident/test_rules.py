@@ -57,6 +57,20 @@ def test_a_launch_that_printed_nothing_before_its_relaunch_is_a_node_loss(tmp_pa
     assert (found.kind, found.phase, found.step_window) == ("node", "unknown", (None, None))
 
 
+def test_a_log_too_varied_to_compare_tells_no_vanished_launch(tmp_path):
+    """A line per request id (letters and digits) in every line: no kinds of lines to
+    compare, so no claim that the relaunch went on past the first launch."""
+    from torchchaos.incident.formats import text
+
+    def word(n: int) -> str:  # letters only: no number to blank
+        return "".join(chr(97 + n // 26**k % 26) for k in range(4))
+
+    varied = "step 1 loss 3.0\n" + "".join(f"request {word(n)} done\n"
+                                          for n in range(text.MAX_SHAPES + 5))
+    found = _import(tmp_path, varied, varied + "done at step 10\n")
+    assert found.kind == "unknown", found.rules
+
+
 def test_a_finished_run_launched_again_is_no_failure(tmp_path):
     """The same kinds of lines twice (a run that finished, started again from scratch):
     no launch vanished, no failure is told, and none is placed at a step or phase."""
@@ -64,6 +78,25 @@ def test_a_finished_run_launched_again_is_no_failure(tmp_path):
     found = _import(tmp_path, run.format(10, 1, 10), run.format(10, 2, 10))
     assert (found.kind, found.phase, found.step_window) == ("unknown", "unknown",
                                                              (None, None)), found.rules
+
+
+def test_a_finished_save_a_relaunch_found_no_checkpoint_of_is_a_power_loss(tmp_path):
+    """tests/scripts/logging_trainer.py's words: the save of step 5 committed, the save of
+    step 10 begun; the relaunch looked, found nothing, and trained from scratch."""
+    first = "global_step=5 loss=3.44\ncheckpoint global_step=5 committed in 0.007s\n" \
+        "global_step=10 loss=3.42\nwriting checkpoint for global_step=10 to runs/ckpt\n"
+    found = _import(tmp_path, first, "no usable checkpoint under runs/ckpt, training from"
+                    " scratch (global_step=0)\nglobal_step=1 loss=3.45\n")
+    assert (found.kind, found.phase, found.phase_seen) == ("power_loss", "mid_save", True)
+    assert any("found no checkpoint to resume from" in r for r in found.rules), found.rules
+
+
+def test_a_relaunch_that_found_no_checkpoint_where_none_was_said_saved_is_a_node_loss(
+        tmp_path):
+    found = _import(tmp_path, "global_step=5 loss=3.44\n",
+                    "No checkpoint found in outputs/checkpoint; training starts from"
+                    " scratch.\nglobal_step=1 loss=3.45\n")
+    assert found.kind == "node" and "power_loss" in found.alternatives, found.rules
 
 
 def _case(tmp_path, name: str, shards: bool):

@@ -32,14 +32,21 @@ def is_text(data: bytes) -> bool:
 NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
 
 
-def line_shapes(data: bytes) -> frozenset[str]:
+# past this many kinds of lines a log is too varied to compare (ids, hashes in every line)
+MAX_SHAPES = 20_000
+
+
+def line_shapes(data: bytes) -> frozenset[str] | None:
     """The kinds of lines a log printed: each line with its numbers blanked (a progress
-    bar's last frame only), so that two launches of one job can be compared."""
-    shapes = set()
+    bar's last frame only), so that two launches of one job can be compared; None for a
+    log too varied to compare."""
+    shapes: set[str] = set()
     for line in data.decode("utf-8", errors="replace").splitlines():
         shape = " ".join(NUMBERS.sub("#", line.rpartition("\r")[2]).split())
         if shape:
             shapes.add(shape)
+            if len(shapes) > MAX_SHAPES:
+                return None
     return frozenset(shapes)
 
 

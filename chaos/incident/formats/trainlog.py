@@ -4,12 +4,13 @@ Read loosely, since every script words them its own way; only lines that
 name a step (`step 12`, `iter 12:`, `global_step=12`), a checkpoint written
 (`saved checkpoint ...`, `saving checkpoint to ...`, `checkpoint ... committed`), a
 resume (`resumed from ckpt/step-10.pt at step 10`, `Resuming training from ...`,
-`restored state from ...`, `continuing at global_step=20`) or a SIGTERM the script's
-handler says it got (`got signal 15, exiting`, Lightning's `Received SIGTERM: 15`)
-count. A line tagged by torch or torchrun ([rank1]:, [default1]:) belongs to that
-rank, and so does one the script starts with its rank (`rank 1 resumed from ...`,
-`[rank 1] step 12`); any other line to no rank in particular (most scripts print
-from rank 0 only).
+`restored state from ...`, `continuing at global_step=20`), a resume that found
+nothing (`no usable checkpoint under runs/ckpt`, `No checkpoint found in ...`) or a
+SIGTERM the script's handler says it got (`got signal 15, exiting`, Lightning's
+`Received SIGTERM: 15`) count. A line tagged by torch or torchrun ([rank1]:,
+[default1]:) belongs to that rank, and so does one the script starts with its rank
+(`rank 1 resumed from ...`, `[rank 1] step 12`); any other line to no rank in
+particular (most scripts print from rank 0 only).
 """
 
 from __future__ import annotations
@@ -23,10 +24,20 @@ from torchchaos.incident.readers import Reader
 STEP = re.compile(r"\b(?:step|iter(?:ation)?|global_step)(?:\b\s*[:=#]?\s*|[-_])(\d+)", re.I)
 # "resumed from ...", Lightning's "Restoring states from the checkpoint ...", "restored
 # state from runs/ckpt/global_step_20", "continuing at global_step=20", the Trainer's
-# "Continuing training from checkpoint", Megatron's "successfully loaded checkpoint"
-RESUME = re.compile(r"\bresum(?:ed|ing)\b.*\b(?:from|at)\b"
+# "Continuing training from checkpoint", Megatron's "successfully loaded checkpoint",
+# "Finished loading the checkpoint in 0.25 seconds; resuming after step 10" (a load
+# begun, "Loading the checkpoint at step 10", is not yet a resume)
+RESUME = re.compile(r"\bresum(?:ed|ing)\b.*\b(?:from|at|after)\b"
                     r"|\brestor(?:ed|ing)\b.*\bfrom\b|\bcontinu(?:ed|ing) (?:training )?"
-                    r"(?:from|at)\b|\bloaded (?:the )?checkpoint\b", re.I)
+                    r"(?:from|at)\b|\b(?:loaded|finished loading) (?:the )?checkpoint\b", re.I)
+# the script looked for a checkpoint to resume from and found none: "no usable checkpoint
+# under runs/ckpt", Lightning's "there is no last checkpoint available", "No checkpoint
+# found in ...", "could not find a valid checkpoint"
+NO_CHECKPOINT = re.compile(r"\bno (?:usable |valid |last |saved |existing )?checkpoints? "
+                           r"(?:was |were |is )?(?:found|available|under|in)\b"
+                           r"|\bcheckpoints? not found\b|\b(?:could not|couldn't|can't|cannot|"
+                           r"did not|didn't) find (?:a |an |any )?(?:usable |valid |existing )?"
+                           r"checkpoint", re.I)
 SAVE = re.compile(r"\b(?:sav(?:ed|ing)|wrote|writing)\b.*\bcheckpoint|\bcheckpoint\b.*"
                   r"\b(?:saved|written|committed)\b", re.I)
 # a handler's word that the rank got a SIGTERM: Lightning's "Received SIGTERM: 15", a
@@ -51,7 +62,8 @@ class TrainingLog(Reader):
         if body is None or head[:1] == b"{" or head in (b"[{", b'["', b"[]"):
             return False  # a JSON document (a manifest, a config) is no log
         return any(p.search(line) for line in body.splitlines()[:20000]
-                   for p in (STEP, RESUME, SAVE, SIGTERM_SAID) if not NOT_OURS.match(line))
+                   for p in (STEP, RESUME, SAVE, SIGTERM_SAID, NO_CHECKPOINT)
+                   if not NOT_OURS.match(line))
 
     def read(self, data: bytes, name: str) -> list[Observation]:
         found = []
@@ -77,6 +89,9 @@ def _observed(body: str, rank: int | None, where: Source,
     if SIGTERM_SAID.search(body):
         return [Observation("signal", where, rank=rank, signal="SIGTERM",
                             detail=body.strip()[:200], attempt=attempt)]
+    if NO_CHECKPOINT.search(body):  # before the step: "from scratch (global_step=0)"
+        return [Observation("no_checkpoint", where, rank=rank, detail=body.strip()[:200],
+                            attempt=attempt)]
     step = STEP.search(body)
     number = int(step.group(1)) if step else None
     if RESUME.search(body):
