@@ -752,29 +752,45 @@ def _lost_save(obs: list[Observation], ended: str, resume: Observation, f: Findi
     resumed from an older one or found none: the finished save did not survive, as a
     power loss drops what was never made durable (a killed process's writes stay in the
     page cache)."""
-    done = [o for o in obs if o.what == "save" and o.source.file == ended
-            and o.step is not None and SAVE_DONE.search(o.detail)]
+    done, pending = _saves_in(obs, ended)
     start = 0 if resume.what == "no_checkpoint" else resume.step
     if not done or start is None:
         return
-    last = max(done, key=lambda o: o.step or 0)
-    if start >= (last.step or 0):
+    step, last = max(done, key=lambda d: d[0])
+    if start >= step:
         return
     found = f"resumed from step {start}" if resume.what == "resume" else \
         "found no checkpoint to resume from"
     f.kind, f.how, f.alternatives = "power_loss", "a finished save lost with the node", []
-    _say(f, f"power_loss: {last.source} says the checkpoint of step {last.step} was saved,"
+    _say(f, f"power_loss: {last.source} says the checkpoint of step {step} was saved,"
             f" yet {resume.source} {found}: a finished save did not survive the node (never"
             " made durable: no fsync of it or its folder)", last, resume)
-    begun = [o for o in obs if o.what == "save" and o.source.file == ended
-             and (o.step or 0) > (last.step or 0) and not SAVE_DONE.search(o.detail)]
-    if begun:
+    if pending is not None and (pending.step or 0) > step:
         f.phase, f.phase_seen = "mid_save", True
-        f.rules.append(f"phase mid_save: {begun[-1].source} began the save of step"
-                       f" {begun[-1].step}, and the log never said it was done")
+        f.rules.append(f"phase mid_save: {pending.source} began the save of step"
+                       f" {pending.step}, and the log never said it was done")
     else:
         f.phase, f.phase_seen = "between_saves", True
-        f.rules.append(f"phase between_saves: after the save of step {last.step} was done")
+        f.rules.append(f"phase between_saves: after the save of step {step} was done")
+
+
+def _saves_in(obs: list[Observation], log: str):
+    """([(step, line)] of the saves `log` says are done, the save it began last and never
+    said done, or None). A done line with no step of its own finishes the save begun
+    just before it ("Saving the checkpoint at step 10 ...", then "Finished saving the
+    checkpoint in 0.05 seconds")."""
+    done, begun = [], None
+    lines = sorted((o for o in obs if o.what == "save" and o.source.file == log),
+                   key=lambda o: o.source.line or 0)
+    for o in lines:
+        if not SAVE_DONE.search(o.detail):
+            begun = o
+            continue
+        step = o.step if o.step is not None else begun.step if begun is not None else None
+        if step is not None:
+            done.append((step, o))
+        begun = None
+    return done, begun
 
 
 def _relaunch_of(log: str, file: str) -> bool:

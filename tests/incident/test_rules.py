@@ -91,6 +91,19 @@ def test_a_finished_save_a_relaunch_found_no_checkpoint_of_is_a_power_loss(tmp_p
     assert any("found no checkpoint to resume from" in r for r in found.rules), found.rules
 
 
+def test_a_done_line_with_no_step_finishes_the_save_begun_before_it(tmp_path):
+    """tests/scripts/dcp_trainer.py's words: the step is in the line that begins a save,
+    not in the one that ends it."""
+    first = "step: 5 loss: 5.43\nSaving the checkpoint at step 5 to outputs/checkpoint/" \
+        "step-5.\nFinished saving the checkpoint in 0.07 seconds.\nstep: 10 loss: 4.81\n" \
+        "Saving the checkpoint at step 10 to outputs/checkpoint/step-10.\n"
+    found = _import(tmp_path, first, "No checkpoint found in outputs/checkpoint; training"
+                    " starts from scratch.\nstep: 1 loss: 5.70\n")
+    assert (found.kind, found.phase) == ("power_loss", "mid_save"), found.rules
+    assert any("checkpoint of step 5 was saved" in r for r in found.rules), found.rules
+    assert any("began the save of step 10" in r for r in found.rules), found.rules
+
+
 def test_a_relaunch_that_found_no_checkpoint_where_none_was_said_saved_is_a_node_loss(
         tmp_path):
     found = _import(tmp_path, "global_step=5 loss=3.44\n",
