@@ -26,8 +26,9 @@ MAX_READ = 256 << 20  # a log past this is read from its last MAX_READ bytes
 # bookkeeping (an import of a run must see only what the job and its launcher left).
 SKIP_DIRS = {"__pycache__", ".git", "history", "fired", "beats", "weights", "snapshot"}
 # and in a run's `_chaos/`: the faults the harness planned (its steps are the injected
-# faults', not the job's) and its record of what it stopped
-HARNESS_OWN = {"schedule.json", "stopped"}
+# faults', not the job's), its record of what it stopped, and its fault filesystem's
+# own folder (a control socket, the shadow copy of the files the job wrote)
+HARNESS_OWN = {"schedule.json", "stopped", "faultfs"}
 # Pages and plots (torchchaos's report, postmortem and timeline among them): they quote
 # the lines they were drawn from, which the logs beside them hold
 PAGES = (".html", ".htm", ".svg")
@@ -88,6 +89,8 @@ def _walk(root: Path, found: Gathered) -> list[tuple[Path, str]]:
             found.read[shown + "/"] = ["checkpoints"]
         for name in sorted(names):
             path = here / name
+            if not path.is_file():
+                continue  # a socket, a pipe or a dangling link: nothing a job left to read
             if checkpoints.looks_like_checkpoint(path):
                 continue  # the folder's observations cover it
             files.append((path, f"{shown}/{name}"))

@@ -188,6 +188,31 @@ def test_a_run_folder_is_read_as_the_job_left_it_not_as_the_harness_planned_it(t
     assert gather([tmp_path / "chaos"]).observations == alone
 
 
+def test_the_fault_filesystems_socket_and_shadow_copy_are_not_the_jobs(tmp_path,
+                                                                        monkeypatch):
+    """A power loss's replay leaves `_chaos/faultfs/<mount>/`: the daemon's control socket
+    (whose read failed the whole import, so every such replay was judged as telling
+    nothing) and the shadow copy of the files the job wrote."""
+    import socket
+
+    case = Path(__file__).resolve().parents[1] / "data" / "incidents" / "harness" / \
+        "quiet_peer"
+    chaos = tmp_path / "chaos" / "_chaos"
+    (chaos / "logs").mkdir(parents=True)
+    shutil.copy(case / "launch-0-node-0.log", chaos / "logs")
+    alone = gather([tmp_path / "chaos"]).observations
+    mount = chaos / "faultfs" / "0-ckpt"
+    (mount / "shadow" / "ckpt").mkdir(parents=True)
+    (mount / "shadow" / "ckpt" / "step-0010.pt").write_bytes(b"PK\x03\x04 cut")
+    (mount / "daemon.log").write_text("step 12: write ckpt/step-0010.pt\n")
+    monkeypatch.chdir(mount)
+    with socket.socket(socket.AF_UNIX) as control:
+        control.bind("control.sock")  # relative: a socket path has a short limit
+        assert gather([tmp_path / "chaos"]).observations == alone
+        (tmp_path / "chaos" / "link.log").symlink_to(mount / "control.sock")
+        assert gather([tmp_path / "chaos"]).observations == alone
+
+
 def test_the_pages_and_plots_beside_a_runs_logs_are_not_read_again(tmp_path):
     """A replay's folder holds its report and timeline, which quote the lines of the logs
     they were drawn from: the collectives reader took a quoted 'Connection closed by
