@@ -295,6 +295,10 @@ def _recovery(later: list[Observation],
         return f"failed{where}: {failure.how} ({e.source})", failure
     if resumed:
         return f"resumed: {resumed[0].detail[:120]} ({resumed[0].source})", None
+    nothing = [o for o in later if o.what == "no_checkpoint"]
+    if nothing:
+        return f"restarted from scratch: {nothing[0].detail[:120]} ({nothing[0].source})", \
+            None
     if later:
         return "restarted; no resume line in the logs", None
     return "not seen", None

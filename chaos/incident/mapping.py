@@ -97,6 +97,13 @@ def _first_failure(incident: Incident, place: Placement,
     step = _step(incident, place, same_script)
     at = f"step={step}"
     why = f"placed from {place.source}"
+    if f.kind == "node" and "power_loss" in f.alternatives and \
+            incident.recovery.startswith("restarted from scratch"):
+        spec = place.power_loss or f"storage:mode=lose_unsynced,rank={place.writer},{at}"
+        return [(spec, "the node went down and its relaunch said it found no checkpoint:"
+                       " what the job had saved was gone, which a node's death alone does"
+                       " not do (its checkpoint stays for the restart) and a power loss"
+                       " does; replayed as the power loss")]
     if f.kind == "node" and f.phase == "mid_save":
         spec = place.torn or f"storage:mode=torn,via=agent,rank={place.writer},{place.in_save}"
         return [(spec, "the node went down inside a save: replayed as its last write cut"

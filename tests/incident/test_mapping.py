@@ -113,3 +113,23 @@ def test_a_hang_whose_peers_waited_in_a_named_call_holds_the_rank_in_that_call()
     assert "mode=collective,op=broadcast" in same
     assert "mode=collective" in other and "op=" not in other
     parse_fault_spec(same)  # the harness takes it
+
+
+def test_a_node_loss_whose_relaunch_found_no_checkpoint_replays_as_a_power_loss(tmp_path):
+    """A node's death leaves its checkpoint for the restart; a relaunch that says it found
+    none lost it, as a power loss does (lightning/05: Lightning's own words). A relaunch
+    that resumed replays as the node's death."""
+    first = "step 5 loss 4.2\nstep 10 loss 4.1\n"
+    (tmp_path / "launch-0-node-0.log").write_text(first)
+    (tmp_path / "launch-1-node-0.log").write_text(
+        '.fit(ckpt_path="last") is set, but there is no last checkpoint available.\n'
+        "step 5 loss 4.2\nstep 10 loss 4.1\nstep 15 loss 4.0\n")
+    incident = _incident(tmp_path)
+    assert incident.finding.kind == "node" and incident.recovery.startswith(
+        "restarted from scratch"), (incident.finding.rules, incident.recovery)
+    (spec, note), = faults_for(incident, Placement(between=6), same_script=False)
+    assert parse_fault_spec(spec).params["mode"] == "lose_unsynced", spec
+    (tmp_path / "launch-1-node-0.log").write_text(
+        "resumed from ckpt/step-5.pt at step 5\nstep 10 loss 4.1\nstep 15 loss 4.0\n")
+    (spec, note), = faults_for(_incident(tmp_path), Placement(between=6), same_script=False)
+    assert spec.startswith("kill:node="), spec
