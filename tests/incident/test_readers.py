@@ -172,7 +172,9 @@ def test_lightnings_restore_line_is_a_resume():
     ("[trainer] 2026-11-28 14:05:00,376 - INFO - Loading the checkpoint at step 10.", None,
      None),                                                     # begun: not yet resumed
     ("loading checkpoint from /ckpt/step-10", None, None),
-    ("Continuing without a checkpoint", None, None)])
+    ("Continuing without a checkpoint", None, None),
+    ("Restored tokenizer from the hub cache", None, None),
+    ("continuing at lr 1.0e-03", None, None)])
 def test_resume_and_save_lines_in_other_teams_words(line, what, step):
     found = [(o.what, o.step) for o in TrainingLog().read(line.encode() + b"\n", "launch.log")]
     if what:

@@ -28,8 +28,12 @@ STEP = re.compile(r"\b(?:step|iter(?:ation)?|global_step)(?:\b\s*[:=#]?\s*|[-_])
 # "Finished loading the checkpoint in 0.25 seconds; resuming after step 10" (a load
 # begun, "Loading the checkpoint at step 10", is not yet a resume)
 RESUME = re.compile(r"\bresum(?:ed|ing)\b.*\b(?:from|at|after)\b"
-                    r"|\brestor(?:ed|ing)\b.*\bfrom\b|\bcontinu(?:ed|ing) (?:training )?"
-                    r"(?:from|at)\b|\b(?:loaded|finished loading) (?:the )?checkpoint\b", re.I)
+                    # a restore or a "continuing" of the training's own state, not of a
+                    # tokenizer or a cache: the line names a checkpoint, a step or a state
+                    r"|(?=.*(?:checkpoint|ckpt|step|iteration|\bstates?\b))"
+                    r"(?:\brestor(?:ed|ing)\b.*\bfrom\b|\bcontinu(?:ed|ing) (?:training )?"
+                    r"(?:from|at)\b)"
+                    r"|\b(?:loaded|finished loading) (?:the )?checkpoint\b", re.I)
 # the script looked for a checkpoint to resume from and found none: "no usable checkpoint
 # under runs/ckpt", Lightning's "there is no last checkpoint available", "No checkpoint
 # found in ...", "could not find a valid checkpoint"
