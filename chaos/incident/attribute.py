@@ -255,7 +255,14 @@ def _is_failure(o: Observation, stopped: set[int | None]) -> bool:
     if o.what == "exit":
         return o.reason != "stopped by the launcher" and o.pid not in stopped and \
             (o.signal is not None or bool(o.exitcode))
-    return o.what == "error" and not ECHO.search(o.detail)
+    return o.what == "error" and not ECHO.search(o.detail) and not _deliberate_exit(o)
+
+
+def _deliberate_exit(o: Observation) -> bool:
+    """A SystemExit's traceback (a SIGTERM handler's `sys.exit(143)` that landed in an
+    atexit callback, which Python prints as "Exception ignored"): no error of the rank's,
+    whose exit status the launcher tells."""
+    return o.detail.startswith("SystemExit")
 
 
 def _first_failure(obs: list[Observation], stopped: set[int | None]):
@@ -378,7 +385,8 @@ def _stories(obs: list[Observation], stopped: set[int | None]) -> dict[int, Rank
 def _own_errors(obs: list[Observation]) -> list[Observation]:
     return [o for o in obs if o.what in ("error", "exit") and o.detail
             and not ECHO.search(o.detail) and not o.detail.startswith(("faulthandler", "Signal"))
-            and ":" in o.detail and o.reason != "stopped by the launcher"]
+            and not _deliberate_exit(o) and ":" in o.detail
+            and o.reason != "stopped by the launcher"]
 
 
 def _say(finding: Finding, rule: str, *sources: Observation) -> None:
@@ -778,6 +786,16 @@ def _lost_save(obs: list[Observation], ended: str, resume: Observation, f: Findi
         f.rules.append(f"phase between_saves: after the save of step {step} was done")
 
 
+def _save_under_way(obs: list[Observation], failed_at: Source | None) -> Observation | None:
+    """The save the log began last and had not said done when the failure shows, in a
+    log that said an earlier save was done (one that never says so leaves every save
+    begun); None where there is none."""
+    if failed_at is None:
+        return None
+    done, pending = _saves_in([o for o in obs if _earlier(o, failed_at)], failed_at.file)
+    return pending if done else None
+
+
 def _saves_in(obs: list[Observation], log: str):
     """([(step, line)] of the saves `log` says are done, the save it began last and never
     said done, or None). A done line with no step of its own finishes the save begun
@@ -886,6 +904,13 @@ def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later,
     if torn and f.kind not in ("hang",):
         f.phase, f.phase_seen = "mid_save", True
         f.rules.append(f"phase mid_save: {torn[0].source} does not load ({torn[0].detail})")
+        return
+    pending = _save_under_way(obs, failed_at)
+    if pending is not None and f.kind != "hang":
+        f.phase, f.phase_seen = "mid_save", True
+        f.rules.append(f"phase mid_save: {pending.source} began the save of step"
+                       f" {pending.step}, and the log, which says when a save is done, did"
+                       " not say so before the failure")
         return
     first_resume = next((o for o in later + obs if o.what == "resume" and o.step is not None
                          and (o in later or failed_at is not None

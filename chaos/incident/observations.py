@@ -149,7 +149,8 @@ def _phase_of_frame(frame: str) -> str | None:
     if path_of(frame).endswith("iowatch.py") and name in WATCHED_IO:
         return WATCHED_IO[name]
     if name in ("save", "_save", "save_state_dict", "_save_state_dict", "async_save") \
-            or "checkpoint/state_dict_saver" in text or name.startswith("save_checkpoint") \
+            or "checkpoint/state_dict_saver" in text \
+            or re.match(r"_?save_(checkpoint|ckpt)", name) \
             or "torch/serialization.py" in text and "_save" in name \
             or name == "save_file" and "safetensors" in text:
         return "save"

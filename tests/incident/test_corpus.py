@@ -52,7 +52,10 @@ in `main`): a node's death whose relaunch says it restored, and the exception at
 restart's load, out of torchchaos's own wrapper of torch.load. `fsdp2_group_aborted`
 and `dcp_trainer_exception_at_restart_load` ran tests/scripts/dcp_trainer.py, the second
 held-out script (FSDP2, DCP): an aborted group in the functional collectives' words,
-and a restart's load error DCP's own logger printed with no rank tag."""
+and a restart's load error DCP's own logger printed with no rank tag. `jsonlog_*` ran
+tests/scripts/jsonlog_trainer.py, the third, whose own lines are JSON records: a kill
+whose peer's SIGTERM handler raised SystemExit inside an atexit callback, and a kill
+after a `ckpt_save_begin` record with no `ckpt_save_end`."""
 
 from __future__ import annotations
 
@@ -124,7 +127,8 @@ def test_most_of_the_corpus_is_told_exactly():
     said unknown in part; 32 of 40 with Accelerate's exception at a restart's load, whose
     first failure's phase nothing tells; 32 of 42 with two launches that vanished before
 a relaunch with no resume line, whose phase nothing tells; 34 of 44 with the held-out
-script's two; 36 of 46 with the second held-out script's two. (An earlier
+script's two; 36 of 46 with the second held-out script's two; 38 of 48 with the
+third's. (An earlier
     corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank
     and whose launcher line, racing, named the peer's SIGTERM.)"""
     missed = []

@@ -311,3 +311,48 @@ def test_two_ranks_untagged_tracebacks_interleaved_keep_the_error_line():
     errors = [o for o in TorchrunLog().read(log, "job.log") if o.what == "error"]
     assert errors[0].detail.startswith("RuntimeError: PytorchStreamReader")
     assert errors[0].phase == "load"
+
+
+# tests/scripts/jsonlog_trainer.py's records, each "ts" and "level" left out
+JSON_LOG = "".join(json.dumps(record) + "\n" for record in [
+    {"rank": 0, "event": "run_start", "steps": 20},
+    {"rank": 0, "event": "ckpt_not_found", "step": 0},
+    {"rank": 0, "event": "train_step", "step": 5, "loss": 3.2},
+    {"rank": 0, "event": "ckpt_save_begin", "path": "ckpts/ckpt-000005.pt", "step": 5},
+    {"rank": 0, "event": "ckpt_save_end", "path": "ckpts/ckpt-000005.pt", "step": 5},
+    {"rank": 1, "event": "ckpt_resume", "path": "ckpts/ckpt-000005.pt", "step": 5},
+    {"rank": 1, "event": "sigterm", "step": 7, "signal": 15},
+    {"rank": 0, "event": "ckpt_load_failed", "step": 5}]).encode()
+
+
+def test_a_structured_log_reads_as_the_sentences_its_records_stand_for(tmp_path):
+    """tests/scripts/jsonlog_trainer.py's records: a file that opens with "{" was taken
+    for one JSON document, and nothing in it was read."""
+    (tmp_path / "launch-0-node-0.log").write_bytes(JSON_LOG)
+    found = read(TrainingLog(), tmp_path / "launch-0-node-0.log")
+    assert [(o.what, o.rank, o.step) for o in found] == [
+        ("no_checkpoint", 0, None), ("step", 0, 5), ("save", 0, 5), ("save", 0, 5),
+        ("resume", 1, 5), ("signal", 1, None),
+        ("step", 0, 5)]  # a failure's record (ckpt_load_failed) is kept as it is said
+    assert found[2].detail.startswith("saving checkpoint ckpts/ckpt-000005.pt")
+    assert found[3].detail.startswith("saved checkpoint")
+
+
+@pytest.mark.parametrize("document", [
+    b'{"step": 10, "files": ["__0_0.distcp"]}\n',                # a manifest, one line
+    b'{\n  "step": 10,\n  "loss": 3.2\n}\n',                      # pretty-printed
+    b'{"step": 10}\n{"step": 11\n'])                             # the second line is cut
+def test_a_json_document_is_no_structured_log(document):
+    assert not TrainingLog().sniff(document, "state.json")
+
+
+
+def test_a_scripts_own_save_function_is_a_save():
+    """A peer that waits in the barrier of the script's `save_ckpt` waits inside a save
+    (the import looks for a save frame anywhere on a peer's stack)."""
+    from torchchaos.incident.observations import phase_of_frames
+
+    assert phase_of_frames(["main (jsonlog_trainer.py:182)",
+                            "save_ckpt (jsonlog_trainer.py:125)"]) == "save"
+    assert phase_of_frames(["_save_checkpoint (trainer.py:3)"]) == "save"
+    assert phase_of_frames(["save_metrics (train.py:3)"]) is None

@@ -237,3 +237,32 @@ def test_accelerates_load_state_is_a_load():
               "load_accelerator_state (accelerate/checkpointing.py:243)",
               "load_model (safetensors/torch.py:228)"]
     assert phase_of_frames(frames) == "load"
+
+
+KILLED_RANK_0 = ("E1128 15:04:18.888000 21868 site-packages/torch/distributed/elastic/"
+                 "multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 21874)"
+                 " of binary: /usr/bin/python\n")
+
+
+def test_a_save_begun_and_not_said_done_before_the_failure_is_under_way(tmp_path):
+    """In a log that says when a save is done, the last save begun and not said done
+    when the failure shows was under way (jsonlog_trainer.py's ckpt_save_begin)."""
+    log = "step 5 loss 4.2\nsaving checkpoint to ckpt/step-5.pt\ncheckpoint step 5 saved\n" \
+        "step 10 loss 4.1\nsaving checkpoint to ckpt/step-10.pt\n" + KILLED_RANK_0
+    found = _one_log(tmp_path, log)
+    assert (found.kind, found.rank, found.phase, found.phase_seen) == ("kill", 0, "mid_save",
+                                                                       True), found.rules
+
+
+def test_a_log_that_never_says_a_save_is_done_leaves_no_save_under_way(tmp_path):
+    log = "step 5 loss 4.2\nsaving checkpoint to ckpt/step-5.pt\nstep 10 loss 4.1\n" \
+        "saving checkpoint to ckpt/step-10.pt\nstep 11 loss 4.0\n" + KILLED_RANK_0
+    found = _one_log(tmp_path, log)
+    assert (found.kind, found.phase, found.phase_seen) == ("kill", "between_saves", False)
+
+
+def test_a_handlers_system_exit_is_no_error_of_the_rank(tmp_path):
+    log = "step 10 loss 4.1\nException ignored in atexit callback: <bound method A._at_exit>\n" \
+        "Traceback (most recent call last):\n  File \"/job/train.py\", line 59, in on_sigterm\n" \
+        "    sys.exit(143)\nSystemExit: 143\n" + KILLED_RANK_0
+    assert _one_log(tmp_path, log).kind == "kill"

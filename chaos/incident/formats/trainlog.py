@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from torchchaos.incident.formats import text
+from torchchaos.incident.formats import records, text
 from torchchaos.incident.observations import Observation, Source, worker_of
 from torchchaos.incident.readers import Reader
 
@@ -63,9 +63,12 @@ class TrainingLog(Reader):
     def sniff(self, data: bytes, name: str) -> bool:
         head = data.lstrip()[:2]
         body = text.text_of(data)
-        if body is None or head[:1] == b"{" or head in (b"[{", b'["', b"[]"):
+        if body is None or head in (b"[{", b'["', b"[]"):
             return False  # a JSON document (a manifest, a config) is no log
-        return any(p.search(line) for line in body.splitlines()[:20000]
+        lines = body.splitlines()[:20000]
+        if head[:1] == b"{" and not records.is_record_log(lines):
+            return False  # one JSON document, not a record per line
+        return any(p.search(_sentence(line)[0]) for line in lines
                    for p in (STEP, RESUME, SAVE, SIGTERM_SAID, NO_CHECKPOINT)
                    if not NOT_OURS.match(line))
 
@@ -74,6 +77,8 @@ class TrainingLog(Reader):
         attempt, worker = worker_of(name) or (None, None)
         for number, line in enumerate(text.decode(data).splitlines(), 1):
             rank, body, _ = text.split_tag(line)
+            body, said_rank = _sentence(body)
+            rank = said_rank if rank is None else rank
             rank = worker if rank is None else rank  # torchrun --log-dir: the file's rank
             if NOT_OURS.match(body) or "torch/distributed" in body or \
                     text.EXCEPTION_LINE.match(body.strip()):
@@ -86,6 +91,13 @@ class TrainingLog(Reader):
                 found += _observed(piece, int(own.group(1)) if own else rank,
                                    Source(name, number), attempt)
         return found
+
+
+def _sentence(line: str) -> tuple[str, int | None]:
+    """A line as the patterns read it, and the rank it names: a structured log's JSON
+    record as the sentence it stands for (`records`), any other line as it is."""
+    record = records.record_of(line)
+    return records.as_sentence(record) if record is not None else (line, None)
 
 
 def _observed(body: str, rank: int | None, where: Source,
