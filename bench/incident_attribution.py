@@ -22,8 +22,9 @@ targets/lightning_lm.py, Lightning's Trainer, and `--scripts accelerate`
 targets/accelerate_lm.py, Accelerate's recipe (all three need the `frameworks` extra),
 and two held-out scripts written apart by helpers that never read the readers:
 `--scripts logging` (tests/scripts/logging_trainer.py, Python's `logging`),
-`--scripts dcptrainer` (tests/scripts/dcp_trainer.py, FSDP2 and DCP) and `--scripts
-jsonlog` (tests/scripts/jsonlog_trainer.py, a JSON object per log line).
+`--scripts dcptrainer` (tests/scripts/dcp_trainer.py, FSDP2 and DCP), `--scripts
+jsonlog` (tests/scripts/jsonlog_trainer.py, a JSON object per log line) and `--scripts
+ignite` (tests/scripts/ignite_trainer.py, PyTorch-Ignite; the `frameworks` extra).
 
 Each run's folder keeps only what a failed job leaves an engineer: the launcher's
 logs, torchelastic's error files, the stacks a hang watchdog took, and the
@@ -86,6 +87,9 @@ SCRIPTS = {
     # the third held out: a JSON object per log line (a log store's structured logs)
     "jsonlog": (REPO / "tests" / "scripts" / "jsonlog_trainer.py", ["--steps", "20",
                                                                      "--ckpt-every", "5"]),
+    # the fourth: PyTorch-Ignite as its examples show it (needs the `frameworks` extra)
+    "ignite": (REPO / "tests" / "scripts" / "ignite_trainer.py", ["--steps", "20",
+                                                                   "--ckpt-every", "5"]),
 }
 DEFAULT_SCRIPTS = ["bundled", "plain_ddp", "adamw", "safetensors", "dcp"]
 

@@ -796,6 +796,16 @@ def _save_under_way(obs: list[Observation], failed_at: Source | None) -> Observa
     return pending if done else None
 
 
+def _save_not_said_done(obs: list[Observation], failed_at: Source | None, resumed: int,
+                        reached: int | None) -> bool:
+    """Whether the save the restart resumed from is the one of the last step the log
+    reached, in a log that said earlier saves were done but not this one."""
+    if failed_at is None or reached is None or resumed != reached:
+        return False
+    done, _ = _saves_in([o for o in obs if _earlier(o, failed_at)], failed_at.file)
+    return bool(done) and max(step for step, _ in done) < resumed
+
+
 def _saves_in(obs: list[Observation], log: str):
     """([(step, line)] of the saves `log` says are done, the save it began last and never
     said done, or None). A done line with no step of its own finishes the save begun
@@ -926,6 +936,14 @@ def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later,
                        f" {interval} steps, yet the restart resumed from step"
                        f" {first_resume.step} ({first_resume.source}): the save of step {due}"
                        " never finished")
+        return
+    if first_resume is not None and f.kind != "hang" \
+            and _save_not_said_done(obs, failed_at, first_resume.step, reached):
+        f.phase, f.phase_seen = "mid_save", True
+        f.rules.append(f"phase mid_save: the log reached step {reached}, and the restart"
+                       f" resumed from that step's checkpoint ({first_resume.source}), which"
+                       " the log, saying when each save is done, never said done: the rank"
+                       " died at the save's end, its files written")
         return
     resumes = [o for o in obs if o.what == "resume" and (failed_at is None
                                                          or _earlier(o, failed_at))]

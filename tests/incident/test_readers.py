@@ -162,6 +162,10 @@ def test_lightnings_restore_line_is_a_resume():
      "save", 10),
     ("saving checkpoint to ckpt/step-10.pt", "save", 10),
     ("global_step=12 loss=3.3760 lr=1.0e-03 dt=9.5ms", "step", 12),
+    ("2026-11-28 15:09:57,805 ignite_trainer INFO: Epoch[1] Iteration[12/20] Loss: 2.3271",
+     "step", 12),                                               # Ignite
+    ("Epoch [1/10], Step [100/600], Loss: 0.2153", "step", 100),  # the tutorials'
+    ("trainer INFO: Epoch[1] Complete. Time taken: 00:00:00.060", None, None),
     ("2026-11-28 13:47:59,447 | INFO | rank=0 | no usable checkpoint under runs/ckpt,"
      " training from scratch (global_step=0)", "no_checkpoint", None),
     ('.fit(ckpt_path="last") is set, but there is no last checkpoint available. No'

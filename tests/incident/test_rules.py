@@ -157,7 +157,7 @@ RANK_0_KILLED = (
 
 
 def _one_log(tmp_path, text: str):
-    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs").mkdir(parents=True)
     (tmp_path / "logs" / "launch-0-node-0.log").write_text(text)
     gathered = gather([tmp_path / "logs"])
     return attribute(gathered.observations, gathered.sources).finding
@@ -266,3 +266,23 @@ def test_a_handlers_system_exit_is_no_error_of_the_rank(tmp_path):
         "Traceback (most recent call last):\n  File \"/job/train.py\", line 59, in on_sigterm\n" \
         "    sys.exit(143)\nSystemExit: 143\n" + KILLED_RANK_0
     assert _one_log(tmp_path, log).kind == "kill"
+
+
+def test_a_resume_from_the_last_step_reached_whose_save_was_never_said_done(tmp_path):
+    """Ignite's words: the log reached iteration 10, whose checkpoint the restart resumed
+    from, and the line the script writes after each save is there for iteration 5 only:
+    the rank died at the end of the save, its file written. Had the log reached
+    iteration 11, the death would have come after the save."""
+    def log(reached: int) -> str:
+        steps = "".join(f"Epoch[1] Iteration[{n}/20] Loss: 2.3\n" for n in range(4, reached + 1)
+                        if n != 5)
+        return "Epoch[1] Iteration[5/20] Loss: 2.3\nSaved checkpoint checkpoints/" \
+            f"checkpoint_5.pt at iteration 5\n{steps}{KILLED_RANK_0}Resuming from checkpoint" \
+            " checkpoints/checkpoint_10.pt at iteration 10 (epoch 1)\n" \
+            "Epoch[2] Iteration[11/20] Loss: 2.2\n"
+
+    found = _one_log(tmp_path / "a", log(10))
+    assert (found.kind, found.phase, found.phase_seen) == ("kill", "mid_save", True), \
+        found.rules
+    found = _one_log(tmp_path / "b", log(11))
+    assert found.phase != "mid_save", found.rules

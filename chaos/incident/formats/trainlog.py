@@ -21,7 +21,10 @@ from torchchaos.incident.formats import records, text
 from torchchaos.incident.observations import Observation, Source, worker_of
 from torchchaos.incident.readers import Reader
 
-STEP = re.compile(r"\b(?:step|iter(?:ation)?|global_step)(?:\b\s*[:=#]?\s*|[-_])(\d+)", re.I)
+# "step 12", "iter 12:", "global_step=12", and the tutorials' and Ignite's bracketed
+# counters, "Step [12/100]", "Iteration[12/20]"
+STEP = re.compile(r"\b(?:step|iter(?:ation)?|global_step)(?:\b\s*[:=#\[]?\s*|[-_])(\d+)",
+                  re.I)
 # "resumed from ...", Lightning's "Restoring states from the checkpoint ...", "restored
 # state from runs/ckpt/global_step_20", "continuing at global_step=20", the Trainer's
 # "Continuing training from checkpoint", Megatron's "successfully loaded checkpoint",
