@@ -116,6 +116,9 @@ class Finding:
     how: str = ""               # SIGKILL, SIGTERM, SIGSEGV, "RuntimeError: ...", OOM
     collective: str | None = None
     step_window: tuple[int | None, int | None] = (None, None)
+    # which save of its launch (1st, 2nd, ...) a death mid-save fell in, where the rule
+    # that placed it names that save's step and the steps between saves are known
+    save: int | None = None
     # other kinds the same artefacts fit, said rather than chosen between, and why
     alternatives: list[str] = field(default_factory=list)
     alternatives_why: str = ""
@@ -786,6 +789,14 @@ def _lost_save(obs: list[Observation], ended: str, resume: Observation, f: Findi
         f.rules.append(f"phase between_saves: after the save of step {step} was done")
 
 
+def _save_number(step: int | None, interval: int | None) -> int | None:
+    """Which save of a launch that started at step 0 the save of `step` is, where saves
+    come every `interval` steps; None where either is not known."""
+    if step is None or not interval or step % interval:
+        return None
+    return step // interval
+
+
 def _save_under_way(obs: list[Observation], failed_at: Source | None) -> Observation | None:
     """The save the log began last and had not said done when the failure shows, in a
     log that said an earlier save was done (one that never says so leaves every save
@@ -915,9 +926,11 @@ def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later,
         f.phase, f.phase_seen = "mid_save", True
         f.rules.append(f"phase mid_save: {torn[0].source} does not load ({torn[0].detail})")
         return
+    interval = save_interval(obs + later)
     pending = _save_under_way(obs, failed_at)
     if pending is not None and f.kind != "hang":
         f.phase, f.phase_seen = "mid_save", True
+        f.save = _save_number(pending.step, interval)
         f.rules.append(f"phase mid_save: {pending.source} began the save of step"
                        f" {pending.step}, and the log, which says when a save is done, did"
                        " not say so before the failure")
@@ -926,12 +939,11 @@ def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later,
                          and (o in later or failed_at is not None
                               and not _earlier(o, failed_at))), None)
     reached = f.step_window[0]
-    interval = save_interval(obs + later)
     if first_resume is not None and reached is not None and interval \
             and first_resume.step < reached and f.kind != "hang" \
             and (reached // interval) * interval > first_resume.step:
         due = (reached // interval) * interval
-        f.phase, f.phase_seen = "mid_save", True
+        f.phase, f.phase_seen, f.save = "mid_save", True, _save_number(due, interval)
         f.rules.append(f"phase mid_save: the log reached step {reached}, checkpoints come every"
                        f" {interval} steps, yet the restart resumed from step"
                        f" {first_resume.step} ({first_resume.source}): the save of step {due}"
@@ -940,6 +952,7 @@ def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later,
     if first_resume is not None and f.kind != "hang" \
             and _save_not_said_done(obs, failed_at, first_resume.step, reached):
         f.phase, f.phase_seen = "mid_save", True
+        f.save = _save_number(first_resume.step, interval)
         f.rules.append(f"phase mid_save: the log reached step {reached}, and the restart"
                        f" resumed from that step's checkpoint ({first_resume.source}), which"
                        " the log, saying when each save is done, never said done: the rank"

@@ -136,6 +136,10 @@ def _first_failure(incident: Incident, place: Placement,
         return [(f"{kind}:rank={rank},{place.late_in_save}{params}",
                  f"{note}, late inside a checkpoint save (right after a rename), where the"
                  " other ranks waited inside the save too, as in the incident")]
+    if f.phase == "mid_save" and same_script and f.save:
+        return [(f"{kind}:rank={rank},phase=checkpoint_save,save={f.save},event=1{params}",
+                 f"{note}, at the start of the save the logs place it in (save {f.save}"
+                 " of the launch)")]
     if f.phase == "mid_save":
         return [(f"{kind}:rank={rank},{place.in_save}{params}",
                  f"{note}, inside a checkpoint save")]

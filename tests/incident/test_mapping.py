@@ -133,3 +133,16 @@ def test_a_node_loss_whose_relaunch_found_no_checkpoint_replays_as_a_power_loss(
         "resumed from ckpt/step-5.pt at step 5\nstep 10 loss 4.1\nstep 15 loss 4.0\n")
     (spec, note), = faults_for(_incident(tmp_path), Placement(between=6), same_script=False)
     assert spec.startswith("kill:node="), spec
+
+
+def test_on_the_same_script_a_death_mid_save_replays_in_the_save_the_logs_place_it_in():
+    """ignite/05: rank 0 died early in the 3rd save, after Ignite had removed the oldest
+    checkpoint; every restart then failed removing it again. Replayed in the battery's
+    2nd save, the restart resumed and nothing failed; in the 3rd, it failed again."""
+    finding = Finding(kind="kill", rank=0, role="writer", phase="mid_save", phase_seen=True,
+                      how="SIGKILL", step_window=(15, 16), save=3)
+    incident = Incident(finding, {})
+    (spec, _note), = faults_for(incident, Placement(between=6), same_script=True)
+    assert spec == "kill:rank=0,phase=checkpoint_save,save=3,event=1"
+    (spec, _note), = faults_for(incident, Placement(between=6), same_script=False)
+    assert spec == f"kill:rank=0,{Placement.in_save}"

@@ -252,6 +252,7 @@ def test_a_save_begun_and_not_said_done_before_the_failure_is_under_way(tmp_path
     found = _one_log(tmp_path, log)
     assert (found.kind, found.rank, found.phase, found.phase_seen) == ("kill", 0, "mid_save",
                                                                        True), found.rules
+    assert found.save == 2  # saves every 5 steps: the save of step 10 is the 2nd
 
 
 def test_a_log_that_never_says_a_save_is_done_leaves_no_save_under_way(tmp_path):
@@ -284,5 +285,6 @@ def test_a_resume_from_the_last_step_reached_whose_save_was_never_said_done(tmp_
     found = _one_log(tmp_path / "a", log(10))
     assert (found.kind, found.phase, found.phase_seen) == ("kill", "mid_save", True), \
         found.rules
+    assert found.save is None  # one save's step alone says nothing of how often they come
     found = _one_log(tmp_path / "b", log(11))
     assert found.phase != "mid_save", found.rules
