@@ -926,37 +926,7 @@ def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later,
         f.phase, f.phase_seen = "mid_save", True
         f.rules.append(f"phase mid_save: {torn[0].source} does not load ({torn[0].detail})")
         return
-    interval = save_interval(obs + later)
-    pending = _save_under_way(obs, failed_at)
-    if pending is not None and f.kind != "hang":
-        f.phase, f.phase_seen = "mid_save", True
-        f.save = _save_number(pending.step, interval)
-        f.rules.append(f"phase mid_save: {pending.source} began the save of step"
-                       f" {pending.step}, and the log, which says when a save is done, did"
-                       " not say so before the failure")
-        return
-    first_resume = next((o for o in later + obs if o.what == "resume" and o.step is not None
-                         and (o in later or failed_at is not None
-                              and not _earlier(o, failed_at))), None)
-    reached = f.step_window[0]
-    if first_resume is not None and reached is not None and interval \
-            and first_resume.step < reached and f.kind != "hang" \
-            and (reached // interval) * interval > first_resume.step:
-        due = (reached // interval) * interval
-        f.phase, f.phase_seen, f.save = "mid_save", True, _save_number(due, interval)
-        f.rules.append(f"phase mid_save: the log reached step {reached}, checkpoints come every"
-                       f" {interval} steps, yet the restart resumed from step"
-                       f" {first_resume.step} ({first_resume.source}): the save of step {due}"
-                       " never finished")
-        return
-    if first_resume is not None and f.kind != "hang" \
-            and _save_not_said_done(obs, failed_at, first_resume.step, reached):
-        f.phase, f.phase_seen = "mid_save", True
-        f.save = _save_number(first_resume.step, interval)
-        f.rules.append(f"phase mid_save: the log reached step {reached}, and the restart"
-                       f" resumed from that step's checkpoint ({first_resume.source}), which"
-                       " the log, saying when each save is done, never said done: the rank"
-                       " died at the save's end, its files written")
+    if f.kind != "hang" and _save_the_log_left_open(obs, f, failed_at, later):
         return
     resumes = [o for o in obs if o.what == "resume" and (failed_at is None
                                                          or _earlier(o, failed_at))]
@@ -988,6 +958,47 @@ def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later,
     f.phase, f.phase_seen = "between_saves", False
     f.rules.append(f"phase between_saves by rule: no frame of the {f.kind} is known, no"
                    " save was left unfinished, and the log shows steps before it")
+
+
+def _save_the_log_left_open(obs: list[Observation], f: Finding, failed_at: Source | None,
+                            later: list[Observation]) -> bool:
+    """A death mid-save that the log and the restart's resume tell, with the save's number
+    where the steps between saves are known: a save begun and not said done before the
+    failure; a save the log's steps had come to whose checkpoint the restart did not find
+    (it resumed from an older one); or the save of the last step reached, which the
+    restart resumed from but the log never said done (the rank died at its end)."""
+    interval = save_interval(obs + later)
+    pending = _save_under_way(obs, failed_at)
+    if pending is not None:
+        f.phase, f.phase_seen = "mid_save", True
+        f.save = _save_number(pending.step, interval)
+        f.rules.append(f"phase mid_save: {pending.source} began the save of step"
+                       f" {pending.step}, and the log, which says when a save is done, did"
+                       " not say so before the failure")
+        return True
+    first_resume = next((o for o in later + obs if o.what == "resume" and o.step is not None
+                         and (o in later or failed_at is not None
+                              and not _earlier(o, failed_at))), None)
+    reached = f.step_window[0]
+    if first_resume is None or reached is None:
+        return False
+    due = (reached // interval) * interval if interval else None
+    if due is not None and first_resume.step < reached and due > first_resume.step:
+        f.phase, f.phase_seen, f.save = "mid_save", True, _save_number(due, interval)
+        f.rules.append(f"phase mid_save: the log reached step {reached}, checkpoints come every"
+                       f" {interval} steps, yet the restart resumed from step"
+                       f" {first_resume.step} ({first_resume.source}): the save of step {due}"
+                       " never finished")
+        return True
+    if _save_not_said_done(obs, failed_at, first_resume.step, reached):
+        f.phase, f.phase_seen = "mid_save", True
+        f.save = _save_number(first_resume.step, interval)
+        f.rules.append(f"phase mid_save: the log reached step {reached}, and the restart"
+                       f" resumed from that step's checkpoint ({first_resume.source}), which"
+                       " the log, saying when each save is done, never said done: the rank"
+                       " died at the save's end, its files written")
+        return True
+    return False
 
 
 def _peers_waiting(obs: list[Observation], f: Finding, sources: dict[str, list[str]]) -> bool:
