@@ -41,6 +41,7 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 ROOM_VARIABLE = "TORCHCHAOS_ENVIRON_ROOM"
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         _serve_until_owner_leaves(listener, started_with)
     finally:
         if listener is not None:
-            os.unlink(listener.getsockname())
+            Path(args[1]).unlink(missing_ok=True)
 
 
 def _serve_until_owner_leaves(listener: socket.socket | None,
@@ -107,10 +108,16 @@ def _serve_until_owner_leaves(listener: socket.socket | None,
 
 
 def _listen(path: str) -> socket.socket:
+    """A socket listening at `path`. It is bound under another name and moved there once
+    it listens: a client that found the path between the bind and the listen had its
+    connect refused, and went without the server (a lent server's test, 1 in a CI run)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    os.chmod(path, 0o600)  # the harnesses of the user that started it, no one else's
+    staging = path + "~"  # within sun_path: spare.MAX_SOCKET_PATH leaves room for it
+    Path(staging).unlink(missing_ok=True)
+    listener.bind(staging)
+    os.chmod(staging, 0o600)  # the harnesses of the user that started it, no one else's
     listener.listen(64)
+    os.replace(staging, path)
     return listener
 
 
