@@ -797,26 +797,6 @@ def _save_number(step: int | None, interval: int | None) -> int | None:
     return step // interval
 
 
-def _save_under_way(obs: list[Observation], failed_at: Source | None) -> Observation | None:
-    """The save the log began last and had not said done when the failure shows, in a
-    log that said an earlier save was done (one that never says so leaves every save
-    begun); None where there is none."""
-    if failed_at is None:
-        return None
-    done, pending = _saves_in([o for o in obs if _earlier(o, failed_at)], failed_at.file)
-    return pending if done else None
-
-
-def _save_not_said_done(obs: list[Observation], failed_at: Source | None, resumed: int,
-                        reached: int | None) -> bool:
-    """Whether the save the restart resumed from is the one of the last step the log
-    reached, in a log that said earlier saves were done but not this one."""
-    if failed_at is None or reached is None or resumed != reached:
-        return False
-    done, _ = _saves_in([o for o in obs if _earlier(o, failed_at)], failed_at.file)
-    return bool(done) and max(step for step, _ in done) < resumed
-
-
 def _saves_in(obs: list[Observation], log: str):
     """([(step, line)] of the saves `log` says are done, the save it began last and never
     said done, or None). A done line with no step of its own finishes the save begun
@@ -968,8 +948,12 @@ def _save_the_log_left_open(obs: list[Observation], f: Finding, failed_at: Sourc
     (it resumed from an older one); or the save of the last step reached, which the
     restart resumed from but the log never said done (the rank died at its end)."""
     interval = save_interval(obs + later)
-    pending = _save_under_way(obs, failed_at)
-    if pending is not None:
+    # the saves the failure's log said were done before it, and the one it began last and
+    # had not said done; a log that never says a save is done leaves every save begun
+    done, pending = _saves_in([o for o in obs if _earlier(o, failed_at)], failed_at.file) \
+        if failed_at is not None else ([], None)
+    said_done = max((step for step, _ in done), default=None)
+    if said_done is not None and pending is not None:
         f.phase, f.phase_seen = "mid_save", True
         f.save = _save_number(pending.step, interval)
         f.rules.append(f"phase mid_save: {pending.source} began the save of step"
@@ -990,7 +974,7 @@ def _save_the_log_left_open(obs: list[Observation], f: Finding, failed_at: Sourc
                        f" {first_resume.step} ({first_resume.source}): the save of step {due}"
                        " never finished")
         return True
-    if _save_not_said_done(obs, failed_at, first_resume.step, reached):
+    if said_done is not None and first_resume.step == reached and said_done < reached:
         f.phase, f.phase_seen = "mid_save", True
         f.save = _save_number(first_resume.step, interval)
         f.rules.append(f"phase mid_save: the log reached step {reached}, and the restart"

@@ -71,9 +71,9 @@ class TrainingLog(Reader):
         lines = body.splitlines()[:20000]
         if head[:1] == b"{" and not records.is_record_log(lines):
             return False  # one JSON document, not a record per line
-        return any(p.search(_sentence(line)[0]) for line in lines
-                   for p in (STEP, RESUME, SAVE, SIGTERM_SAID, NO_CHECKPOINT)
-                   if not NOT_OURS.match(line))
+        sentences = (_sentence(line)[0] for line in lines if not NOT_OURS.match(line))
+        return any(p.search(sentence) for sentence in sentences
+                   for p in (STEP, RESUME, SAVE, SIGTERM_SAID, NO_CHECKPOINT))
 
     def read(self, data: bytes, name: str) -> list[Observation]:
         found = []
