@@ -166,6 +166,15 @@ def test_a_large_binary_file_in_a_folder_is_passed_over_from_its_head(tmp_path):
     assert "job/tokens.npy" in found.passed_over
 
 
+def _run_folder(tmp_path: Path, case: str) -> Path:
+    """A run folder (`chaos/`) whose `_chaos/logs/` holds a harness corpus case's
+    launcher log, as a replay leaves it; its `_chaos`."""
+    chaos = tmp_path / "chaos" / "_chaos"
+    (chaos / "logs").mkdir(parents=True)
+    shutil.copy(DATA / "harness" / case / "launch-0-node-0.log", chaos / "logs")
+    return chaos
+
+
 def test_a_run_folder_is_read_as_the_job_left_it_not_as_the_harness_planned_it(tmp_path):
     """A replay is judged from its run folder. The harness's `_chaos/schedule.json` holds
     the injected faults' steps ("step": 12) and was read as a training log's step, which
@@ -174,11 +183,7 @@ def test_a_run_folder_is_read_as_the_job_left_it_not_as_the_harness_planned_it(t
     from torchchaos.scenario import schedule
     from torchchaos.scenario.spec import parse_fault_spec
 
-    case = Path(__file__).resolve().parents[1] / "data" / "incidents" / "harness" / \
-        "exception_at_restart_load_plain_ddp"
-    chaos = tmp_path / "chaos" / "_chaos"
-    (chaos / "logs").mkdir(parents=True)
-    shutil.copy(case / "launch-0-node-0.log", chaos / "logs")
+    chaos = _run_folder(tmp_path, "exception_at_restart_load_plain_ddp")
     alone = gather([tmp_path / "chaos"]).observations
     specs = [parse_fault_spec("kill:rank=1,step=12"),
              parse_fault_spec("raise:rank=0,phase=checkpoint_load,event=1")]
@@ -195,11 +200,7 @@ def test_the_fault_filesystems_socket_and_shadow_copy_are_not_the_jobs(tmp_path,
     nothing) and the shadow copy of the files the job wrote."""
     import socket
 
-    case = Path(__file__).resolve().parents[1] / "data" / "incidents" / "harness" / \
-        "quiet_peer"
-    chaos = tmp_path / "chaos" / "_chaos"
-    (chaos / "logs").mkdir(parents=True)
-    shutil.copy(case / "launch-0-node-0.log", chaos / "logs")
+    chaos = _run_folder(tmp_path, "quiet_peer")
     alone = gather([tmp_path / "chaos"]).observations
     mount = chaos / "faultfs" / "0-ckpt"
     (mount / "shadow" / "ckpt").mkdir(parents=True)
@@ -217,15 +218,12 @@ def test_the_pages_and_plots_beside_a_runs_logs_are_not_read_again(tmp_path):
     """A replay's folder holds its report and timeline, which quote the lines of the logs
     they were drawn from: the collectives reader took a quoted 'Connection closed by
     peer' in report.html for a second peer's loss."""
-    case = Path(__file__).resolve().parents[1] / "data" / "incidents" / "harness" / \
-        "quiet_peer"
-    shutil.copytree(case, tmp_path / "run", ignore=shutil.ignore_patterns("expected.json"))
-    alone = gather([tmp_path / "run"]).observations
-    quoted = "".join(f"<text>{line}</text>\n" for line in (case / "launch-0-node-0.log")
-                     .read_text().splitlines())
-    (tmp_path / "run" / "report.html").write_text(f"<html><body>{quoted}</body></html>\n")
-    (tmp_path / "run" / "timeline.svg").write_text(f"<svg>{quoted}</svg>\n")
-    assert gather([tmp_path / "run"]).observations == alone
+    log = _run_folder(tmp_path, "quiet_peer") / "logs" / "launch-0-node-0.log"
+    alone = gather([tmp_path / "chaos"]).observations
+    quoted = "".join(f"<text>{line}</text>\n" for line in log.read_text().splitlines())
+    (tmp_path / "chaos" / "report.html").write_text(f"<html><body>{quoted}</body></html>\n")
+    (tmp_path / "chaos" / "timeline.svg").write_text(f"<svg>{quoted}</svg>\n")
+    assert gather([tmp_path / "chaos"]).observations == alone
 
 
 def test_a_log_no_reader_takes_is_a_launch_only_of_a_job_named_as_it_is(tmp_path):
