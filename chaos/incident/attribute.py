@@ -34,10 +34,12 @@ order they are tried for the first failure (the first that applies wins):
 9. **torn_write** / **power_loss**: only the checkpoint folder shows it: a file
    that does not load.
 
-The phase: the failing rank's own frames first (a save, a load, a collective);
-else a temporary file in the checkpoint folder (a save under way); else the
-log (a resume line with no step after it: the load; a save begun and not
-ended); else between saves, said as placed by rule, not seen.
+The phase (`PHASE_RULES`, in order): the failing rank's own frames in a save or
+a load; a temporary file in the checkpoint folder, or a file that does not load
+(a save under way); the log (a save begun and not said done; a resume line
+with no step after it: the load); where the surviving ranks waited; the
+failing rank in a collective (a training step); else between saves, said as
+placed by rule, not seen, or unknown where no step came before it.
 """
 
 from __future__ import annotations
@@ -889,55 +891,134 @@ def _writer(obs: list[Observation]) -> int | None:
     return min((o.rank for o in obs if o.what == "save" and o.rank is not None), default=None)
 
 
+@dataclass
+class _Placing:
+    """What the phase rules read: the first failure's observations and where it shows in
+    the log, the restart's observations, and the script's own lines."""
+
+    obs: list[Observation]
+    incident: Incident
+    story: RankStory | None  # the failing rank's, where one is named
+    failed_at: Source | None
+    later: list[Observation]
+    sources: dict[str, list[str]]
+
+    @property
+    def finding(self) -> Finding:
+        return self.incident.finding
+
+
 def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later,
            sources: dict[str, list[str]]) -> None:
-    f = incident.finding
-    if story and story.phase in ("save", "load"):
-        f.phase, f.phase_seen = {"save": "mid_save", "load": "load"}[story.phase], True
-        f.rules.append(f"phase {f.phase}: rank {story.rank} was in {story.frame}")
-        return
-    temp = [o for o in obs if o.what == "checkpoint" and o.extra.get("temp")]
-    if temp:
-        f.phase, f.phase_seen = "mid_save", True
-        f.rules.append(f"phase mid_save: {temp[0].source} is {temp[0].detail}")
-        return
-    torn = [o for o in obs if o.what == "checkpoint" and o.extra.get("loads") is False]
-    if torn and f.kind not in ("hang",):
-        f.phase, f.phase_seen = "mid_save", True
-        f.rules.append(f"phase mid_save: {torn[0].source} does not load ({torn[0].detail})")
-        return
-    if f.kind != "hang" and _save_the_log_left_open(obs, f, failed_at, later):
-        return
+    """The first rule of PHASE_RULES that places the finding decides (the last always
+    does)."""
+    placing = _Placing(obs, incident, story, failed_at, later, sources)
+    next(rule for rule in PHASE_RULES if rule(placing))
+
+
+def _in_own_frames(p: _Placing) -> bool:
+    """The failing rank's own frames were in a save or a load."""
+    f, story = p.finding, p.story
+    if not (story and story.phase in ("save", "load")):
+        return False
+    f.phase, f.phase_seen = {"save": "mid_save", "load": "load"}[story.phase], True
+    f.rules.append(f"phase {f.phase}: rank {story.rank} was in {story.frame}")
+    return True
+
+
+def _temporary_file_left(p: _Placing) -> bool:
+    """A save's temporary file is still in the checkpoint folder."""
+    temp = [o for o in p.obs if o.what == "checkpoint" and o.extra.get("temp")]
+    if not temp:
+        return False
+    p.finding.phase, p.finding.phase_seen = "mid_save", True
+    p.finding.rules.append(f"phase mid_save: {temp[0].source} is {temp[0].detail}")
+    return True
+
+
+def _checkpoint_does_not_load(p: _Placing) -> bool:
+    """A checkpoint file does not load: cut short by a death in its save (a hang leaves
+    none, so one there is older than the hang)."""
+    torn = [o for o in p.obs if o.what == "checkpoint" and o.extra.get("loads") is False]
+    if not torn or p.finding.kind == "hang":
+        return False
+    p.finding.phase, p.finding.phase_seen = "mid_save", True
+    p.finding.rules.append(f"phase mid_save: {torn[0].source} does not load"
+                           f" ({torn[0].detail})")
+    return True
+
+
+def _save_left_open(p: _Placing) -> bool:
+    return p.finding.kind != "hang" and _save_the_log_left_open(p.obs, p.finding,
+                                                                p.failed_at, p.later)
+
+
+def _resumed_without_a_step(p: _Placing) -> bool:
+    """The log's last resume before the failure has no step after it: the failure came
+    in the load or right after it."""
+    obs, failed_at, f = p.obs, p.failed_at, p.finding
     resumes = [o for o in obs if o.what == "resume" and (failed_at is None
                                                          or _earlier(o, failed_at))]
-    if resumes:
-        after = [o for o in obs if o.what == "step" and _earlier(resumes[-1], o.source)
-                 and (failed_at is None or _earlier(o, failed_at))]
-        if not after:
-            f.phase, f.phase_seen = "after_resume", True
-            f.rules.append(f"phase after_resume: it failed after {resumes[-1].source}"
-                           " resumed and before any step was logged")
-            return
-    if not (story and story.phase) and _peers_waiting(obs, f, sources):
-        return  # (the failing rank's own frames, where they tell a phase, say more)
-    if story and story.phase == "collective" or f.kind == "hang":
-        f.phase, f.phase_seen = "between_saves", story is not None and story.phase is not None
-        f.rules.append("phase between_saves: in a collective of a training step"
-                       if f.phase_seen else "phase between_saves: a hang in a training step")
-        return
-    if f.kind == "unknown":
-        incident.unknowns.append("no failure is told, so none is placed: the artefacts show"
-                                 " no death, error, timeout or vanished launch")
-        return
-    if f.step_window[0] is None:
-        f.phase = "unknown"
-        incident.unknowns.append(f"the phase of the {f.kind} is not known: no frame, no"
-                                 " checkpoint leftover and no step before it in the"
-                                 " artefacts")
-        return
+    if not resumes:
+        return False
+    if any(o.what == "step" and _earlier(resumes[-1], o.source)
+           and (failed_at is None or _earlier(o, failed_at)) for o in obs):
+        return False
+    f.phase, f.phase_seen = "after_resume", True
+    f.rules.append(f"phase after_resume: it failed after {resumes[-1].source} resumed and"
+                   " before any step was logged")
+    return True
+
+
+def _where_peers_waited(p: _Placing) -> bool:
+    # the failing rank's own frames, where they tell a phase, say more than its peers'
+    return not (p.story and p.story.phase) and _peers_waiting(p.obs, p.finding, p.sources)
+
+
+def _in_a_collective(p: _Placing) -> bool:
+    """The failing rank was in a collective, or the job hung: a training step's."""
+    f, story = p.finding, p.story
+    if not (story and story.phase == "collective" or f.kind == "hang"):
+        return False
+    f.phase, f.phase_seen = "between_saves", story is not None and story.phase is not None
+    f.rules.append("phase between_saves: in a collective of a training step"
+                   if f.phase_seen else "phase between_saves: a hang in a training step")
+    return True
+
+
+def _nothing_failed(p: _Placing) -> bool:
+    if p.finding.kind != "unknown":
+        return False
+    p.incident.unknowns.append("no failure is told, so none is placed: the artefacts show"
+                               " no death, error, timeout or vanished launch")
+    return True
+
+
+def _no_step_before(p: _Placing) -> bool:
+    f = p.finding
+    if f.step_window[0] is not None:
+        return False
+    f.phase = "unknown"
+    p.incident.unknowns.append(f"the phase of the {f.kind} is not known: no frame, no"
+                               " checkpoint leftover and no step before it in the"
+                               " artefacts")
+    return True
+
+
+def _between_saves_by_rule(p: _Placing) -> bool:
+    f = p.finding
     f.phase, f.phase_seen = "between_saves", False
     f.rules.append(f"phase between_saves by rule: no frame of the {f.kind} is known, no"
                    " save was left unfinished, and the log shows steps before it")
+    return True
+
+
+# The phase rules, in the order they are tried: what the failing rank was seen doing,
+# then what the checkpoint folder and the log left, then where its peers waited; the
+# last places it by rule.
+PHASE_RULES = (_in_own_frames, _temporary_file_left, _checkpoint_does_not_load,
+               _save_left_open, _resumed_without_a_step, _where_peers_waited,
+               _in_a_collective, _nothing_failed, _no_step_before, _between_saves_by_rule)
 
 
 def _save_the_log_left_open(obs: list[Observation], f: Finding, failed_at: Source | None,
