@@ -128,12 +128,22 @@ def phase_of_frames(frames: tuple[str, ...] | list[str]) -> str | None:
 
 
 def telling_frame(frames: tuple[str, ...] | list[str]) -> tuple[str, str] | None:
-    """(the innermost frame that tells a phase, that phase)."""
+    """(the innermost frame that tells a phase, that phase). A rank held by torchchaos's
+    own hang fault (in a replay) has entered no collective, whatever the frames around
+    the hold are named: `mode=collective,op=all_reduce` holds it in a stand-in for
+    `dist.all_reduce`, called by wrappers that still name the collective."""
+    held = False
     for frame in reversed(list(frames)):
+        held = held or _held(frame)
         phase = _phase_of_frame(frame)
-        if phase:
+        if phase and not (held and phase == "collective"):
             return frame, phase
     return None
+
+
+def _held(frame: str) -> bool:
+    return path_of(frame).endswith("faults/hang.py") and function_of(frame) in (
+        "_stop", "_hold", "_hold_gil", "_arm_hold.<locals>.held_collective")
 
 
 # torchchaos's own wrappers of torch.save and torch.load, safetensors' save_file and

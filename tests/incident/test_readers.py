@@ -200,6 +200,29 @@ def test_torchchaos_own_wrappers_of_torch_load_and_save_tell_the_phase():
     assert phase_of_frames(["main (train.py:9)", "load (mylib/io.py:3)"]) is None
 
 
+def test_a_rank_held_by_the_hang_fault_at_a_collective_has_not_entered_it():
+    """A replay of a hang holds the rank in a stand-in for `dist.all_reduce`, called by
+    Ignite's wrappers that are named all_reduce (the replay of ignite/08, whose peer
+    waited in torch's all_reduce): the held rank is outside every collective, so the
+    replay's import names it as the hung one. A hold inside a save still says save."""
+    from torchchaos.incident.observations import phase_of_frames
+
+    site = "/usr/lib/python3.11/site-packages"
+    ignite = f"{site}/ignite/distributed"
+    outer = ["main (ignite_trainer.py:161)", "training.<locals>.train_step (ignite_trainer.py:87)",
+             f"all_reduce ({ignite}/utils.py:353)",
+             f"ComputationModel.all_reduce ({ignite}/comp_models/base.py:226)",
+             f"_NativeDistModel._do_all_reduce ({ignite}/comp_models/native.py:449)"]
+    held = outer + ["_arm_hold.<locals>.held_collective (/work/main/faults/hang.py:153)",
+                    "_hold (/work/main/faults/hang.py:173)"]
+    waiting = outer + [f"all_reduce ({site}/torch/distributed/distributed_c10d.py:3252)"]
+    assert phase_of_frames(held) is None
+    assert phase_of_frames(waiting) == "collective"
+    stopped_in_save = ["main (train.py:9)", "save_checkpoint (train.py:40)",
+                       f"_stop ({site}/torchchaos/faults/hang.py:128)"]
+    assert phase_of_frames(stopped_in_save) == "save"
+
+
 def test_a_line_the_script_starts_with_its_rank_is_that_ranks_even_glued_to_another():
     """Two ranks printing at once: each print is two writes (text, then newline), so the
     second rank's text lands on the first's line, as in tests/data/incidents/harness/
