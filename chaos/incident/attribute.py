@@ -180,7 +180,7 @@ def attribute(observations: list[Observation],
               sources: dict[str, list[str]] | None = None) -> Incident:
     """The incident `observations` tell; `sources` (the script files their tracebacks
     quote, from `gather`) let a silent script's peers say where its failure fell."""
-    everything = _with_ranks(observations)
+    everything = _started_over(_with_ranks(observations))
     stopped = {o.pid for o in everything if o.reason == "stopped by the launcher" and o.pid}
     obs, later = _first_failure(everything, stopped)
     obs = _complete_pids(obs)
@@ -340,6 +340,37 @@ def _with_ranks(observations: list[Observation]) -> list[Observation]:
     pid_rank = {o.pid: o.rank for o in observations if o.pid and o.rank is not None}
     return [dataclasses.replace(o, rank=pid_rank[o.pid]) if o.rank is None and o.pid in pid_rank
             else o for o in observations]
+
+
+def _started_over(obs: list[Observation]) -> list[Observation]:
+    """`obs`, and a `no_checkpoint` for each relaunch that started over without saying
+    so: its log begins with every step line an earlier launch of the job printed, word
+    for word (wall-clock times aside), and went on past where that launch stopped. A
+    relaunch that resumed prints later steps first; two runs that both finished print
+    the same kinds of lines, and neither went on past the other."""
+    logs = [o for o in obs if o.what == "log_file" and o.extra.get("opening")]
+    told = {o.source.file for o in obs if o.what in ("resume", "no_checkpoint")}
+    found = []
+    for first in logs:
+        mine = first.extra["opening"]
+        if first.source.file in told:
+            continue  # a launch that resumed itself: not a fresh start to compare with
+        for later in logs:
+            theirs = later.extra["opening"]
+            if later.source.file in told or not _relaunch_of(first.source.file,
+                                                              later.source.file) \
+                    or theirs[:len(mine)] != mine or not _went_on_past(first.source.file,
+                                                                       later, obs):
+                continue
+            line = min((o.source.line for o in obs if o.source.file == later.source.file
+                        and o.what in ("step", "save") and o.source.line is not None),
+                       default=None)
+            found.append(Observation(
+                "no_checkpoint", Source(later.source.file, line),
+                detail=f"its step lines begin as {first.source.file}'s did, word for word"
+                       f" ({mine[0][:80]!r}): it started over, from no checkpoint"))
+            told.add(later.source.file)
+    return obs + found
 
 
 def _complete_pids(obs: list[Observation]) -> list[Observation]:
@@ -786,9 +817,13 @@ def _lost_save(obs: list[Observation], ended: str, resume: Observation, f: Findi
         f.phase, f.phase_seen = "mid_save", True
         f.rules.append(f"phase mid_save: {pending.source} began the save of step"
                        f" {pending.step}, and the log never said it was done")
-    else:
+    elif any(o.what == "step" and o.source.file == ended and o.step is not None
+             and o.step > step for o in obs):
         f.phase, f.phase_seen = "between_saves", True
-        f.rules.append(f"phase between_saves: after the save of step {step} was done")
+        f.rules.append(f"phase between_saves: the log went on training after the save of"
+                       f" step {step} was done, and began no other")
+    # else: the log says nothing after that save (a script that prints only at its saves):
+    # the phase is left to the rules that place it
 
 
 def _save_number(step: int | None, interval: int | None) -> int | None:

@@ -135,11 +135,24 @@ def _read_file(path: Path, shown: str, readers: list[Reader], found: Gathered,
             return [f"{shown}: not a well-formed {reader.name} artefact"
                     f" ({type(exc).__name__}: {exc})"[:300]]
     if path.suffix in LOG_SUFFIXES and not any(r.structured for r in claimed):
-        observations.append(Observation("log_file", Source(shown), detail="log",
-                                        extra={"shapes": text.line_shapes(data)}))
+        observations.append(_log_file(data, shown, observations))
     found.observations += observations
     found.read[shown] = [r.name for r in claimed]
     return []
+
+
+# how many of a log's first step lines are kept, to tell a relaunch that started over
+OPENING_STEPS = 20
+
+
+def _log_file(data: bytes, shown: str, observations: list[Observation]) -> Observation:
+    """A log's own observation: the kinds of lines it printed, and its first step lines
+    as printed (a relaunch that printed them again, word for word, started over)."""
+    stepped = sorted({o.source.line for o in observations if o.step is not None
+                      and o.what in ("step", "save") and o.source.line is not None})
+    shapes, opening = text.outline(data, set(stepped[:OPENING_STEPS]))
+    return Observation("log_file", Source(shown), detail="log",
+                       extra={"shapes": shapes, "opening": opening})
 
 
 def _launch_log(path: Path, shown: str, suffixes: tuple[str, ...]) -> bool:

@@ -57,7 +57,10 @@ tests/scripts/jsonlog_trainer.py, the third, whose own lines are JSON records: a
 whose peer's SIGTERM handler raised SystemExit inside an atexit callback, and a kill
 after a `ckpt_save_begin` record with no `ckpt_save_end`. `ignite_kill_at_the_end_of_a_save`
 ran tests/scripts/ignite_trainer.py, the fourth (PyTorch-Ignite): the restart resumed
-from the checkpoint of the last iteration logged, which the log never said saved."""
+from the checkpoint of the last iteration logged, which the log never said saved.
+`adamw_power_loss_relaunch_started_over` is a power loss in the 2nd save of a script that
+prints a line only at its saves: the relaunch found nothing and printed the first
+launch's "step 5 ... saved" again, word for word."""
 
 from __future__ import annotations
 
@@ -130,7 +133,8 @@ def test_most_of_the_corpus_is_told_exactly():
     first failure's phase nothing tells; 32 of 42 with two launches that vanished before
 a relaunch with no resume line, whose phase nothing tells; 34 of 44 with the held-out
 script's two; 36 of 46 with the second held-out script's two; 38 of 48 with the
-third's; 39 of 49 with the fourth's. (An earlier
+third's; 39 of 49 with the fourth's; 39 of 50 with a power loss told, whose phase
+nothing tells. (An earlier
     corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank
     and whose launcher line, racing, named the peer's SIGTERM.)"""
     missed = []

@@ -383,3 +383,12 @@ def test_a_scripts_own_save_function_is_a_save():
                             "save_ckpt (jsonlog_trainer.py:125)"]) == "save"
     assert phase_of_frames(["_save_checkpoint (trainer.py:3)"]) == "save"
     assert phase_of_frames(["save_metrics (train.py:3)"]) is None
+
+
+def test_a_step_line_that_ends_saying_saved_is_the_step_and_its_save_done():
+    """bench/targets/adamw_trainer.py prints a step's line only at its saves."""
+    from torchchaos.incident.formats.trainlog import TrainingLog
+
+    log = b"step 10 loss 2.2366 saved\nstep 11 loss 2.2 (3 samples saved to disk later)\n"
+    found = [(o.what, o.step, o.source.line) for o in TrainingLog().read(log, "t.log")]
+    assert found == [("step", 10, 1), ("save", 10, 1), ("step", 11, 2)], found

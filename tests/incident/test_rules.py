@@ -42,14 +42,46 @@ def test_a_save_begun_is_not_a_save_done(tmp_path):
 
 
 def test_a_launch_that_stopped_short_of_its_relaunch_is_a_node_loss(tmp_path):
-    """No resume line: the relaunch started over (a script that resumes silently, or one
-    whose checkpoints were lost), and printed what the first did and went on past it."""
-    found = _import(tmp_path, "hidden=260\nstep 5 loss 2.2451 saved\n",
-                    "hidden=260\nstep 5 loss 2.2451 saved\nstep 10 loss 2.2366 saved\n"
-                    "done at step 10, param sum 4.68e+01\n")
+    """No resume line, and the relaunch's first step line is a later step's (a script
+    that resumes silently): it printed every kind of line the first did and went on."""
+    found = _import(tmp_path, "hidden=260\nstep 5 loss 2.2451\n",
+                    "hidden=260\nstep 10 loss 2.2366\ndone at step 10, param sum 4.68e+01\n")
     assert found.kind == "node" and "power_loss" in found.alternatives, found.rules
     assert found.step_window == (5, 10), found.step_window
     assert any("went on past it" in r for r in found.rules), found.rules
+
+
+def test_a_relaunch_that_printed_the_first_launchs_saves_again_started_over(tmp_path):
+    """bench/targets/adamw_trainer.py's words (a step's line only at its saves): the
+    relaunch printed the first launch's "step 5 ... saved" again, word for word, so it
+    found no checkpoint, and the save said done was lost: a power loss, whose phase the
+    log, silent between saves, does not tell."""
+    found = _import(tmp_path, "hidden=260\nstep 5 loss 2.2451 saved\n",
+                    "hidden=260\nstep 5 loss 2.2451 saved\nstep 10 loss 2.2366 saved\n"
+                    "done at step 10, param sum 4.68e+01\n")
+    assert (found.kind, found.phase_seen) == ("power_loss", False), found.rules
+    assert any("checkpoint of step 5 was saved" in r and "found no checkpoint" in r
+               for r in found.rules), found.rules
+
+
+def test_a_relaunch_started_over_is_told_through_its_clock_and_its_other_lines(tmp_path):
+    """Timestamps differ between the two prints of one step's line; the losses do not.
+    Without "saved" in the step's line, no save was said done: a node's death, whose
+    relaunch restarted from scratch."""
+    first = "2026-11-28 15:11:15,270 INFO step 5 loss 2.2451\n"
+    again = "2026-11-28 15:12:01,004 INFO step 5 loss 2.2451\n" \
+        "2026-11-28 15:12:01,090 INFO step 10 loss 2.2366\n2026-11-28 15:12:01,100 INFO done\n"
+    (tmp_path / "launch-0-node-0.log").write_text(first)
+    (tmp_path / "launch-1-node-0.log").write_text(again)
+    gathered = gather([tmp_path])
+    incident = attribute(gathered.observations, gathered.sources)
+    assert incident.finding.kind == "node", incident.finding.rules
+    assert incident.recovery.startswith("restarted from scratch: its step lines begin as")
+    resumed = again.replace("step 5 loss 2.2451", "step 5 loss 2.3001")  # another loss
+    (tmp_path / "launch-1-node-0.log").write_text(resumed)
+    gathered = gather([tmp_path])
+    incident = attribute(gathered.observations, gathered.sources)
+    assert incident.recovery == "restarted; no resume line in the logs", incident.recovery
 
 
 def test_a_launch_that_printed_nothing_before_its_relaunch_is_a_node_loss(tmp_path):

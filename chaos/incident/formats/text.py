@@ -40,14 +40,27 @@ def line_shapes(data: bytes) -> frozenset[str] | None:
     """The kinds of lines a log printed: each line with its numbers blanked (a progress
     bar's last frame only), so that two launches of one job can be compared; None for a
     log too varied to compare."""
-    shapes: set[str] = set()
-    for line in data.decode("utf-8", errors="replace").splitlines():
+    return outline(data, set())[0]
+
+
+# a wall-clock time or date in a line: what two prints of one step's line differ in
+CLOCK = re.compile(r"\d{4}-\d\d-\d\d|\b\d\d:\d\d:\d\d(?:[.,]\d+)?|\b[WIEF]\d{4}\b")
+
+
+def outline(data: bytes, wanted: set[int]) -> tuple[frozenset[str] | None, tuple[str, ...]]:
+    """(the log's `line_shapes`, its lines numbered in `wanted` (1-based), in order, with
+    wall-clock times and dates blanked): what two launches of one job are compared by."""
+    shapes: set[str] | None = set()
+    lines = []
+    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+        if number in wanted:
+            lines.append(" ".join(CLOCK.sub("#", line).split()))
         shape = " ".join(NUMBERS.sub("#", line.rpartition("\r")[2]).split())
-        if shape:
+        if shape and shapes is not None:
             shapes.add(shape)
             if len(shapes) > MAX_SHAPES:
-                return None
-    return frozenset(shapes)
+                shapes = None  # too varied to compare; the lines wanted are still read
+    return (frozenset(shapes) if shapes is not None else None), tuple(lines)
 
 
 def text_of(data: bytes) -> str | None:

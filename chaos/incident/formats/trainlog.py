@@ -47,6 +47,8 @@ NO_CHECKPOINT = re.compile(r"\bno (?:usable |valid |last |saved |existing )?chec
                            r"checkpoint", re.I)
 SAVE = re.compile(r"\b(?:sav(?:ed|ing)|wrote|writing)\b.*\bcheckpoint|\bcheckpoint\b.*"
                   r"\b(?:saved|written|committed)\b", re.I)
+# a step's line that ends saying its checkpoint was saved: "step 10 loss 2.2366 saved"
+SAVED_AT_END = re.compile(r"\bsaved[.!]?\s*$", re.I)
 # a handler's word that the rank got a SIGTERM: Lightning's "Received SIGTERM: 15", a
 # script's own "got signal 15, exiting"
 SIGTERM_SAID = re.compile(r"\b(?:received|got|caught)\s+(?:signal\s*:?\s*(?:SIGTERM|15)\b"
@@ -122,4 +124,8 @@ def _observed(body: str, rank: int | None, where: Source,
     else:
         return []
     detail = body.strip()[:200] if what != "step" else ""
-    return [Observation(what, where, rank=rank, step=number, detail=detail, attempt=attempt)]
+    found = [Observation(what, where, rank=rank, step=number, detail=detail, attempt=attempt)]
+    if what == "step" and SAVED_AT_END.search(body):  # the step's line, and its save done
+        found.append(Observation("save", where, rank=rank, step=number,
+                                 detail=body.strip()[:200], attempt=attempt))
+    return found
