@@ -134,12 +134,17 @@ def _read_file(path: Path, shown: str, readers: list[Reader], found: Gathered,
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             return [f"{shown}: not a well-formed {reader.name} artefact"
                     f" ({type(exc).__name__}: {exc})"[:300]]
-    if path.suffix in LOG_SUFFIXES and not any(r.structured for r in claimed):
+    if path.suffix in LOG_SUFFIXES and not any(r.structured for r in claimed) \
+            and not {r.name for r in claimed} <= DUMPS:
         observations.append(_log_file(data, shown, observations))
     found.observations += observations
     found.read[shown] = [r.name for r in claimed]
     return []
 
+
+# readers of what a tool took apart from the job (py-spy's or a watchdog's stacks, the
+# kernel's log): a file only they read is no launch's log, to compare with a relaunch's
+DUMPS = {"stacks", "kernel"}
 
 # how many of a log's first step lines are kept, to tell a relaunch that started over
 OPENING_STEPS = 20

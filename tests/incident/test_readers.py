@@ -392,3 +392,13 @@ def test_a_step_line_that_ends_saying_saved_is_the_step_and_its_save_done():
     log = b"step 10 loss 2.2366 saved\nstep 11 loss 2.2 (3 samples saved to disk later)\n"
     found = [(o.what, o.step, o.source.line) for o in TrainingLog().read(log, "t.log")]
     assert found == [("step", 10, 1), ("save", 10, 1), ("step", 11, 2)], found
+
+
+def test_a_stack_dump_is_no_launchs_log():
+    """py-spy's dumps taken during a hang (stacks/rank-0.txt, rank-1.txt) are read for
+    their stacks, and are not compared as a launch and its relaunch."""
+    from torchchaos.incident.gather import gather
+
+    gathered = gather([Path(__file__).resolve().parents[1] / "data" / "incidents" / "hang"])
+    logs = [o.source.file for o in gathered.observations if o.what == "log_file"]
+    assert logs == ["hang/launcher.log"], logs
