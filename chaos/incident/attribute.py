@@ -368,7 +368,8 @@ def _started_over(obs: list[Observation]) -> list[Observation]:
             found.append(Observation(
                 "no_checkpoint", Source(later.source.file, line),
                 detail=f"its step lines begin as {first.source.file}'s did, word for word"
-                       f" ({mine[0][:80]!r}): it started over, from no checkpoint"))
+                       f" ({mine[0][:80]!r}): it started over, from no checkpoint",
+                extra={"started_over": True}))
             told.add(later.source.file)
     return obs + found
 
@@ -810,6 +811,10 @@ def _lost_save(obs: list[Observation], ended: str, resume: Observation, f: Findi
     found = f"resumed from step {start}" if resume.what == "resume" else \
         "found no checkpoint to resume from"
     f.kind, f.how, f.alternatives = "power_loss", "a finished save lost with the node", []
+    if resume.extra.get("started_over"):  # not said: a script that never resumes does so too
+        f.alternatives = ["node"]
+        f.alternatives_why = ("a relaunch that started over without a word fits a save lost,"
+                              " and a script that never looks for its checkpoint")
     _say(f, f"power_loss: {last.source} says the checkpoint of step {step} was saved,"
             f" yet {resume.source} {found}: a finished save did not survive the node (never"
             " made durable: no fsync of it or its folder)", last, resume)

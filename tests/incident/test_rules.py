@@ -60,6 +60,7 @@ def test_a_relaunch_that_printed_the_first_launchs_saves_again_started_over(tmp_
                     "hidden=260\nstep 5 loss 2.2451 saved\nstep 10 loss 2.2366 saved\n"
                     "done at step 10, param sum 4.68e+01\n")
     assert (found.kind, found.phase_seen) == ("power_loss", False), found.rules
+    assert found.alternatives == ["node"]  # a script that never resumes leaves the same
     assert any("checkpoint of step 5 was saved" in r and "found no checkpoint" in r
                for r in found.rules), found.rules
 
