@@ -1103,6 +1103,19 @@ def _save_the_log_left_open(obs: list[Observation], f: Finding, failed_at: Sourc
                        " the log, saying when each save is done, never said done: the rank"
                        " died at the save's end, its files written")
         return True
+    # the same where the log prints a step's line only with its save ("step 15 ... saved"):
+    # the restart resumed from a save past every line, in a log that went on after the
+    # death (its peers' echoes), so the line was not lost with a node
+    if said_done is not None and first_resume.step > reached >= said_done \
+            and failed_at is not None and failed_at.line != LOG_END:
+        f.phase, f.phase_seen = "mid_save", True
+        f.save = _save_number(first_resume.step, interval)
+        f.rules.append(f"phase mid_save: the log's last save said done is step {said_done},"
+                       f" and the restart resumed from step {first_resume.step}"
+                       f" ({first_resume.source}), a save the log, saying when each save is"
+                       " done, never said done: the rank died at that save's end, its files"
+                       " written")
+        return True
     return False
 
 
@@ -1184,6 +1197,9 @@ def save_interval(obs: list[Observation]) -> int | None:
     return math.gcd(*steps) or None
 
 
+LOG_END = 10**9  # the line of a log's end, where a launch that vanished stopped
+
+
 def _first_failure_line(obs: list[Observation], f: Finding):
     """Where the failure shows in the log that counts the steps: the end of a log that
     stopped, the rule's own line there, the failing rank's end there, or a peer's echo
@@ -1192,7 +1208,7 @@ def _first_failure_line(obs: list[Observation], f: Finding):
     lined = {str(o.source): o.source for o in obs if o.source.line is not None}
     for src in f.sources:
         if src.endswith(":end"):  # a log that ends where the failure is
-            return Source(src[:-4], 10**9)
+            return Source(src[:-4], LOG_END)
     for src in f.sources:
         if src in lined and lined[src].file in stepped:
             return lined[src]

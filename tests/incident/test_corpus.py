@@ -60,7 +60,9 @@ ran tests/scripts/ignite_trainer.py, the fourth (PyTorch-Ignite): the restart re
 from the checkpoint of the last iteration logged, which the log never said saved.
 `adamw_power_loss_relaunch_started_over` is a power loss in the 2nd save of a script that
 prints a line only at its saves: the relaunch found nothing and printed the first
-launch's "step 5 ... saved" again, word for word."""
+launch's "step 5 ... saved" again, word for word. `barrier_inside_the_save` is a kill at
+the end of the same script's 3rd save: its restart resumed from a save the log never said
+done, past every line of it."""
 
 from __future__ import annotations
 
@@ -134,7 +136,7 @@ def test_most_of_the_corpus_is_told_exactly():
 a relaunch with no resume line, whose phase nothing tells; 34 of 44 with the held-out
 script's two; 36 of 46 with the second held-out script's two; 38 of 48 with the
 third's; 39 of 49 with the fourth's; 39 of 50 with a power loss told, whose phase
-nothing tells. (An earlier
+nothing tells; 40 of 51 with that script's kill at the end of a save. (An earlier
     corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank
     and whose launcher line, racing, named the peer's SIGTERM.)"""
     missed = []

@@ -85,6 +85,17 @@ def test_a_relaunch_started_over_is_told_through_its_clock_and_its_other_lines(t
     assert incident.recovery == "restarted; no resume line in the logs", incident.recovery
 
 
+def test_a_save_past_every_line_of_a_launch_that_vanished_is_not_placed(tmp_path):
+    """A log that prints a step's line only with its save, and a relaunch that resumed
+    from a later save: where the log went on after the death (a peer's echo), the death
+    is at that save's end (barrier_inside_the_save); where the log itself stopped (a node
+    gone, its tail perhaps lost with it), the phase is not placed from the log."""
+    found = _import(tmp_path, "step 5 loss 2.2451 saved\nstep 10 loss 2.2366 saved\n",
+                    "resumed from step 15\nstep 20 loss 2.2221 saved\ndone at step 20\n")
+    assert found.kind == "node", found.rules
+    assert not found.phase_seen and found.save is None, found.rules
+
+
 def test_a_launch_that_printed_nothing_before_its_relaunch_is_a_node_loss(tmp_path):
     found = _import(tmp_path, "", "done step 30 loss 0.519\n")
     assert (found.kind, found.phase, found.step_window) == ("node", "unknown", (None, None))
