@@ -198,7 +198,7 @@ def attribute(observations: list[Observation],
         later = [o for o in everything if o.source.file > ended
                  and _same_folder(o.source.file, ended)]
     incident.recovery, incident.restart_failure = _recovery(later, stopped)
-    incident.restarts = sum(1 for o in obs if o.what == "restart" and "attempts left" in o.detail)
+    incident.restarts = _restarts(everything)
     incident.resumed = [f"{o.detail} ({o.source})" for o in everything if o.what == "resume"]
     incident.checkpoints = [f"{o.source}: {o.detail}" for o in everything
                             if o.what == "checkpoint"
@@ -252,6 +252,18 @@ def _cuts(file: str, obs: list[Observation]) -> list[int]:
     went_on = [n for n in failures if n != failures[-1] or any(
         o.what in ("step", "resume") and o.source.line > n for o in lines)]
     return sorted(set(restarts) | set(went_on))  # type: ignore[arg-type]
+
+
+def _restarts(obs: list[Observation]) -> int:
+    """How many times the workers were started again, by the most any artefact shows:
+    torchrun's restart lines ("... attempts left", INFO and often not in the log), the
+    highest attempt of its folder per worker (attempt_1/), or a log's attempts cut at
+    failures after which it trained again."""
+    said = sum(1 for o in obs if o.what == "restart" and "attempts left" in o.detail)
+    attempts = max((o.attempt for o in obs if o.attempt is not None), default=0)
+    logs = {o.source.file for o in obs if o.source.line is not None}
+    cut = max((len(_cuts(log, obs)) for log in logs), default=0)
+    return max(said, attempts, cut)
 
 
 def _is_failure(o: Observation, stopped: set[int | None]) -> bool:

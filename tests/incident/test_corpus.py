@@ -184,6 +184,9 @@ def test_the_oom_kill_is_tied_to_its_rank_through_the_launchers_pid():
 def test_a_torn_checkpoint_that_fails_the_resume_is_the_kill_mid_save_and_a_failed_restart():
     incident = imported(DATA / "load")
     assert (incident.finding.kind, incident.finding.phase) == ("kill", "mid_save")
+    # torchrun restarted the workers once: its attempt_1/ folder says so, though its
+    # restart line (INFO) is not in the log; counting the first failure's lines said 0
+    assert incident.restarts == 1
     assert incident.recovery.startswith("failed while loading")
     assert any("does not load" in c or "cut short" in c for c in incident.checkpoints)
 
