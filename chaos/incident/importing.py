@@ -64,17 +64,16 @@ def judge_replay(incident: dict, out_dir: Path, name: str, verdict: str,
     try:
         seen = gather([run_dir])
         replayed = attribute(seen.observations, seen.sources)
-        got = Signature.of(replayed)
-        ranks = {str(r): s.to_dict() for r, s in replayed.ranks.items()}
+        got, told = Signature.of(replayed), replayed.to_dict()
     except UsageError:
-        got, ranks = Signature("unknown", "unknown", "unknown"), {}
+        got, told = Signature("unknown", "unknown", "unknown"), {}
     if got.role == "unknown":
         got = dataclasses.replace(got, role=_role_from_record(out_dir / "report.json"))
     want = Signature.from_dict(incident.get("signature", {}))
     differences = want.differences(got)
     if want.kind == "unknown":  # nothing was told, so nothing can be reproduced
         differences = ["kind: the incident's artefacts name no fault"]
-    path = page.write(out_dir, name, incident, got, ranks, differences, verdict, failing)
+    path = page.write(out_dir, name, incident, got, told, differences, verdict, failing)
     line = "incident reproduced: " + got.describe() if not differences else \
         "incident not reproduced: differs in " + "; ".join(differences)
     return line, path

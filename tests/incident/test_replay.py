@@ -49,3 +49,26 @@ def test_on_the_bug_it_had_the_replay_reproduces_it_and_fails_atomic_recovery(
     assert "restart: failed while loading" in line
     html = page.read_text()
     assert "reproduced" in html and "atomic_recovery" in html and "step-0008.pt" in html
+    # each column says why: the replay's own rules too, read from its artefacts
+    assert html.count("ended by SIGKILL the launcher did not send") == 2, html
+    assert 'href="timeline.svg"' in html
+
+
+def test_the_page_tells_each_ranks_step_and_a_fix_that_holds_apart_from_a_failure(tmp_path):
+    """A log whose step lines name no rank tells the job's last step; a replay that did not
+    reproduce the incident and held every invariant is what a fix gives, not a failure."""
+    from torchchaos.incident import page
+    from torchchaos.incident.signature import Signature
+
+    told = {"finding": {"step_window": [8, None], "rules": ["kill: rank 0 ended by SIGKILL"]},
+            "ranks": {"0": {"rank": 0, "end": "SIGKILL"},
+                      "1": {"rank": 1, "last_step": 7, "end": "stopped by the launcher"}},
+            "recovery": "resumed: from step 5", "signature": {"kind": "kill"}}
+    replay = Signature("kill", "writer", "mid_save")
+    fixed = page.write(tmp_path, "torn", told, replay, told, ["recovery"], "pass", []).read_text()
+    assert "<td>8 (the job)</td>" in fixed and "<td>7</td>" in fixed
+    assert "the restart: resumed: from step 5" in fixed
+    assert 'class="bad"' not in fixed and "Every invariant held" in fixed
+    failed = page.write(tmp_path, "torn", told, replay, {}, ["recovery"], "fail",
+                        ["atomic_recovery"]).read_text()
+    assert 'class="bad"' in failed and "the artefacts told nothing" in failed
