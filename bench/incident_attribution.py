@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -91,6 +92,21 @@ SCRIPTS = {
     "ignite": (REPO / "tests" / "scripts" / "ignite_trainer.py", ["--steps", "20",
                                                                    "--ckpt-every", "5"]),
 }
+# karpathy/nanoGPT's train.py as its authors wrote it (opt in): not in this repository.
+# NANOGPT names a copy prepared as bench/nanogpt_crashstates.sh prepares one (its
+# two-line CPU path, the character data set made by its own prepare.py). It prints on
+# rank 0 only, writes out/ckpt.pt in place, and starts from scratch unless told to
+# resume, so torchrun's restarts train again from step 0.
+NANOGPT = Path(os.environ.get("NANOGPT", "/tmp/nanogpt/nanoGPT"))
+SCRIPTS["nanogpt"] = (NANOGPT / "train.py", [
+    str(NANOGPT / "config" / "train_shakespeare_char.py"), "--device=cpu", "--backend=gloo",
+    "--dtype=float32", "--compile=False", "--gradient_accumulation_steps=2", "--n_layer=2",
+    "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4", "--max_iters=20",
+    "--lr_decay_iters=20", "--warmup_iters=2", "--eval_interval=5", "--eval_iters=2",
+    "--log_interval=1", "--always_save_checkpoint=True", "--dropout=0.0",
+    "--out_dir={run_dir}/out"])
+# what a script reads from its working directory, linked into each run's folder
+LINKS = {"nanogpt": [str(NANOGPT / "configurator.py"), str(NANOGPT / "data")]}
 DEFAULT_SCRIPTS = ["bundled", "plain_ddp", "adamw", "safetensors", "dcp"]
 
 
@@ -125,8 +141,6 @@ def expected(spec: str) -> dict:
 
 
 def make(corpus: Path, names: list[str]) -> None:
-    import os
-
     from torchchaos import env
     from torchchaos.engine import run_scenario
 
@@ -141,7 +155,8 @@ def make(corpus: Path, names: list[str]) -> None:
     cache = corpus / "cache"
     for name in names:
         script, args = SCRIPTS[name]
-        base = Scenario.build(str(script), args=args, hang_timeout=6.0)
+        base = Scenario.build(str(script), args=args, hang_timeout=6.0,
+                              links=LINKS.get(name, []))
         entries = battery.plan(base, cache, lambda m: None)
         mid = next(int(e.fault.split("step=")[1].split(",")[0]) for e in entries
                    if e.fault.startswith("kill:rank=0,step="))
@@ -158,7 +173,8 @@ def make(corpus: Path, names: list[str]) -> None:
             print(f"[{name} {i}] {spec}", flush=True)
             with tempfile.TemporaryDirectory() as tmp:
                 scenario = Scenario.build(str(script), faults=spec.split(THEN), args=args + (
-                    LOADER if spec.startswith("dataloader") else []), hang_timeout=6.0)
+                    LOADER if spec.startswith("dataloader") else []), hang_timeout=6.0,
+                    links=LINKS.get(name, []))
                 report = run_scenario(scenario, Path(tmp) / "run", cache)
                 keep(Path(tmp) / "run" / "chaos", case / "left")
                 fired = [f.get("fired_step") for f in report.faults]
@@ -302,7 +318,8 @@ def replay(corpus: Path, planted: bool, only: list[str]) -> int:
         script, args = SCRIPTS[name]
         spec = json.loads((case / "injected.json").read_text())["spec"]
         args = args + (LOADER if spec.startswith("dataloader") else [])
-        base = Scenario.build(str(script), args=args, hang_timeout=REPLAY_HANG_BOUND)
+        base = Scenario.build(str(script), args=args, hang_timeout=REPLAY_HANG_BOUND,
+                              links=LINKS.get(name, []))
         imported = import_artefacts([case / "left"], base, cache, lambda m: None)
         incident = imported.file.incident
         with tempfile.TemporaryDirectory() as tmp:

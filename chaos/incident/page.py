@@ -78,7 +78,8 @@ def _rank_row(rank: str, story: dict[str, Any], job_step: int | None) -> str:
     step = story.get("last_step")
     shown = step if step is not None else f"{job_step} (the job)" if job_step is not None \
         else "not known"
-    cells = (rank, shown, story.get("end", ""), story.get("error", ""), story.get("frame", ""))
+    cells = (rank, shown, story.get("end") or "not told", story.get("error", ""),
+             story.get("frame", ""))
     return "<tr>" + "".join(f"<td>{_e(cell)}</td>" for cell in cells) + "</tr>"
 
 

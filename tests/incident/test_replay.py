@@ -67,8 +67,12 @@ def test_the_page_tells_each_ranks_step_and_a_fix_that_holds_apart_from_a_failur
     replay = Signature("kill", "writer", "mid_save")
     fixed = page.write(tmp_path, "torn", told, replay, told, ["recovery"], "pass", []).read_text()
     assert "<td>8 (the job)</td>" in fixed and "<td>7</td>" in fixed
+    assert "<td>not told</td>" not in fixed  # each rank's end was told
     assert "the restart: resumed: from step 5" in fixed
     assert 'class="bad"' not in fixed and "Every invariant held" in fixed
     failed = page.write(tmp_path, "torn", told, replay, {}, ["recovery"], "fail",
                         ["atomic_recovery"]).read_text()
     assert 'class="bad"' in failed and "the artefacts told nothing" in failed
+    nothing = page.write(tmp_path, "torn", told, replay, {"ranks": {"1": {"rank": 1}}},
+                         ["recovery"], "fail", []).read_text()
+    assert "<td>not told</td>" in nothing  # an end no artefact told is said so, not blank
