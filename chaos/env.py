@@ -14,6 +14,9 @@ HELPER = "TORCHCHAOS_HELPER_OF"
 LOCK = "TORCHCHAOS_LOCK"
 REFERENCE = "TORCHCHAOS_REFERENCE"  # run dir of the reference run (absent in the reference)
 LAUNCH = "TORCHCHAOS_LAUNCH"  # how many times the runner relaunched the whole job
+# JSON list: the names --link shows in the run directory (inputs every run shares; a
+# rank's reads of them are no checkpoint load)
+LINKED = "TORCHCHAOS_LINKED"
 T0 = "TORCHCHAOS_T0"  # time.monotonic() when the job first started, for time= triggers
 # "1": every step of a chaos run is fingerprinted in full, not only around restores
 # and faults (Scenario.full_fingerprints)

@@ -13,6 +13,7 @@ every fault and removes the namespaces.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -176,6 +177,8 @@ def job_environment(scenario: Scenario, run_dir: Path, run_id: str, launch: int,
     environ.update({env.RUN_DIR: str(seen_at or run_dir), env.RUN_ID: run_id,
                     env.LAUNCH: str(launch),
                     env.T0: repr(t0), **lifeline.lock_env()})
+    if scenario.links:
+        environ[env.LINKED] = json.dumps(sorted(Path(link).name for link in scenario.links))
     # torchrun and torch make temporary folders (torchelastic_*); keep them in the run,
     # under a name short enough for the sockets made there (host.shortcuts)
     environ["TMPDIR"] = str(shortcuts.short_tmp(RunLayout(run_dir).tmp_dir, run_id))

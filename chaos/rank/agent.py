@@ -35,6 +35,7 @@ import atexit
 import faulthandler
 import gc
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -111,6 +112,7 @@ class Agent:
         self.local_rank = int(environ.get("LOCAL_RANK", "0"))
         self.node = int(environ.get("GROUP_RANK", "0"))
         self.layout = RunLayout(Path(environ[env.RUN_DIR]))
+        self.linked = set(json.loads(environ.get(env.LINKED, "[]")))
         self.t0 = float(environ.get(env.T0, time.monotonic()))
         launch = int(environ.get(env.LAUNCH, "0"))
         attempt = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -530,6 +532,8 @@ class Agent:
         if self.forked:
             return
         rel = os.path.relpath(path, self.layout.run_dir)
+        if op == "read" and rel.split(os.sep)[0] in self.linked:
+            return  # an input every run shares (configurator.py, data/), not a checkpoint
         self.last_path = path
         self.heartbeat.progress("load" if op == "read" else "checkpoint I/O", self.global_step())
         if op == "read":

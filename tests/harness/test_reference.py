@@ -203,16 +203,20 @@ def test_the_cache_key_covers_what_the_links_show(tmp_path):
 NANOGPT_LAYOUT = REPO / "tests" / "scripts" / "nanogpt_layout"
 
 
+def _nanogpt_layout(folder: Path) -> None:
+    """What nanoGPT's layout reads by fixed names, made in `folder`."""
+    (folder / "data" / "tiny").mkdir(parents=True)
+    tokens = bytes(i % 32 for i in range(4096))  # uint16 little-endian: token, 0
+    (folder / "data" / "tiny" / "train.bin").write_bytes(
+        b"".join(bytes([t, 0]) for t in tokens))
+    (folder / "configurator.py").write_text((NANOGPT_LAYOUT / "configurator.py").read_text())
+
+
 def test_a_job_that_opens_files_by_fixed_names_is_told_to_link_them_and_then_runs(tmp_path):
     """nanoGPT's layout (`exec(open('configurator.py').read())`, `data/<dataset>/`): each
     run starts in a new folder, so the first run names what to link; linked, a kill is
     judged and passes."""
-    (tmp_path / "data" / "tiny").mkdir(parents=True)
-    tokens = bytes(i % 32 for i in range(4096))  # uint16 little-endian: token, 0
-    (tmp_path / "data" / "tiny" / "train.bin").write_bytes(
-        b"".join(bytes([t, 0]) for t in tokens))
-    (tmp_path / "configurator.py").write_text(
-        (NANOGPT_LAYOUT / "configurator.py").read_text())
+    _nanogpt_layout(tmp_path)
 
     def run(*links: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -247,6 +251,29 @@ def test_a_job_that_opens_files_by_fixed_names_is_told_to_link_them_and_then_run
     assert ("the job saves its checkpoints into what --link shows every run (data/out,"
             in shared.stderr), shared.stderr
     assert not (tmp_path / "shared" / "chaos").exists()  # refused before any run with faults
+
+
+def test_a_linked_file_read_at_start_is_no_checkpoint_load(tmp_path):
+    """A restart of nanoGPT's layout reads the linked configurator.py before its
+    checkpoint: a fault at the restart's first checkpoint read fires in the read of
+    out/ckpt.pt, not of configurator.py (nanoGPT's own train.py, blind in
+    bench/incident_attribution.py, raised in `exec(open('configurator.py'))`)."""
+    _nanogpt_layout(tmp_path)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "torchchaos.cli", "run", "--fault", "kill:rank=1,step=7",
+         "--fault", "raise:rank=0,phase=checkpoint_load,event=1", "--max-relaunches", "0",
+         "--max-restarts", "1", "--link", "configurator.py", "--link", "data", "--out",
+         str(out), "--cache-dir", str(tmp_path / "cache"), "--", str(NANOGPT_LAYOUT / "train.py"),
+         "--max_iters=12"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    loads = [json.loads(line) for line in (out / "chaos" / "_chaos" / "history" /
+                                           "rank-0.jsonl").read_text().splitlines()]
+    read = [e["path"] for e in loads if e.get("ev") == "load"]
+    assert read and set(read) == {"out/ckpt.pt"}, read
+    log = (out / "chaos" / "_chaos" / "logs" / "launch-0-node-0.log").read_text()
+    fired = log[log.index("torchchaos fault raise") - 2000:log.index("torchchaos fault raise")]
+    assert "configurator.py" not in fired and "torch.load" in fired, fired
 
 
 # nanoGPT's train.py under torchrun, the DDP tutorial's model.to(local_rank), a CUDA
