@@ -542,17 +542,25 @@ def _dataloader(obs, stopped, ranks, f: Finding) -> bool:
 
 
 def _abort(obs, stopped, ranks, f: Finding) -> bool:
-    """A process group that was there (the rank got as far as a collective) and is gone:
-    aborted under the rank, not a script that never made one."""
-    gone = [o for o in obs if o.what == "error" and GROUP_GONE.search(o.detail)
-            and o.phase == "collective" and "init_process_group" not in " ".join(o.frames)]
+    """A process group that was there (the rank got as far as a collective, or as its
+    teardown) and is gone: aborted under the rank, not a script that never made one."""
+    gone = [o for o in obs if o.what == "error" and not ECHO.search(o.detail) and (
+        GROUP_GONE.search(o.detail) and o.phase == "collective"
+        and "init_process_group" not in " ".join(o.frames)
+        or TEARDOWN_FOUND_NONE.search(o.detail) and o.phase == "exit")]
     if not gone or any(o.what == "collective_timeout" for o in obs):
         return False
     first = next((o for o in gone if o.rank is not None), gone[0])
     f.kind, f.rank, f.how = "abort", first.rank, first.detail[:160]
-    _say(f, f"abort: rank {first.rank}'s collective found its process group gone"
+    where = "teardown (destroy_process_group)" if first.phase == "exit" else "collective"
+    _say(f, f"abort: rank {first.rank}'s {where} found its process group gone"
             f" ({first.detail[:100]!r}, {first.source}): it was aborted under the rank", first)
     return True
+
+
+# torch's destroy_process_group when the default group is already gone: a group aborted
+# under a rank that trained on (DDP keeps its own handle) is found missing at the end
+TEARDOWN_FOUND_NONE = re.compile(r"Process group cannot be None")
 
 
 def _exception(obs, stopped, ranks, f: Finding) -> bool:
@@ -934,8 +942,9 @@ def _place(obs: list[Observation], incident: Incident, later: list[Observation],
         incident.unknowns.append(f"{f.kind} or {' or '.join(f.alternatives)}: the artefacts"
                                  f" fit each ({why})")
     if f.step_window[0] is None:
-        incident.unknowns.append(f"no step is known for the {f.kind}: the log names none"
-                                 " before it")
+        before = f", only that it came before step {f.step_window[1]}" \
+            if f.step_window[1] is not None else ": the log names none before it"
+        incident.unknowns.append(f"no step is known for the {f.kind}{before}")
 
 
 def _writer(obs: list[Observation]) -> int | None:
@@ -966,6 +975,18 @@ def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later,
     does)."""
     placing = _Placing(obs, incident, story, failed_at, later, sources)
     next(rule for rule in PHASE_RULES if rule(placing))
+
+
+def _aborted_before_its_teardown(p: _Placing) -> bool:
+    """An abort found at the rank's teardown: the group went at a point nothing shows,
+    before the end the log reached."""
+    f = p.finding
+    if f.kind != "abort" or not TEARDOWN_FOUND_NONE.search(f.how):
+        return False
+    f.step_window = (None, f.step_window[0])
+    p.incident.unknowns.append("when the abort came is not known: the rank trained on, and"
+                               " only its teardown found the process group gone")
+    return True
 
 
 def _in_own_frames(p: _Placing) -> bool:
@@ -1065,12 +1086,13 @@ def _between_saves_by_rule(p: _Placing) -> bool:
     return True
 
 
-# The phase rules, in the order they are tried: what the failing rank was seen doing,
-# then what the checkpoint folder and the log left, then where its peers waited; the
-# last places it by rule.
-PHASE_RULES = (_in_own_frames, _temporary_file_left, _checkpoint_does_not_load,
-               _save_left_open, _resumed_without_a_step, _where_peers_waited,
-               _in_a_collective, _nothing_failed, _no_step_before, _between_saves_by_rule)
+# The phase rules, in the order they are tried: an abort found only at the end, what
+# the failing rank was seen doing, then what the checkpoint folder and the log left, then
+# where its peers waited; the last places it by rule.
+PHASE_RULES = (_aborted_before_its_teardown, _in_own_frames, _temporary_file_left,
+               _checkpoint_does_not_load, _save_left_open, _resumed_without_a_step,
+               _where_peers_waited, _in_a_collective, _nothing_failed, _no_step_before,
+               _between_saves_by_rule)
 
 
 def _save_the_log_left_open(obs: list[Observation], f: Finding, failed_at: Source | None,

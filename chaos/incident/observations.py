@@ -170,6 +170,8 @@ def _phase_of_frame(frame: str) -> str | None:
             or RESUMES.search(name) or "state_dict_loader" in text \
             or name == "load_from_json" and "trainer_callback" in text:  # HF's trainer_state
         return "load"
+    if name == "destroy_process_group":
+        return "exit"  # the teardown at the script's end, not a collective of training
     if "distributed/checkpoint/utils.py" in text:
         return None  # DCP's own coordination (its all_reduce of every rank's result) is
         # part of the save or load around it, whose frames say which

@@ -332,3 +332,23 @@ def test_a_resume_from_the_last_step_reached_whose_save_was_never_said_done(tmp_
     assert found.save is None  # one save's step alone says nothing of how often they come
     found = _one_log(tmp_path / "b", log(11))
     assert found.phase != "mid_save", found.rules
+
+
+def test_a_group_found_gone_at_teardown_is_an_abort_at_a_point_not_known(tmp_path):
+    """nanoGPT's own train.py with rank 1's group aborted at step 12 (scored blind): DDP
+    kept its own handle and trained on, and only `destroy_process_group()` at the end
+    raised. Read before as an exception in a training step's collective, after step 20:
+    a wrong phase and step. The abort is told, and when it came is said not known."""
+    site = "/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    log = "".join(f"iter {n}: loss 4.0, time 9.26ms, mfu 0.00%\n" for n in range(21)) + (
+        "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "/work/nanoGPT/train.py", line 337, in <module>\n'
+        "[rank1]:     destroy_process_group()\n"
+        f'[rank1]:   File "{site}", line 2382, in destroy_process_group\n'
+        '[rank1]:     raise AssertionError("Process group cannot be None")\n'
+        "[rank1]: AssertionError: Process group cannot be None\n"
+        "E1128 17:39:26.620000 20704 site-packages/torch/distributed/elastic/multiprocessing/"
+        "api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 20708) of binary: python\n")
+    found = _one_log(tmp_path, log)
+    assert (found.kind, found.rank, found.phase) == ("abort", 1, "unknown"), found.rules
+    assert found.step_window == (None, 20), found.step_window
