@@ -800,12 +800,17 @@ def _vanished_launch(obs: list[Observation]) -> tuple[str, Observation] | None:
 
 def _went_on_past(ended: str, later: Observation, obs: list[Observation]) -> bool:
     """Whether the later launch's log printed every kind of line the log `ended` did, and
-    more: it got past where that launch stopped. A run that finished, launched again
-    from scratch, prints the same kinds of lines twice; a log that printed nothing at
-    all stopped before anything."""
+    more, or every step line it did, word for word, and more (a script that prints only
+    step lines past its start): it got past where that launch stopped. A run that
+    finished, launched again from scratch, prints the same kinds of lines twice, and the
+    same step lines; a log that printed nothing at all stopped before anything."""
     first = next((o for o in obs if o.what == "log_file" and o.source.file == ended), None)
     if first is None:
         return False
+    stepped, again = first.extra.get("opening", ()), later.extra.get("opening", ())
+    if stepped and first.extra.get("every_step_line") and len(again) > len(stepped) \
+            and again[:len(stepped)] == stepped:
+        return True
     mine = first.extra.get("shapes", frozenset())  # an empty log has none
     theirs = later.extra.get("shapes")
     return mine is not None and bool(theirs) and mine < theirs  # None: too varied to tell
@@ -914,7 +919,11 @@ def _place(obs: list[Observation], incident: Incident, later: list[Observation],
               and (failed_at is None or _earlier(o, failed_at)) for s in (o.step,)]
     if failed_at is not None:
         last = max(before) if before else None
-    next_steps = [s for s in steps if last is not None and s > last]
+    # the next step the failure's own log shows (a later launch's steps, counted again
+    # from a resume or from scratch, do not bound when this one died)
+    next_steps = sorted({o.step for o in obs if o.what == "step" and o.step is not None
+                         and last is not None and o.step > last
+                         and (failed_at is None or o.source.file == failed_at.file)})
     f.step_window = (last, next_steps[0] if next_steps else None)
     if f.kind == "unknown" and len({o.source.file for o in obs if o.what == "step"}) > 1:
         f.step_window = (None, None)  # no failure told: which launch's steps it followed

@@ -157,7 +157,8 @@ def _log_file(data: bytes, shown: str, observations: list[Observation]) -> Obser
                       and o.what in ("step", "save") and o.source.line is not None})
     shapes, opening = text.outline(data, set(stepped[:OPENING_STEPS]))
     return Observation("log_file", Source(shown), detail="log",
-                       extra={"shapes": shapes, "opening": opening})
+                       extra={"shapes": shapes, "opening": opening,
+                              "every_step_line": len(stepped) <= OPENING_STEPS})
 
 
 def _launch_log(path: Path, shown: str, suffixes: tuple[str, ...]) -> bool:

@@ -43,8 +43,11 @@ def line_shapes(data: bytes) -> frozenset[str] | None:
     return outline(data, set())[0]
 
 
-# a wall-clock time or date in a line: what two prints of one step's line differ in
-CLOCK = re.compile(r"\d{4}-\d\d-\d\d|\b\d\d:\d\d:\d\d(?:[.,]\d+)?|\b[WIEF]\d{4}\b")
+# what two prints of one step's line differ in: a wall-clock time or date, and what is
+# measured in time (a step's milliseconds, a throughput, nanoGPT's "mfu 3.21%")
+CLOCK = re.compile(r"\d{4}-\d\d-\d\d|\b\d\d:\d\d:\d\d(?:[.,]\d+)?|\b[WIEF]\d{4}\b"
+                   r"|-?\b\d+(?:\.\d+)?\s*(?:ms|s|secs?|seconds|min|us|µs|ns|%|"
+                   r"(?:it|samples?|tokens?|tok|steps?)/s)(?!\w)")
 
 
 def outline(data: bytes, wanted: set[int]) -> tuple[frozenset[str] | None, tuple[str, ...]]:
