@@ -10,7 +10,8 @@ order they are tried for the first failure (the first that applies wins):
    SIGBUS, SIGFPE, SIGILL), from its exit status or faulthandler's dump.
 3. **abort**: a rank's collective found its process group gone mid-training
    (gloo's "Default process group has not been initialized" from inside a
-   collective: aborted under the rank).
+   collective: aborted under the rank), or its teardown did (a rank that trained
+   on through DDP's own handle, and whose `destroy_process_group` raised).
 4. **exception**: a rank raised an error that is not the echo of another's
    failure (a peer that closed its connection, a collective timeout, a SIGTERM
    the launcher sent, torchrun's own ChildFailedError), nor a DataLoader
@@ -34,8 +35,9 @@ order they are tried for the first failure (the first that applies wins):
 9. **torn_write** / **power_loss**: only the checkpoint folder shows it: a file
    that does not load.
 
-The phase (`PHASE_RULES`, in order): the failing rank's own frames in a save or
-a load; a temporary file in the checkpoint folder, or a file that does not load
+The phase (`PHASE_RULES`, in order): none for an abort found only at the
+rank's teardown (when it came is not told); the failing rank's own frames in a
+save or a load; a temporary file in the checkpoint folder, or a file that does not load
 (a save under way); the log (a save begun and not said done; a resume line
 with no step after it: the load); where the surviving ranks waited; the
 failing rank in a collective (a training step); else between saves, said as
