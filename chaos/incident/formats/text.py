@@ -52,7 +52,8 @@ CLOCK = re.compile(r"\d{4}-\d\d-\d\d|\b\d\d:\d\d:\d\d(?:[.,]\d+)?|\b[WIEF]\d{4}\
 
 def outline(data: bytes, wanted: set[int]) -> tuple[frozenset[str] | None, tuple[str, ...]]:
     """(the log's `line_shapes`, its lines numbered in `wanted` (1-based), in order, with
-    wall-clock times and dates blanked): what two launches of one job are compared by."""
+    `CLOCK` blanked: times, dates, durations, rates): what two launches of one job are
+    compared by."""
     shapes: set[str] | None = set()
     lines = []
     for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
