@@ -258,14 +258,17 @@ def _cuts(file: str, obs: list[Observation]) -> list[int]:
 
 def _restarts(obs: list[Observation]) -> int:
     """How many times the workers were started again, by the most any artefact shows:
-    torchrun's restart lines ("... attempts left", INFO and often not in the log), the
-    highest attempt of its folder per worker (attempt_1/), or a log's attempts cut at
-    failures after which it trained again."""
-    said = sum(1 for o in obs if o.what == "restart" and "attempts left" in o.detail)
+    the highest attempt of torchrun's folder per worker (attempt_1/), or the most one log
+    shows (each node's agent tells each restart): its restart lines ("... attempts left",
+    INFO and often not in the log), else its attempts cut at failures after which it
+    trained again."""
     attempts = max((o.attempt for o in obs if o.attempt is not None), default=0)
-    logs = {o.source.file for o in obs if o.source.line is not None}
-    cut = max((len(_cuts(log, obs)) for log in logs), default=0)
-    return max(said, attempts, cut)
+    per_log = []
+    for log in {o.source.file for o in obs if o.source.line is not None}:
+        said = sum(1 for o in obs if o.what == "restart" and o.source.file == log
+                   and "attempts left" in o.detail)
+        per_log.append(said or len(_cuts(log, obs)))
+    return max([attempts, *per_log])
 
 
 def _is_failure(o: Observation, stopped: set[int | None]) -> bool:
@@ -810,8 +813,8 @@ def _went_on_past(ended: str, later: Observation, obs: list[Observation]) -> boo
     if first is None:
         return False
     stepped, again = first.extra.get("opening", ()), later.extra.get("opening", ())
-    if stepped and first.extra.get("every_step_line") and len(again) > len(stepped) \
-            and again[:len(stepped)] == stepped:
+    if stepped and again[:len(stepped)] == stepped \
+            and later.extra.get("step_lines", 0) > first.extra.get("step_lines", 0):
         return True
     mine = first.extra.get("shapes", frozenset())  # an empty log has none
     theirs = later.extra.get("shapes")
@@ -889,7 +892,8 @@ def _relaunch_of(log: str, file: str) -> bool:
     """Whether `file` is a later launch's log of the job that wrote `log`: in its folder,
     after it, and named as it is, numbers aside (launch-0-node-0.log, launch-1-node-0.log)."""
     return file > log and _same_folder(log, file) and \
-        re.sub(r"\d+", "#", log) == re.sub(r"\d+", "#", file)
+        re.sub(r"\d+", "#", log) == re.sub(r"\d+", "#", file) and \
+        re.sub(r"node-\d+", "node-#", log) != re.sub(r"node-\d+", "node-#", file)  # a sibling
 
 
 def _same_folder(a: str, b: str) -> bool:
@@ -994,7 +998,10 @@ def _aborted_before_its_teardown(p: _Placing) -> bool:
     f = p.finding
     if f.kind != "abort" or not TEARDOWN_FOUND_NONE.search(f.how):
         return False
-    f.step_window = (None, f.step_window[0])
+    f.step_window = (None, None)  # after the last step line fits as well as before it
+    f.alternatives = ["exception"]
+    f.alternatives_why = ("a script that destroys its process group twice raises the same at"
+                          " its end")
     p.incident.unknowns.append("when the abort came is not known: the rank trained on, and"
                                " only its teardown found the process group gone")
     return True
@@ -1133,7 +1140,8 @@ def _save_the_log_left_open(obs: list[Observation], f: Finding, failed_at: Sourc
     if first_resume is None or reached is None:
         return False
     due = (reached // interval) * interval if interval else None
-    if due is not None and first_resume.step < reached and due > first_resume.step:
+    if due is not None and first_resume.step < reached and due > first_resume.step \
+            and (said_done is None or said_done < due):  # a save said done was lost instead
         f.phase, f.phase_seen, f.save = "mid_save", True, _save_number(due, interval)
         f.rules.append(f"phase mid_save: the log reached step {reached}, checkpoints come every"
                        f" {interval} steps, yet the restart resumed from step"
@@ -1152,6 +1160,7 @@ def _save_the_log_left_open(obs: list[Observation], f: Finding, failed_at: Sourc
     # the restart resumed from a save past every line, in a log that went on after the
     # death (its peers' echoes), so the line was not lost with a node
     if said_done is not None and first_resume.step > reached >= said_done \
+            and interval and first_resume.step % interval == 0 \
             and failed_at is not None and failed_at.line != LOG_END:
         f.phase, f.phase_seen = "mid_save", True
         f.save = _save_number(first_resume.step, interval)

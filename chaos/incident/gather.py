@@ -158,7 +158,7 @@ def _log_file(data: bytes, shown: str, observations: list[Observation]) -> Obser
     shapes, opening = text.outline(data, set(stepped[:OPENING_STEPS]))
     return Observation("log_file", Source(shown), detail="log",
                        extra={"shapes": shapes, "opening": opening,
-                              "every_step_line": len(stepped) <= OPENING_STEPS})
+                              "step_lines": len(stepped)})
 
 
 def _launch_log(path: Path, shown: str, suffixes: tuple[str, ...]) -> bool:
