@@ -234,7 +234,7 @@ def score(corpus: Path) -> int:
     from torchchaos.incident.attribute import attribute
     from torchchaos.incident.gather import gather
 
-    rows, exact, parts = [], 0, {"kind": 0, "rank": 0, "phase": 0, "wrong": 0}
+    rows, exact, parts = [], 0, {"kind": 0, "rank": 0, "phase": 0, "wrong": 0, "by_rule": 0}
     for case in sorted(corpus.glob("*/[0-9][0-9]")):
         want = json.loads((case / "injected.json").read_text())
         want.update(expected(want["spec"]))  # today's expectation, not the one made with it
@@ -262,6 +262,7 @@ def score(corpus: Path) -> int:
                 again.rank != then["rank"] or again.phase not in ("unknown", then["phase"]))
             ok = ok and then_ok
         exact += ok
+        parts["by_rule"] += ok and not f.phase_seen  # a prior that happened to be right
         parts["kind"] += f.kind == want["kind"]
         parts["rank"] += rank_ok
         parts["phase"] += f.phase == want["phase"]
@@ -286,6 +287,8 @@ def score(corpus: Path) -> int:
               f" {result}")
     print(f"exact on kind + rank + phase: {exact}/{len(rows)}"
           " (* = phase placed by rule, not seen)")
+    print(f"of them, phase seen: {exact - parts['by_rule']}; placed by rule:"
+          f" {parts['by_rule']}")
     print(f"right: kind {parts['kind']}, rank (or node) {parts['rank']}, phase {parts['phase']}"
           f" of {len(rows)}; wrong guesses: {parts['wrong']}")
     return 0

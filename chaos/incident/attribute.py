@@ -41,7 +41,9 @@ save or a load; a temporary file in the checkpoint folder, or a file that does n
 (a save under way); the log (a save begun and not said done; a resume line
 with no step after it: the load); where the surviving ranks waited; the
 failing rank in a collective (a training step); else between saves, said as
-placed by rule, not seen, or unknown where no step came before it.
+placed by rule, not seen, where a step before it is known (a step line of its
+own launch, or the save its restart resumed from, which the job had finished),
+or unknown where none is.
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ ECHO = re.compile(r"Connection (closed|reset) by peer|Timed out waiting|Watchdog
                   # DCP's wrapper of the failed ranks' own errors, which it relays after it
                   r"CheckpointException ranks:",
                   re.I)
+# a word of a line that may be a path: "ckpt/checkpoint-10", '/runs/model.pt' (its last
+# part is matched against the checkpoint folder's files and folders)
+PATH_WORD = re.compile(r"[^\s'\"(),;]+")
 # how a hang reads where the rank waited in its data loader (mapping replays it so)
 LOADER_WAIT = "waiting for a batch from its DataLoader worker"
 LOAD_ERROR = re.compile(r"PytorchStreamReader|central directory|Ran out of input|"
@@ -182,7 +187,7 @@ def attribute(observations: list[Observation],
               sources: dict[str, list[str]] | None = None) -> Incident:
     """The incident `observations` tell; `sources` (the script files their tracebacks
     quote, from `gather`) let a silent script's peers say where its failure fell."""
-    everything = _started_over(_with_ranks(observations))
+    everything = _resume_steps(_started_over(_with_ranks(observations)))
     stopped = {o.pid for o in everything if o.reason == "stopped by the launcher" and o.pid}
     obs, later = _first_failure(everything, stopped)
     obs = _complete_pids(obs)
@@ -389,6 +394,28 @@ def _started_over(obs: list[Observation]) -> list[Observation]:
                 extra={"started_over": True}))
             told.add(later.source.file)
     return obs + found
+
+
+def _resume_steps(obs: list[Observation]) -> list[Observation]:
+    """A resume line that names a checkpoint but no step ("resumed from ckpt/checkpoint-10")
+    takes the step the checkpoint folder gives that file or folder, where exactly one
+    does."""
+    import dataclasses
+
+    steps: dict[str, set[int]] = {}
+    for o in obs:
+        if o.what == "checkpoint" and o.step is not None:
+            for part in o.source.file.split("/")[-2:]:  # the file, and its folder
+                steps.setdefault(part, set()).add(o.step)
+
+    def named(o: Observation) -> int | None:
+        found = {step for word in PATH_WORD.findall(o.detail)
+                 for step in steps.get(word.rstrip("/.:").rsplit("/", 1)[-1], ())}
+        return found.pop() if len(found) == 1 else None
+
+    return [dataclasses.replace(o, step=step, extra={**o.extra, "step_by": "checkpoint"})
+            if o.what == "resume" and o.step is None and (step := named(o)) is not None
+            else o for o in obs]
 
 
 def _complete_pids(obs: list[Observation]) -> list[Observation]:
@@ -933,8 +960,13 @@ def _place(obs: list[Observation], incident: Incident, later: list[Observation],
     f.step_window = (last, next_steps[0] if next_steps else None)
     if f.kind == "unknown" and len({o.source.file for o in obs if o.what == "step"}) > 1:
         f.step_window = (None, None)  # no failure told: which launch's steps it followed
+    logged = f.step_window[0]  # the last step the failure's own log reached
+    # (an abort shows where the rank next used its group, which may be past the save the
+    # restart resumed from: that save bounds the symptom, not when the group went)
+    if logged is None and f.kind not in ("unknown", "abort"):
+        _reached_before(f, later)
     if f.phase == "unknown":
-        _phase(obs, incident, story, failed_at, later, sources)
+        _phase(_Placing(obs, incident, story, failed_at, later, sources, logged))
     if f.kind == "node" or f.node is not None and f.rank is None:
         f.role = "node"
     elif f.rank is not None:
@@ -962,6 +994,18 @@ def _place(obs: list[Observation], incident: Incident, later: list[Observation],
         incident.unknowns.append(f"no step is known for the {f.kind}{before}")
 
 
+def _reached_before(f: Finding, later: list[Observation]) -> None:
+    """Where no line of the failure's own launch names a step, the save the restart
+    resumed from does: the job had finished it before it failed."""
+    resumes = [o for o in later if o.what == "resume" and o.step is not None]
+    if not resumes:
+        return
+    first = min(resumes, key=lambda o: (o.source.file, o.source.line or 0))
+    f.step_window = (first.step, None)
+    f.rules.append(f"after step {first.step}: {first.source} resumed from its save, which"
+                   f" the job had finished before the {f.kind}")
+
+
 def _writer(obs: list[Observation]) -> int | None:
     """The rank that writes checkpoints: the lowest that logged a save; None if none did."""
     return min((o.rank for o in obs if o.what == "save" and o.rank is not None), default=None)
@@ -978,17 +1022,16 @@ class _Placing:
     failed_at: Source | None
     later: list[Observation]
     sources: dict[str, list[str]]
+    logged: int | None  # the last step the failure's own log reached, if it names one
 
     @property
     def finding(self) -> Finding:
         return self.incident.finding
 
 
-def _phase(obs, incident: Incident, story: RankStory | None, failed_at, later,
-           sources: dict[str, list[str]]) -> None:
+def _phase(placing: _Placing) -> None:
     """The first rule of PHASE_RULES that places the finding decides (the last always
     does)."""
-    placing = _Placing(obs, incident, story, failed_at, later, sources)
     next(rule for rule in PHASE_RULES if rule(placing))
 
 
@@ -1041,7 +1084,7 @@ def _checkpoint_does_not_load(p: _Placing) -> bool:
 
 def _save_left_open(p: _Placing) -> bool:
     return p.finding.kind != "hang" and _save_the_log_left_open(p.obs, p.finding,
-                                                                p.failed_at, p.later)
+                                                                p.failed_at, p.later, p.logged)
 
 
 def _resumed_without_a_step(p: _Placing) -> bool:
@@ -1100,7 +1143,7 @@ def _between_saves_by_rule(p: _Placing) -> bool:
     f = p.finding
     f.phase, f.phase_seen = "between_saves", False
     f.rules.append(f"phase between_saves by rule: no frame of the {f.kind} is known, no"
-                   " save was left unfinished, and the log shows steps before it")
+                   " save was left unfinished, and a step before it is known")
     return True
 
 
@@ -1114,7 +1157,7 @@ PHASE_RULES = (_aborted_before_its_teardown, _in_own_frames, _temporary_file_lef
 
 
 def _save_the_log_left_open(obs: list[Observation], f: Finding, failed_at: Source | None,
-                            later: list[Observation]) -> bool:
+                            later: list[Observation], reached: int | None) -> bool:
     """A death mid-save that the log and the restart's resume tell, with the save's number
     where the steps between saves are known: a save begun and not said done before the
     failure; a save the log's steps had come to whose checkpoint the restart did not find
@@ -1136,7 +1179,6 @@ def _save_the_log_left_open(obs: list[Observation], f: Finding, failed_at: Sourc
     first_resume = next((o for o in later + obs if o.what == "resume" and o.step is not None
                          and (o in later or failed_at is not None
                               and not _earlier(o, failed_at))), None)
-    reached = f.step_window[0]
     if first_resume is None or reached is None:
         return False
     due = (reached // interval) * interval if interval else None

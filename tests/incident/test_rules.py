@@ -410,3 +410,70 @@ def test_a_sibling_nodes_log_is_no_relaunch(tmp_path):
     gathered = gather([tmp_path])
     incident = attribute(gathered.observations, gathered.sources)
     assert not incident.recovery.startswith("restarted from scratch"), incident.recovery
+
+
+def test_the_save_a_relaunch_resumed_from_is_a_step_before_a_launch_that_printed_nothing(
+        tmp_path):
+    """plain_ddp's node kill, scored blind: the first launch's log is empty (its buffered
+    stdout went down with the node). The job had finished the save the relaunch resumed
+    from before it failed: the step window starts there, and the phase, which nothing
+    shows, is placed between saves by rule, not told as seen."""
+    found = _import(tmp_path, "", "rank 0 resumed from ckpt/step-0015.pt\n"
+                    "done step 30 loss 0.519\n")
+    assert (found.kind, found.phase, found.phase_seen, found.step_window) == \
+        ("node", "between_saves", False, (15, None)), found.rules
+    assert any(r.startswith("after step 15: ") and "resumed from its save" in r
+               for r in found.rules), found.rules
+
+
+def _checkpoints(folder: Path, *names: str) -> None:
+    import torch
+
+    for name in names:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"w": torch.zeros(2)}, folder / name)
+
+
+def test_a_resume_that_names_only_a_folder_takes_the_step_the_checkpoint_folder_gives(
+        tmp_path):
+    """The Trainer's `checkpoint-10`: no step word in the resume line, but the folder it
+    names is one the checkpoint folder holds as step 10."""
+    _checkpoints(tmp_path / "ckpt", "checkpoint-5/optimizer.pt", "checkpoint-10/optimizer.pt")
+    found = _import(tmp_path, "", "rank 0 resumed from ckpt/checkpoint-10\n")
+    assert (found.phase, found.step_window) == ("between_saves", (10, None)), found.rules
+
+
+def test_a_resume_that_names_a_file_every_save_has_takes_no_step(tmp_path):
+    _checkpoints(tmp_path / "ckpt", "checkpoint-5/optimizer.pt", "checkpoint-10/optimizer.pt")
+    found = _import(tmp_path, "", "rank 0 resumed from optimizer.pt\n")
+    assert (found.phase, found.step_window) == ("unknown", (None, None)), found.rules
+
+
+def test_a_resume_past_the_logs_saves_is_not_read_as_a_step_the_log_reached(tmp_path):
+    """A log that names its saves but no step: the relaunch's resume from a later save
+    bounds when the node went, and is no step the log reached whose save it never said
+    done (which would place the death at that save's end, as seen)."""
+    first = "saved checkpoint ckpt/step-5.pt\nsaved checkpoint ckpt/step-10.pt\n"
+    found = _import(tmp_path, first, "resumed from ckpt/step-15.pt at step 15\nstep 20 loss 3\n")
+    assert (found.kind, found.phase_seen, found.step_window) == ("node", False, (15, None)), \
+        found.rules
+
+
+def test_an_abort_takes_no_step_from_the_save_resumed_after_it(tmp_path):
+    """An aborted group shows where the rank next used it, which may be past the save
+    the restart resumed from (plain_ddp's abort at step 17 failed at step 20's barrier):
+    that save bounds the symptom, not when the group went."""
+    site = "/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    first = ("[rank1]: Traceback (most recent call last):\n"
+             '[rank1]:   File "/job/train.py", line 90, in <module>\n'
+             "[rank1]:     dist.barrier()\n"
+             f'[rank1]:   File "{site}", line 4159, in barrier\n'
+             "[rank1]:     default_pg = _get_default_group()\n"
+             "[rank1]: ValueError: Default process group has not been initialized, please"
+             " make sure to call init_process_group.\n"
+             "E1128 02:34:00.248000 20574 site-packages/torch/distributed/elastic/"
+             "multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 20577)"
+             " of binary: python\n")
+    found = _import(tmp_path, first, "rank 1 resumed from ckpt/step-0020.pt\n")
+    assert (found.kind, found.rank, found.step_window) == ("abort", 1, (None, None)), \
+        found.rules
