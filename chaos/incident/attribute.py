@@ -405,8 +405,11 @@ def _resume_steps(obs: list[Observation]) -> list[Observation]:
     steps: dict[str, set[int]] = {}
     for o in obs:
         if o.what == "checkpoint" and o.step is not None:
-            for part in o.source.file.split("/")[-2:]:  # the file, and its folder
-                steps.setdefault(part, set()).add(o.step)
+            # the file, or its folder, whichever names the step ("checkpoint-10/", not the
+            # "ckpt/" or "left/" it sits in, which a line may say for another reason)
+            for part in o.source.file.split("/")[-2:]:
+                if re.search(rf"(?<!\d)0*{o.step}(?!\d)", part):
+                    steps.setdefault(part, set()).add(o.step)
 
     def named(o: Observation) -> int | None:
         found = {step for word in PATH_WORD.findall(o.detail)

@@ -477,3 +477,11 @@ def test_an_abort_takes_no_step_from_the_save_resumed_after_it(tmp_path):
     found = _import(tmp_path, first, "rank 1 resumed from ckpt/step-0020.pt\n")
     assert (found.kind, found.rank, found.step_window) == ("abort", 1, (None, None)), \
         found.rules
+
+
+def test_a_resume_that_names_the_folder_holding_every_save_takes_no_step(tmp_path):
+    """"resumed from ckpt": the folder every save sits in names no step, even where it
+    holds one save only."""
+    _checkpoints(tmp_path / "ckpt", "step-10.pt")
+    found = _import(tmp_path, "", "rank 0 resumed from ckpt\n")
+    assert (found.phase, found.step_window) == ("unknown", (None, None)), found.rules
