@@ -105,6 +105,12 @@ SCRIPTS["nanogpt"] = (NANOGPT / "train.py", [
     "--lr_decay_iters=20", "--warmup_iters=2", "--eval_interval=5", "--eval_iters=2",
     "--log_interval=1", "--always_save_checkpoint=True", "--dropout=0.0",
     "--out_dir={run_dir}/out"])
+# pytorch/examples' DDP tutorial (distributed/ddp-tutorial-series/multigpu_torchrun.py),
+# as its authors wrote it (opt in): DDP_TUTORIAL names a copy prepared by
+# bench/ddp_tutorial_prepare.sh. A line per epoch and none per step, "[GPU1]" for its
+# rank, snapshot.pt written in place in the working directory after every epoch.
+DDP_TUTORIAL = Path(os.environ.get("DDP_TUTORIAL", "/tmp/ddp-tutorial"))
+SCRIPTS["ddp_tutorial"] = (DDP_TUTORIAL / "multigpu_torchrun.py", ["4", "1"])
 # what a script reads from its working directory, linked into each run's folder
 LINKS = {"nanogpt": [str(NANOGPT / "configurator.py"), str(NANOGPT / "data")]}
 DEFAULT_SCRIPTS = ["bundled", "plain_ddp", "adamw", "safetensors", "dcp"]
@@ -135,7 +141,10 @@ def expected(spec: str) -> dict:
         kind = {"torn": "torn_write", "lose_unsynced": "power_loss"}[str(params["mode"])]
     phase = {"checkpoint_save": "mid_save", "checkpoint_load": "load"}.get(
         trig.phase or "", "between_saves")
-    return {"kind": kind, "rank": int(fault.target) if fault.target_type == "rank" else None,
+    # a torn write (via the agent) kills its rank's whole node, a power loss every process:
+    # the rank it fired in names no rank that died alone
+    alone = fault.target_type == "rank" and fault.kind != "storage"
+    return {"kind": kind, "rank": int(fault.target) if alone else None,
             "node": int(fault.target) if fault.target_type == "node" else None,
             "phase": phase, "step": trig.step}
 
@@ -220,8 +229,12 @@ def keep(run_dir: Path, dest: Path) -> None:
     for error in sorted((chaos / "tmp").glob("torchelastic_*/*/attempt_*/*/error.json")):
         rel = error.relative_to(chaos / "tmp")
         _copy(error, dest / "errors" / Path(*rel.parts[2:]))
-    for folder in sorted(p for p in run_dir.iterdir() if p.is_dir() and p.name != "_chaos"):
+    for folder in sorted(p for p in run_dir.iterdir() if p.is_dir() and p.name != "_chaos"
+                         and not p.is_symlink()):
         shutil.copytree(folder, dest / folder.name, dirs_exist_ok=True)
+    # what a script saved in its working directory itself (the DDP tutorial's snapshot.pt)
+    for file in sorted(p for p in run_dir.iterdir() if p.is_file() and not p.is_symlink()):
+        _copy(file, dest / "workdir" / file.name)
 
 
 def _copy(src: Path, dst: Path) -> None:

@@ -42,8 +42,8 @@ save or a load; a temporary file in the checkpoint folder, or a file that does n
 with no step after it: the load); where the surviving ranks waited; the
 failing rank in a collective (a training step); else between saves, said as
 placed by rule, not seen, where a step before it is known (a step line of its
-own launch, or the save its restart resumed from, which the job had finished),
-or unknown where none is.
+own launch, or the save its restart resumed from, which the job had finished) or,
+in a log with no step line, a save said done before it; unknown where none is.
 """
 
 from __future__ import annotations
@@ -863,21 +863,32 @@ def _lost_save(obs: list[Observation], ended: str, resume: Observation, f: Findi
     page cache)."""
     done, pending = _saves_in(obs, ended)
     start = 0 if resume.what == "no_checkpoint" else resume.step
-    if not done or start is None:
-        return
-    step, last = max(done, key=lambda d: d[0])
-    if start >= step:
+    if done and start is not None:
+        step, last = max(done, key=lambda d: d[0])
+        if start >= step:
+            return
+    elif resume.what == "no_checkpoint":  # any save said done, whatever step it was of
+        step, last = None, next((o for o in sorted(
+            (o for o in obs if o.what == "save" and o.source.file == ended),
+            key=lambda o: o.source.line or 0, reverse=True) if SAVE_DONE.search(o.detail)),
+            None)
+        if last is None:
+            return
+    else:
         return
     found = f"resumed from step {start}" if resume.what == "resume" else \
         "found no checkpoint to resume from"
+    saved = f"the checkpoint of step {step}" if step is not None else "a checkpoint"
     f.kind, f.how, f.alternatives = "power_loss", "a finished save lost with the node", []
     if resume.extra.get("started_over"):  # not said: a script that never resumes does so too
         f.alternatives = ["node"]
         f.alternatives_why = ("a relaunch that started over without a word fits a save lost,"
                               " and a script that never looks for its checkpoint")
-    _say(f, f"power_loss: {last.source} says the checkpoint of step {step} was saved,"
+    _say(f, f"power_loss: {last.source} says {saved} was saved,"
             f" yet {resume.source} {found}: a finished save did not survive the node (never"
             " made durable: no fsync of it or its folder)", last, resume)
+    if step is None:
+        return  # no step to place the death after: the rules that place it do
     if pending is not None and (pending.step or 0) > step:
         f.phase, f.phase_seen = "mid_save", True
         f.rules.append(f"phase mid_save: {pending.source} began the save of step"
@@ -1133,7 +1144,7 @@ def _nothing_failed(p: _Placing) -> bool:
 
 def _no_step_before(p: _Placing) -> bool:
     f = p.finding
-    if f.step_window[0] is not None:
+    if f.step_window[0] is not None or _saved_before(p) is not None:
         return False
     f.phase = "unknown"
     p.incident.unknowns.append(f"the phase of the {f.kind} is not known: no frame, no"
@@ -1145,9 +1156,25 @@ def _no_step_before(p: _Placing) -> bool:
 def _between_saves_by_rule(p: _Placing) -> bool:
     f = p.finding
     f.phase, f.phase_seen = "between_saves", False
+    saved = _saved_before(p) if f.step_window[0] is None else None
+    before = f"step {f.step_window[0]} came before it" if saved is None else \
+        f"the log said a save was done before it ({saved}; no step line)"
     f.rules.append(f"phase between_saves by rule: no frame of the {f.kind} is known, no"
-                   " save was left unfinished, and a step before it is known")
+                   f" save was left unfinished, and {before}")
     return True
+
+
+def _saved_before(p: _Placing) -> Source | None:
+    """The first save said done in the failure's log before the failure, in a log with
+    no step line ("Epoch 1 | Training snapshot saved at snapshot.pt"): the job was
+    training, past its start."""
+    at = p.failed_at
+    if at is None or at.line is None:
+        return None
+    done = sorted(o.source.line for o in p.obs if o.what == "save" and o.source.file == at.file
+                  and o.source.line is not None and o.source.line < at.line
+                  and SAVE_DONE.search(o.detail))
+    return Source(at.file, done[0]) if done else None
 
 
 # The phase rules, in the order they are tried: an abort found only at the end, what

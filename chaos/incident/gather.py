@@ -8,6 +8,7 @@ every such file is named, one line each, and nothing is written.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,9 +122,8 @@ def _read_file(path: Path, shown: str, readers: list[Reader], found: Gathered,
                     f" {', '.join(r.name for r in readers)})"]
         found.passed_over.append(shown)
         if _launch_log(path, shown, LAUNCH_SUFFIXES):  # a launch whose lines no reader takes
-            found.observations.append(Observation("log_file", Source(shown),
-                                                  detail="nothing read",
-                                                  extra={"shapes": text.line_shapes(data)}))
+            found.observations.append(dataclasses.replace(_log_file(data, shown, []),
+                                                          detail="nothing read"))
         return []
     observations = []
     for reader in claimed:
@@ -152,9 +152,12 @@ OPENING_STEPS = 20
 
 def _log_file(data: bytes, shown: str, observations: list[Observation]) -> Observation:
     """A log's own observation: the kinds of lines it printed, and its first step lines
-    as printed (a relaunch that printed them again, word for word, started over)."""
+    as printed (a relaunch that printed them again, word for word, started over); in a
+    log with no step line, its save lines ("Epoch 1 | Training snapshot saved at ...")."""
     stepped = sorted({o.source.line for o in observations if o.step is not None
-                      and o.what in ("step", "save") and o.source.line is not None})
+                      and o.what in ("step", "save") and o.source.line is not None}) \
+        or sorted({o.source.line for o in observations if o.what == "save"
+                   and o.source.line is not None})
     shapes, opening = text.outline(data, set(stepped[:OPENING_STEPS]))
     return Observation("log_file", Source(shown), detail="log",
                        extra={"shapes": shapes, "opening": opening,

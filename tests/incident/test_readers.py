@@ -178,7 +178,13 @@ def test_lightnings_restore_line_is_a_resume():
     ("loading checkpoint from /ckpt/step-10", None, None),
     ("Continuing without a checkpoint", None, None),
     ("Restored tokenizer from the hub cache", None, None),
-    ("continuing at lr 1.0e-03", None, None)])
+    ("continuing at lr 1.0e-03", None, None),
+    # pytorch/examples' DDP tutorial: a checkpoint is a "snapshot", counted by epoch
+    ("Epoch 1 | Training snapshot saved at snapshot.pt", "save", None),
+    ("Resuming training from snapshot at Epoch 1", "resume", None),
+    # torch.cuda.memory's snapshots, in its tutorial's words and others: no checkpoint
+    ("Saving snapshot to local file: profile.pickle", None, None),
+    ("Saved memory snapshot to snapshot.pt", None, None)])
 def test_resume_and_save_lines_in_other_teams_words(line, what, step):
     found = [(o.what, o.step) for o in TrainingLog().read(line.encode() + b"\n", "launch.log")]
     if what:

@@ -485,3 +485,32 @@ def test_a_resume_that_names_the_folder_holding_every_save_takes_no_step(tmp_pat
     _checkpoints(tmp_path / "ckpt", "step-10.pt")
     found = _import(tmp_path, "", "rank 0 resumed from ckpt\n")
     assert (found.phase, found.step_window) == ("unknown", (None, None)), found.rules
+
+
+# pytorch/examples' DDP tutorial (multigpu_torchrun.py), as it prints: a line per epoch
+# and rank, a line per save, none per step
+TUTORIAL = "".join(f"[GPU0] Epoch {e} | Batchsize: 32 | Steps: 32\n"
+                   f"Epoch {e} | Training snapshot saved at snapshot.pt\n" for e in range(2))
+
+
+def test_a_relaunch_that_printed_the_first_launchs_save_lines_again_lost_its_save(tmp_path):
+    """The tutorial's power loss, scored blind: the first launch said two snapshots were
+    saved and vanished; the relaunch printed those save lines again, word for word, and
+    went on: it found no snapshot, and a save said done was lost."""
+    found = _import(tmp_path, TUTORIAL, TUTORIAL + "[GPU0] Epoch 2 | Batchsize: 32 | Steps: 32\n"
+                    "Epoch 2 | Training snapshot saved at snapshot.pt\n")
+    assert (found.kind, found.alternatives) == ("power_loss", ["node"]), found.rules
+    assert any("says a checkpoint was saved" in r for r in found.rules), found.rules
+
+
+def test_a_save_said_done_before_a_failure_in_a_log_with_no_step_line_places_it(tmp_path):
+    """A kill after the tutorial's first saves: no step line, but the job was training
+    past its start; placed between saves by rule, not seen. Before any save, unknown."""
+    kill = ("E1128 20:11:00.148000 5066 site-packages/torch/distributed/elastic/"
+            "multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 5069) of"
+            " binary: python\n")
+    found = _one_log(tmp_path / "a", TUTORIAL + kill)
+    assert (found.kind, found.phase, found.phase_seen) == ("kill", "between_saves", False)
+    assert any("said a save was done before it" in r for r in found.rules), found.rules
+    early = _one_log(tmp_path / "b", "[GPU0] Epoch 0 | Batchsize: 32 | Steps: 32\n" + kill)
+    assert (early.kind, early.phase) == ("kill", "unknown"), early.rules

@@ -45,7 +45,12 @@ NO_CHECKPOINT = re.compile(r"\bno (?:usable |valid |last |saved |existing )?chec
                            r"|\bcheckpoints? not found\b|\b(?:could not|couldn't|can't|cannot|"
                            r"did not|didn't) find (?:a |an |any )?(?:usable |valid |existing )?"
                            r"checkpoint", re.I)
-SAVE = re.compile(r"\b(?:sav(?:ed|ing)|wrote|writing)\b.*\bcheckpoint|\bcheckpoint\b.*"
+# a checkpoint is also a "snapshot" (the DDP tutorial's "Training snapshot saved at
+# snapshot.pt"), where the line says it is the training's or names a checkpoint file: a
+# "memory snapshot" (torch.cuda.memory) is none
+CHECKPOINT_WORD = (r"(?:\bcheckpoint|\b(?:training|model|checkpoint|state)\s+snapshot\b"
+                   r"|(?<!memory )\bsnapshot\b(?!\.)(?=.*\.(?:pt|pth|ckpt|safetensors)\b))")
+SAVE = re.compile(rf"\b(?:sav(?:ed|ing)|wrote|writing)\b.*{CHECKPOINT_WORD}|{CHECKPOINT_WORD}.*"
                   r"\b(?:saved|written|committed)\b", re.I)
 # a step's line that ends saying its checkpoint was saved: "step 10 loss 2.2366 saved"
 SAVED_AT_END = re.compile(r"\bsaved[.!]?\s*$", re.I)
