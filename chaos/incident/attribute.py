@@ -389,8 +389,8 @@ def _started_over(obs: list[Observation]) -> list[Observation]:
                        default=None)
             found.append(Observation(
                 "no_checkpoint", Source(later.source.file, line),
-                detail=f"its step lines begin as {first.source.file}'s did, word for word"
-                       f" ({mine[0][:80]!r}): it started over, from no checkpoint",
+                detail=f"its step (or save) lines begin as {first.source.file}'s did, word"
+                       f" for word ({mine[0][:80]!r}): it started over, from no checkpoint",
                 extra={"started_over": True}))
             told.add(later.source.file)
     return obs + found

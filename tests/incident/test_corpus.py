@@ -62,7 +62,9 @@ from the checkpoint of the last iteration logged, which the log never said saved
 prints a line only at its saves: the relaunch found nothing and printed the first
 launch's "step 5 ... saved" again, word for word. `barrier_inside_the_save` is a kill at
 the end of the same script's 3rd save: its restart resumed from a save the log never said
-done, past every line of it."""
+done, past every line of it. `ddp_tutorial_power_loss_started_over` ran pytorch/examples'
+DDP tutorial (bench/ddp_tutorial_prepare.sh): no step line, a "Training snapshot saved"
+line per epoch, and a relaunch that printed the first launch's save lines again."""
 
 from __future__ import annotations
 
@@ -138,7 +140,8 @@ script's two; 36 of 46 with the second held-out script's two; 38 of 48 with the
 third's; 39 of 49 with the fourth's; 39 of 50 with a power loss told, whose phase
 nothing tells; 40 of 51 with that script's kill at the end of a save; 41 of 51
     once a save the restart resumed from is a step before the failure (Accelerate's first
-    failure, placed between saves by rule). (An earlier
+    failure, placed between saves by rule); 42 of 52 with the DDP tutorial's power loss
+    (a power loss names no rank: every process died). (An earlier
     corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank
     and whose launcher line, racing, named the peer's SIGTERM.)"""
     missed = []

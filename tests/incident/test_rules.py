@@ -78,7 +78,7 @@ def test_a_relaunch_started_over_is_told_through_its_clock_and_its_other_lines(t
     gathered = gather([tmp_path])
     incident = attribute(gathered.observations, gathered.sources)
     assert incident.finding.kind == "node", incident.finding.rules
-    assert incident.recovery.startswith("restarted from scratch: its step lines begin as")
+    assert incident.recovery.startswith("restarted from scratch: its step (or save) lines begin as")
     resumed = again.replace("step 5 loss 2.2451", "step 5 loss 2.3001")  # another loss
     (tmp_path / "launch-1-node-0.log").write_text(resumed)
     gathered = gather([tmp_path])
