@@ -54,9 +54,10 @@ def timeline_text(incident: Incident) -> str:
         f", before step {hi}" if hi is not None else "")
     who = f"rank {f.rank}" if f.rank is not None else f"node {f.node}" if f.node is not None \
         else "an unknown rank" if f.kind != "node" else "a node"
-    lines = [f"{f.kind} of {who} ({f.role}), {f.phase.replace('_', ' ')}"
-             f"{'' if f.phase_seen else ' (placed by rule)'}, {window}; restart:"
-             f" {incident.recovery}."]
+    head = f"{who} went down" if f.kind == "node" else f"{f.kind} of {who} ({f.role})"
+    phase = "phase not known" if f.phase == "unknown" else f.phase.replace("_", " ") + (
+        "" if f.phase_seen else " (placed by rule)")
+    lines = [f"{head}, {phase}, {window}; restart: {incident.recovery}."]
     for rank, story in sorted(incident.ranks.items()):
         bits = [f"last step {story.last_step}" if story.last_step is not None else "",
                 f"ended {story.end}" if story.end else "",
