@@ -416,9 +416,8 @@ def _resume_steps(obs: list[Observation]) -> list[Observation]:
                  for step in steps.get(word.rstrip("/.:").rsplit("/", 1)[-1], ())}
         return found.pop() if len(found) == 1 else None
 
-    return [dataclasses.replace(o, step=step, extra={**o.extra, "step_by": "checkpoint"})
-            if o.what == "resume" and o.step is None and (step := named(o)) is not None
-            else o for o in obs]
+    return [dataclasses.replace(o, step=step) if o.what == "resume" and o.step is None
+            and (step := named(o)) is not None else o for o in obs]
 
 
 def _complete_pids(obs: list[Observation]) -> list[Observation]:
@@ -1165,9 +1164,9 @@ def _between_saves_by_rule(p: _Placing) -> bool:
 
 
 def _saved_before(p: _Placing) -> Source | None:
-    """The first save said done in the failure's log before the failure, in a log with
-    no step line ("Epoch 1 | Training snapshot saved at snapshot.pt"): the job was
-    training, past its start."""
+    """The first save said done in the failure's log before the failure, where no step
+    line came before it ("Epoch 1 | Training snapshot saved at snapshot.pt"): the job
+    was training, past its start."""
     at = p.failed_at
     if at is None or at.line is None:
         return None

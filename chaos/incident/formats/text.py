@@ -36,13 +36,6 @@ NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
 MAX_SHAPES = 20_000
 
 
-def line_shapes(data: bytes) -> frozenset[str] | None:
-    """The kinds of lines a log printed: each line with its numbers blanked (a progress
-    bar's last frame only), so that two launches of one job can be compared; None for a
-    log too varied to compare."""
-    return outline(data, set())[0]
-
-
 # what two prints of one step's line differ in: a wall-clock time or date, and what is
 # measured in time (a step's milliseconds, a throughput, nanoGPT's "mfu 3.21%")
 CLOCK = re.compile(r"\d{4}-\d\d-\d\d|\b\d\d:\d\d:\d\d(?:[.,]\d+)?|\b[WIEF]\d{4}\b"
@@ -51,9 +44,10 @@ CLOCK = re.compile(r"\d{4}-\d\d-\d\d|\b\d\d:\d\d:\d\d(?:[.,]\d+)?|\b[WIEF]\d{4}\
 
 
 def outline(data: bytes, wanted: set[int]) -> tuple[frozenset[str] | None, tuple[str, ...]]:
-    """(the log's `line_shapes`, its lines numbered in `wanted` (1-based), in order, with
-    `CLOCK` blanked: times, dates, durations, rates): what two launches of one job are
-    compared by."""
+    """(the kinds of lines the log printed, each with its numbers blanked (a progress bar's
+    last frame only), or None for a log too varied to compare; its lines numbered in
+    `wanted` (1-based), in order, with `CLOCK` blanked: times, dates, durations, rates):
+    what two launches of one job are compared by."""
     shapes: set[str] | None = set()
     lines = []
     for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
