@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchchaos.incident import frameworks, script_source
+from torchchaos.incident.formats import checkpoints
 from torchchaos.incident.observations import (
     Observation,
     Source,
@@ -405,10 +406,13 @@ def _resume_steps(obs: list[Observation]) -> list[Observation]:
     steps: dict[str, set[int]] = {}
     for o in obs:
         if o.what == "checkpoint" and o.step is not None:
-            # the file, or its folder, whichever names the step ("checkpoint-10/", not the
-            # "ckpt/" or "left/" it sits in, which a line may say for another reason)
+            # the file, or its folder, whichever calls its number a step ("step-0015.pt",
+            # "checkpoint-10/"): not "epoch_3.pt" or "resnet50.pt", whose number is
+            # another's, nor the "ckpt/" every save sits in
             for part in o.source.file.split("/")[-2:]:
-                if re.search(rf"(?<!\d)0*{o.step}(?!\d)", part):
+                named = checkpoints.NAMED_STEP.search(part) or \
+                    checkpoints.STEP_FOLDER.search(part)
+                if named and int(named.group(1)) == o.step:
                     steps.setdefault(part, set()).add(o.step)
 
     def named(o: Observation) -> int | None:
@@ -928,12 +932,16 @@ def _saves_in(obs: list[Observation], log: str):
     return done, begun
 
 
+# what names one of several logs of one launch: a node's, a rank's (rank-1.log)
+SIBLING = re.compile(r"(?<=node)[-_]?\d+|(?<=rank)[-_]?\d+", re.I)
+
+
 def _relaunch_of(log: str, file: str) -> bool:
     """Whether `file` is a later launch's log of the job that wrote `log`: in its folder,
     after it, and named as it is, numbers aside (launch-0-node-0.log, launch-1-node-0.log)."""
     return file > log and _same_folder(log, file) and \
         re.sub(r"\d+", "#", log) == re.sub(r"\d+", "#", file) and \
-        re.sub(r"node-\d+", "node-#", log) != re.sub(r"node-\d+", "node-#", file)  # a sibling
+        re.sub(SIBLING, "#", log) != re.sub(SIBLING, "#", file)  # a sibling node's or rank's
 
 
 def _same_folder(a: str, b: str) -> bool:
@@ -1010,10 +1018,14 @@ def _place(obs: list[Observation], incident: Incident, later: list[Observation],
 def _reached_before(f: Finding, later: list[Observation]) -> None:
     """Where no line of the failure's own launch names a step, the save the restart
     resumed from does: the job had finished it before it failed."""
-    resumes = [o for o in later if o.what == "resume" and o.step is not None]
-    if not resumes:
+    # the restart right after it: its first word of progress is the resume (a later
+    # restart's resume, after one that started over and trained, bounds nothing here)
+    told = [o for o in later if o.what in ("resume", "no_checkpoint", "step", "save")]
+    if not told:
         return
-    first = min(resumes, key=lambda o: (o.source.file, o.source.line or 0))
+    first = min(told, key=lambda o: (o.source.file, o.source.line or 0))
+    if first.what != "resume" or first.step is None:
+        return
     f.step_window = (first.step, None)
     f.rules.append(f"after step {first.step}: {first.source} resumed from its save, which"
                    f" the job had finished before the {f.kind}")

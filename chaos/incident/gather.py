@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,11 +154,13 @@ OPENING_STEPS = 20
 def _log_file(data: bytes, shown: str, observations: list[Observation]) -> Observation:
     """A log's own observation: the kinds of lines it printed, and its first step lines
     as printed (a relaunch that printed them again, word for word, started over); in a
-    log with no step line, its save lines ("Epoch 1 | Training snapshot saved at ...")."""
+    log with no step line, its save lines that carry a number ("Epoch 1 | Training
+    snapshot saved at ..."; "Saved checkpoint to last.pt", said alike by a fresh start
+    and a resume, tells neither)."""
     stepped = sorted({o.source.line for o in observations if o.step is not None
                       and o.what in ("step", "save") and o.source.line is not None}) \
         or sorted({o.source.line for o in observations if o.what == "save"
-                   and o.source.line is not None})
+                   and o.source.line is not None and re.search(r"\d", o.detail)})
     shapes, opening = text.outline(data, set(stepped[:OPENING_STEPS]))
     return Observation("log_file", Source(shown), detail="log",
                        extra={"shapes": shapes, "opening": opening,

@@ -184,7 +184,13 @@ def test_lightnings_restore_line_is_a_resume():
     ("Resuming training from snapshot at Epoch 1", "resume", None),
     # torch.cuda.memory's snapshots, in its tutorial's words and others: no checkpoint
     ("Saving snapshot to local file: profile.pickle", None, None),
-    ("Saved memory snapshot to snapshot.pt", None, None)])
+    ("Saved memory snapshot to snapshot.pt", None, None),
+    ("Memory-snapshot saved: mem_rank0.pt", None, None),
+    ("Writing snapshot of CUDA memory at step 20 to mem_rank0.pt", None, None),
+    ("Saved profiler snapshot to trace.pt.trace.json", None, None),
+    # a save announced, and a load of what was saved: no save done
+    ("Checkpoints will be saved to ckpt/ every 500 steps", None, None),
+    ("Loading model snapshot saved at snapshot.pt", None, None)])
 def test_resume_and_save_lines_in_other_teams_words(line, what, step):
     found = [(o.what, o.step) for o in TrainingLog().read(line.encode() + b"\n", "launch.log")]
     if what:

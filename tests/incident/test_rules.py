@@ -514,3 +514,62 @@ def test_a_save_said_done_before_a_failure_in_a_log_with_no_step_line_places_it(
     assert any("said a save was done before it" in r for r in found.rules), found.rules
     early = _one_log(tmp_path / "b", "[GPU0] Epoch 0 | Batchsize: 32 | Steps: 32\n" + kill)
     assert (early.kind, early.phase) == ("kill", "unknown"), early.rules
+
+
+# A review's counter-examples to the rules above (each gave a wrong answer once)
+
+def test_a_checkpoint_named_by_its_epoch_gives_a_resume_no_step(tmp_path):
+    """`epoch_3.pt` is epoch 3, not step 3: a resume that names it says nothing of the
+    step, and the log's last save (step 3000) is not a save the restart missed."""
+    _checkpoints(tmp_path / "ckpt", "epoch_1.pt", "epoch_2.pt", "epoch_3.pt")
+    first = "".join(f"step {e * 1000} loss 3\nsaved checkpoint ckpt/epoch_{e}.pt at step"
+                    f" {e * 1000}\n" for e in (1, 2, 3)) + "step 3050 loss 2\n"
+    found = _import(tmp_path, first, "Resuming from checkpoint ckpt/epoch_3.pt\nstep 3001\n")
+    assert found.kind == "node" and not found.phase_seen, found.rules
+    assert found.step_window == (3050, None), found.step_window
+
+
+def test_a_save_announced_at_start_is_no_save_lost(tmp_path):
+    found = _import(tmp_path, "Checkpoints will be saved to ckpt/ every 500 steps\n"
+                    "step 10 loss 4.2\nstep 20 loss 4.1\n",
+                    "Checkpoints will be saved to ckpt/ every 500 steps\n"
+                    "No checkpoint found in ckpt/, training from scratch\nstep 10 loss 4.3\n")
+    assert found.kind == "node", found.rules
+
+
+def test_save_lines_without_a_number_tell_no_relaunch_that_started_over(tmp_path):
+    """"Saved checkpoint to ckpt/last.pt" reads the same from a fresh start and a resume."""
+    save = "Saved checkpoint to ckpt/last.pt\n"
+    first = "".join(f"Epoch {e} loss 4\n{save}" for e in range(2))
+    second = "".join(f"Epoch {e} loss 3\n{save}" for e in range(2, 5)) + "Training complete\n"
+    tmp_path.joinpath("x").mkdir()
+    (tmp_path / "x" / "launch-0-node-0.log").write_text(first)
+    (tmp_path / "x" / "launch-1-node-0.log").write_text(second)
+    gathered = gather([tmp_path / "x"])
+    incident = attribute(gathered.observations, gathered.sources)
+    assert incident.finding.kind == "node" and "power_loss" in incident.finding.alternatives
+    assert not incident.recovery.startswith("restarted from scratch"), incident.recovery
+
+
+def test_only_the_restart_right_after_a_failure_bounds_its_step(tmp_path):
+    """The first restart started over and trained; only the second resumed, from a save
+    the first restart made: it says nothing of when the first launch died."""
+    kill = ("E1128 20:11:00.148000 5066 site-packages/torch/distributed/elastic/"
+            "multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 5069) of"
+            " binary: python\n")
+    for name, text in [("launch-0-node-0.log", "[GPU0] Epoch 0 | Batchsize: 32\n" + kill),
+                       ("launch-1-node-0.log", "step 100 loss 4\nsaved checkpoint"
+                        " ckpt/step-100.pt at step 100\nstep 110 loss 3\n" + kill),
+                       ("launch-2-node-0.log", "resumed from ckpt/step-100.pt at step 100\n")]:
+        (tmp_path / name).write_text(text)
+    gathered = gather([tmp_path])
+    found = attribute(gathered.observations, gathered.sources).finding
+    assert (found.kind, found.step_window) == ("kill", (None, None)), found.rules
+
+
+def test_another_ranks_log_of_the_same_launch_is_no_relaunch():
+    from torchchaos.incident.attribute import _relaunch_of
+
+    assert not _relaunch_of("logs/rank-0.log", "logs/rank-1.log")
+    assert not _relaunch_of("logs/launch-0-node-0.log", "logs/launch-0-node-1.log")
+    assert _relaunch_of("logs/slurm-41.out", "logs/slurm-42.out")

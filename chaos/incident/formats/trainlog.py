@@ -45,13 +45,15 @@ NO_CHECKPOINT = re.compile(r"\bno (?:usable |valid |last |saved |existing )?chec
                            r"|\bcheckpoints? not found\b|\b(?:could not|couldn't|can't|cannot|"
                            r"did not|didn't) find (?:a |an |any )?(?:usable |valid |existing )?"
                            r"checkpoint", re.I)
-# a checkpoint is also a "snapshot" (the DDP tutorial's "Training snapshot saved at
-# snapshot.pt"), where the line says it is the training's or names a checkpoint file: a
-# "memory snapshot" (torch.cuda.memory) is none
-CHECKPOINT_WORD = (r"(?:\bcheckpoint|\b(?:training|model|checkpoint|state)\s+snapshot\b"
-                   r"|(?<!memory )\bsnapshot\b(?!\.)(?=.*\.(?:pt|pth|ckpt|safetensors)\b))")
-SAVE = re.compile(rf"\b(?:sav(?:ed|ing)|wrote|writing)\b.*{CHECKPOINT_WORD}|{CHECKPOINT_WORD}.*"
-                  r"\b(?:saved|written|committed)\b", re.I)
+# a checkpoint is also a "snapshot" where the line says it is the training's or the
+# model's (the DDP tutorial's "Training snapshot saved at snapshot.pt"): a memory, a
+# profiler's or a data set's snapshot is none
+CHECKPOINT_WORD = r"(?:\bcheckpoint|\b(?:training|model|checkpoint|state)\s+snapshot\b)"
+# a save said before it happens ("Checkpoints will be saved every 500 steps"), or a load
+# of what was saved ("Loading model snapshot saved at ..."), is no save
+NOT_A_SAVE = r"(?!.*\b(?:will|would|shall|to)\s+be\s+(?:saved|written)\b)(?!.*\bload(?:ing|ed)?\b)"
+SAVE = re.compile(rf"^{NOT_A_SAVE}.*(?:\b(?:sav(?:ed|ing)|wrote|writing)\b.*{CHECKPOINT_WORD}"
+                  rf"|{CHECKPOINT_WORD}\b.*\b(?:saved|written|committed)\b)", re.I)
 # a step's line that ends saying its checkpoint was saved: "step 10 loss 2.2366 saved"
 SAVED_AT_END = re.compile(r"\bsaved[.!]?\s*$", re.I)
 # a handler's word that the rank got a SIGTERM: Lightning's "Received SIGTERM: 15", a
