@@ -48,8 +48,10 @@ in a log with no step line, a save said done before it; unknown where none is.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from torchchaos.incident import frameworks, script_source
@@ -358,8 +360,6 @@ def _rank_of_untagged(error: Observation, obs: list[Observation],
 
 def _with_ranks(observations: list[Observation]) -> list[Observation]:
     """Observations that name a pid the launcher tied to a rank get that rank."""
-    import dataclasses
-
     pid_rank = {o.pid: o.rank for o in observations if o.pid and o.rank is not None}
     return [dataclasses.replace(o, rank=pid_rank[o.pid]) if o.rank is None and o.pid in pid_rank
             else o for o in observations]
@@ -401,8 +401,6 @@ def _resume_steps(obs: list[Observation]) -> list[Observation]:
     """A resume line that names a checkpoint but no step ("resumed from ckpt/checkpoint-10")
     takes the step the checkpoint folder gives that file or folder, where exactly one
     does."""
-    import dataclasses
-
     steps: dict[str, set[int]] = {}
     for o in obs:
         if o.what == "checkpoint" and o.step is not None:
@@ -427,8 +425,6 @@ def _resume_steps(obs: list[Observation]) -> list[Observation]:
 def _complete_pids(obs: list[Observation]) -> list[Observation]:
     """One launch's workers are its local ranks 0..n-1: where the launcher names n pids
     and n-1 of them are tied to a rank, the last pid is the missing rank."""
-    import dataclasses
-
     pids = {o.pid for o in obs if o.what == "exit" and o.pid and o.source.line is not None
             and "root_cause" not in o.extra}
     known = {o.pid: o.rank for o in obs if o.pid in pids and o.rank is not None}
@@ -871,12 +867,10 @@ def _lost_save(obs: list[Observation], ended: str, resume: Observation, f: Findi
         if start >= step:
             return
     elif resume.what == "no_checkpoint":  # any save said done, whatever step it was of
-        step, last = None, next((o for o in sorted(
-            (o for o in obs if o.what == "save" and o.source.file == ended),
-            key=lambda o: o.source.line or 0, reverse=True) if SAVE_DONE.search(o.detail)),
-            None)
-        if last is None:
+        said = _saves_said_done(obs, ended)
+        if not said:
             return
+        step, last = None, said[-1]
     else:
         return
     found = f"resumed from step {start}" if resume.what == "resume" else \
@@ -911,6 +905,12 @@ def _save_number(step: int | None, interval: int | None) -> int | None:
     if step is None or not interval or step % interval:
         return None
     return step // interval
+
+
+def _saves_said_done(obs: list[Observation], log: str) -> list[Observation]:
+    """The lines of `log` that say a save is done, in the log's order."""
+    return sorted((o for o in obs if o.what == "save" and o.source.file == log
+                   and SAVE_DONE.search(o.detail)), key=lambda o: o.source.line or 0)
 
 
 def _saves_in(obs: list[Observation], log: str):
@@ -1053,6 +1053,18 @@ class _Placing:
     def finding(self) -> Finding:
         return self.incident.finding
 
+    @cached_property
+    def saved_before(self) -> Source | None:
+        """The first save said done in the failure's log before the failure ("Epoch 1 |
+        Training snapshot saved at snapshot.pt"): where no step line came before it, the
+        job was training, past its start."""
+        at = self.failed_at
+        if at is None or at.line is None:
+            return None
+        done = [o.source for o in _saves_said_done(self.obs, at.file)
+                if o.source.line is not None and o.source.line < at.line]
+        return done[0] if done else None
+
 
 def _phase(placing: _Placing) -> None:
     """The first rule of PHASE_RULES that places the finding decides (the last always
@@ -1155,7 +1167,7 @@ def _nothing_failed(p: _Placing) -> bool:
 
 def _no_step_before(p: _Placing) -> bool:
     f = p.finding
-    if f.step_window[0] is not None or _saved_before(p) is not None:
+    if f.step_window[0] is not None or p.saved_before is not None:
         return False
     f.phase = "unknown"
     p.incident.unknowns.append(f"the phase of the {f.kind} is not known: no frame, no"
@@ -1167,25 +1179,12 @@ def _no_step_before(p: _Placing) -> bool:
 def _between_saves_by_rule(p: _Placing) -> bool:
     f = p.finding
     f.phase, f.phase_seen = "between_saves", False
-    saved = _saved_before(p) if f.step_window[0] is None else None
+    saved = p.saved_before if f.step_window[0] is None else None
     before = f"step {f.step_window[0]} came before it" if saved is None else \
         f"the log said a save was done before it ({saved}; no step line)"
     f.rules.append(f"phase between_saves by rule: no frame of the {f.kind} is known, no"
                    f" save was left unfinished, and {before}")
     return True
-
-
-def _saved_before(p: _Placing) -> Source | None:
-    """The first save said done in the failure's log before the failure, where no step
-    line came before it ("Epoch 1 | Training snapshot saved at snapshot.pt"): the job
-    was training, past its start."""
-    at = p.failed_at
-    if at is None or at.line is None:
-        return None
-    done = sorted(o.source.line for o in p.obs if o.what == "save" and o.source.file == at.file
-                  and o.source.line is not None and o.source.line < at.line
-                  and SAVE_DONE.search(o.detail))
-    return Source(at.file, done[0]) if done else None
 
 
 # The phase rules, in the order they are tried: an abort found only at the end, what

@@ -139,9 +139,9 @@ a relaunch with no resume line, whose phase nothing tells; 34 of 44 with the hel
 script's two; 36 of 46 with the second held-out script's two; 38 of 48 with the
 third's; 39 of 49 with the fourth's; 39 of 50 with a power loss told, whose phase
 nothing tells; 40 of 51 with that script's kill at the end of a save; 41 of 51
-    once a save the restart resumed from is a step before the failure (Accelerate's first
-    failure, placed between saves by rule); 42 of 52 with the DDP tutorial's power loss
-    (a power loss names no rank: every process died). (An earlier
+once a save the restart resumed from is a step before the failure (Accelerate's first
+failure, placed between saves by rule); 42 of 52 with the DDP tutorial's power loss
+(a power loss names no rank: every process died). (An earlier
     corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank
     and whose launcher line, racing, named the peer's SIGTERM.)"""
     missed = []
