@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -1015,16 +1016,24 @@ def _place(obs: list[Observation], incident: Incident, later: list[Observation],
         incident.unknowns.append(f"no step is known for the {f.kind}{before}")
 
 
+def _restart_resume(later: list[Observation],
+                    after: Iterable[Observation] = ()) -> Observation | None:
+    """The resume, naming a step, of the restart right after the failure: the first word of
+    progress the later launches print, where it is a resume. A later restart's resume,
+    after one that started over and trained, says nothing of the failure. Where no later
+    launch prints any, the first such resume in `after` (the failure's launch, after it)."""
+    told = [o for o in later if o.what in ("resume", "no_checkpoint", "step", "save")]
+    if told:
+        first = min(told, key=lambda o: (o.source.file, o.source.line or 0))
+        return first if first.what == "resume" and first.step is not None else None
+    return next((o for o in after if o.what == "resume" and o.step is not None), None)
+
+
 def _reached_before(f: Finding, later: list[Observation]) -> None:
     """Where no line of the failure's own launch names a step, the save the restart
     resumed from does: the job had finished it before it failed."""
-    # the restart right after it: its first word of progress is the resume (a later
-    # restart's resume, after one that started over and trained, bounds nothing here)
-    told = [o for o in later if o.what in ("resume", "no_checkpoint", "step", "save")]
-    if not told:
-        return
-    first = min(told, key=lambda o: (o.source.file, o.source.line or 0))
-    if first.what != "resume" or first.step is None:
+    first = _restart_resume(later)
+    if first is None:
         return
     f.step_window = (first.step, None)
     f.rules.append(f"after step {first.step}: {first.source} resumed from its save, which"
@@ -1216,9 +1225,8 @@ def _save_the_log_left_open(obs: list[Observation], f: Finding, failed_at: Sourc
                        f" {pending.step}, and the log, which says when a save is done, did"
                        " not say so before the failure")
         return True
-    first_resume = next((o for o in later + obs if o.what == "resume" and o.step is not None
-                         and (o in later or failed_at is not None
-                              and not _earlier(o, failed_at))), None)
+    first_resume = _restart_resume(
+        later, [o for o in obs if failed_at is not None and not _earlier(o, failed_at)])
     if first_resume is None or reached is None:
         return False
     due = (reached // interval) * interval if interval else None

@@ -573,3 +573,27 @@ def test_another_ranks_log_of_the_same_launch_is_no_relaunch():
     assert not _relaunch_of("logs/rank-0.log", "logs/rank-1.log")
     assert not _relaunch_of("logs/launch-0-node-0.log", "logs/launch-0-node-1.log")
     assert _relaunch_of("logs/slurm-41.out", "logs/slurm-42.out")
+
+
+def test_a_later_restarts_resume_places_no_death_at_a_saves_end(tmp_path):
+    """The first restart found no checkpoint and trained to a save of step 8; the second
+    resumed from that save. Read before as the first launch dying at the end of a save of
+    step 8, a save only the first restart made."""
+    def steps(first: int, last: int, saves: tuple[int, ...]) -> str:
+        return "".join(f"step {n} loss 2.{n:02d}\n" + (
+            f"saved checkpoint ckpt/step-{n}.pt at step {n}\n" if n in saves else "")
+            for n in range(first, last + 1))
+
+    kill = ("E1128 20:11:00.148000 5066 site-packages/torch/distributed/elastic/"
+            "multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 5069) of"
+            " binary: python\n")
+    for name, text in [
+            ("launch-0-node-0.log", steps(1, 7, (4,)) + kill + "restarting workers\n"),
+            ("launch-1-node-0.log", "no checkpoint found\n" + steps(1, 9, (4, 8)) + kill),
+            ("launch-2-node-0.log", "resumed from ckpt/step-8.pt at step 8\n"
+             + steps(9, 12, (12,)))]:
+        (tmp_path / name).write_text(text)
+    gathered = gather([tmp_path])
+    found = attribute(gathered.observations, gathered.sources).finding
+    assert (found.kind, found.step_window) == ("kill", (7, None)), found.rules
+    assert found.phase != "mid_save" and not found.phase_seen, found.rules
