@@ -935,14 +935,23 @@ def _saves_in(obs: list[Observation], log: str):
 
 # what names one of several logs of one launch: a node's, a rank's (rank-1.log)
 SIBLING = re.compile(r"(?<=node)[-_]?\d+|(?<=rank)[-_]?\d+", re.I)
+# a Slurm array's task in sbatch's default name (slurm-%A_%a.out: slurm-41_3.out): the
+# tasks of one array run side by side; a resubmitted array has another job id
+ARRAY_TASK = re.compile(r"(?<=slurm-)(\d+)_\d+")
 
 
 def _relaunch_of(log: str, file: str) -> bool:
     """Whether `file` is a later launch's log of the job that wrote `log`: in its folder,
-    after it, and named as it is, numbers aside (launch-0-node-0.log, launch-1-node-0.log)."""
+    after it, and named as it is, numbers aside (launch-0-node-0.log, launch-1-node-0.log),
+    and not a sibling's (another node's, rank's or array task's of the same launch)."""
     return file > log and _same_folder(log, file) and \
         re.sub(r"\d+", "#", log) == re.sub(r"\d+", "#", file) and \
-        re.sub(SIBLING, "#", log) != re.sub(SIBLING, "#", file)  # a sibling node's or rank's
+        _launch_of(log) != _launch_of(file)
+
+
+def _launch_of(log: str) -> str:
+    """The log's name with what tells siblings apart blanked out."""
+    return ARRAY_TASK.sub(r"\1_#", SIBLING.sub("#", log))
 
 
 def _same_folder(a: str, b: str) -> bool:

@@ -597,3 +597,22 @@ def test_a_later_restarts_resume_places_no_death_at_a_saves_end(tmp_path):
     found = attribute(gathered.observations, gathered.sources).finding
     assert (found.kind, found.step_window) == ("kill", (7, None)), found.rules
     assert found.phase != "mid_save" and not found.phase_seen, found.rules
+
+
+def test_a_slurm_arrays_other_task_is_no_relaunch(tmp_path):
+    """Two tasks of one Slurm array (sbatch's default slurm-%A_%a.out) run side by side:
+    task 1 training from step 1 is no relaunch that lost task 0's save. Read before as a
+    power loss that dropped the save of step 4."""
+    from torchchaos.incident.attribute import _relaunch_of
+
+    def steps(last: int, saves: tuple[int, ...]) -> str:
+        return "".join(f"step {n} loss 2.{n:02d}\n" + (
+            f"saved checkpoint ckpt/step-{n}.pt at step {n}\n" if n in saves else "")
+            for n in range(1, last + 1))
+
+    (tmp_path / "slurm-41_0.out").write_text(steps(6, (4,)))
+    (tmp_path / "slurm-41_1.out").write_text(steps(12, (4, 8, 12)) + "done\n")
+    gathered = gather([tmp_path])
+    found = attribute(gathered.observations, gathered.sources).finding
+    assert found.kind == "unknown", found.rules
+    assert _relaunch_of("logs/slurm-41_0.out", "logs/slurm-57_0.out")  # resubmitted
