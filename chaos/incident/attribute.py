@@ -199,8 +199,8 @@ def attribute(observations: list[Observation],
     for rank in {o.rank for o in everything if o.rank is not None} - set(ranks):
         ranks[rank] = RankStory(rank)  # seen only later: still a rank of the job
     finding = Finding()
-    for rule in (_oom, _crash, _abort, _exception, _dataloader, _hang, _preempt, _kill,
-                 _silent_peer, _node, _checkpoint_only):
+    for rule in (_oom, _crash, _abort, _exception, _dataloader, _node_said, _hang, _preempt,
+                 _kill, _silent_peer, _node, _checkpoint_only):
         if rule(obs, stopped, ranks, finding):
             break
     incident = Incident(finding, ranks)
@@ -224,7 +224,8 @@ def attribute(observations: list[Observation],
 
 def _segments(obs: list[Observation]) -> dict[int, int]:
     """Each line-sourced observation's launch: log files in name order (one per launch or
-    requeue), each cut where its launcher restarted the workers."""
+    requeue), each cut where its launcher restarted the workers or its scheduler requeued
+    the job into the same file."""
     # a worker's own file (torchrun --log-dir: attempt_1/0/stdout.log) is no launch's
     # log: its attempt, from its path, places it, as an error file's does
     files = sorted({o.source.file for o in obs if o.source.line is not None and (
@@ -254,12 +255,15 @@ AFTER_A_RESTART = 1 << 30
 
 def _cuts(file: str, obs: list[Observation]) -> list[int]:
     """Where a log moves to the next attempt: a restart line, or a worker failure after
-    which the log shows training again (torchrun's restart lines are INFO, often unseen)."""
+    which the log shows training again (torchrun's restart lines are INFO, often unseen),
+    or a scheduler's end of the job after which it does (Slurm requeues a job into the
+    same output file)."""
     lines = [o for o in obs if o.source.file == file and o.source.line is not None]
     restarts = [o.source.line for o in lines if o.what == "restart"]
     # the launcher's "failed (exitcode ...)" lines, not the entries of its final summary
     failures = sorted(o.source.line for o in lines if o.what == "exit" and o.rank is not None
-                      and "local_rank" in o.extra and "root_cause" not in o.extra)
+                      and "local_rank" in o.extra and "root_cause" not in o.extra
+                      or o.what in ("node_lost", "job_state"))
     went_on = [n for n in failures if n != failures[-1] or any(
         o.what in ("step", "resume") and o.source.line > n for o in lines)]
     return sorted(set(restarts) | set(went_on))  # type: ignore[arg-type]
@@ -281,7 +285,7 @@ def _restarts(obs: list[Observation]) -> int:
 
 
 def _is_failure(o: Observation, stopped: set[int | None]) -> bool:
-    if o.what in ("collective_timeout", "peer_lost", "oom_kill"):
+    if o.what in ("collective_timeout", "peer_lost", "oom_kill", "node_lost"):
         return True
     if o.what == "exit":
         return o.reason != "stopped by the launcher" and o.pid not in stopped and \
@@ -718,6 +722,9 @@ def _preempt(obs, stopped, ranks, f: Finding) -> bool:
     if first in caught:
         _say(f, f"preempt: {who} said it got a SIGTERM ({first.detail[:80]!r}), and no"
                 f" launcher line before it sent one ({first.source})", first)
+    elif first in said:
+        _say(f, f"preempt: the scheduler says it preempted the job ({first.detail},"
+                f" {first.source})", first)
     else:
         _say(f, f"preempt: {who} ended by SIGTERM the launcher did not send"
                 f" ({first.source})", first)
@@ -786,13 +793,25 @@ def _silent_ranks(obs: list[Observation], ranks: dict[int, RankStory]) -> list[i
     return sorted(set(ranks) - spoke)
 
 
+def _node_said(obs, stopped, ranks, f: Finding) -> bool:
+    """A scheduler or operator that says a node failed: the peers' timeouts, lost
+    connections and the signals that ended the job after it are its echoes."""
+    said = [o for o in obs if o.what == "node_lost"
+            and o.reason not in ("PREEMPTED", "PreemptionByScheduler")]
+    if not said:
+        return False
+    first = next((o for o in said if o.host), said[0])  # srun's line names the node
+    how = first.reason or "node lost"
+    f.kind, f.node = "node", first.extra.get("node")
+    f.how = f"{how} on {first.host}" if first.host else how
+    f.alternatives = ["power_loss"] if first.reason == "NODE_FAIL" else []
+    _say(f, f"node: {first.detail or first.reason} ({first.source})", first)
+    return True
+
+
 def _node(obs, stopped, ranks, f: Finding) -> bool:
-    said = [o for o in obs if o.what == "node_lost"]
-    if said:
-        f.kind, f.how, f.node = "node", said[0].reason or "node lost", said[0].extra.get("node")
-        f.alternatives = ["power_loss"] if said[0].reason == "NODE_FAIL" else []
-        _say(f, f"node: {said[0].detail or said[0].reason} ({said[0].source})", said[0])
-        return True
+    """A launch that vanished: its log ends with no failure and no success, and a later
+    launch took over."""
     vanished = _vanished_launch(obs)
     if vanished is None:
         return False

@@ -47,6 +47,7 @@ BUILTIN: dict[str, str] = {
     "errorfile": "torchchaos.incident.formats.errorfile:ErrorFile",
     "kubernetes": "torchchaos.incident.formats.kubernetes:KubernetesStatus",
     "slurm": "torchchaos.incident.formats.slurm:Sacct",
+    "slurmout": "torchchaos.incident.formats.slurm:SlurmOutput",
     "flight": "torchchaos.incident.formats.flight:FlightRecorder",
     "torchchaos": "torchchaos.incident.formats.ours:OwnReport",
 }

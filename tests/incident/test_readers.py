@@ -14,7 +14,7 @@ from torchchaos.incident.formats.errorfile import ErrorFile
 from torchchaos.incident.formats.flight import FlightRecorder
 from torchchaos.incident.formats.kernel import KernelLog
 from torchchaos.incident.formats.kubernetes import KubernetesStatus
-from torchchaos.incident.formats.slurm import Sacct
+from torchchaos.incident.formats.slurm import Sacct, SlurmOutput
 from torchchaos.incident.formats.stacks import Stacks
 from torchchaos.incident.formats.torchrun import TorchrunLog
 from torchchaos.incident.formats.trainlog import TrainingLog
@@ -265,6 +265,35 @@ def test_pytorchjob_conditions():
 def test_sacct_parsable_and_in_columns(name, state):
     found = read(Sacct(), DATA / "from_schemas" / name / "sacct.txt")
     assert found[0].reason == state
+
+
+@pytest.mark.parametrize("line, what, reason", [
+    ("slurmstepd: error: *** JOB 4242 ON gpu-a CANCELLED AT 2024-05-01T12:05:09 DUE TO NODE"
+     " FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***", "node_lost", "NODE_FAIL"),
+    ("srun: error: Node failure on gpu-b", "node_lost", "NODE_FAIL"),
+    ("slurmstepd: error: *** STEP 4242.0 ON gpu-a CANCELLED AT 2024-05-01T12:05:09 DUE TO"
+     " PREEMPTION ***", "node_lost", "PREEMPTED"),
+    ("slurmstepd: error: *** JOB 4242 ON gpu-a CANCELLED AT 2024-05-01T12:05:09 DUE TO TIME"
+     " LIMIT ***", "job_state", "TIMEOUT"),
+    ("slurmstepd: error: *** JOB 4242 ON gpu-a CANCELLED AT 2024-05-01T12:05:09 ***",
+     "job_state", "CANCELLED"),
+    ("slurmstepd: error: Detected 1 oom_kill event in StepId=4242.0. Some of the step tasks"
+     " have been OOM Killed.", "oom_kill", "OUT_OF_MEMORY"),
+    ("slurmstepd: error: Detected 2 oom-kill event(s) in step 4242.batch cgroup. Some of your"
+     " processes may have been killed by the cgroup out-of-memory handler.", "oom_kill",
+     "OUT_OF_MEMORY"),
+])
+def test_slurms_lines_in_a_jobs_output(tmp_path, line, what, reason):
+    out = tmp_path / "slurm-4242.out"
+    out.write_text(f"step 100 loss 3.9\n{line}\n")
+    (found,) = read(SlurmOutput(), out)
+    assert (found.what, found.reason, found.source.line) == (what, reason, 2)
+    if line.startswith("srun"):
+        assert found.host == "gpu-b"
+
+
+def test_a_log_without_slurms_lines_is_not_slurms():
+    assert not SlurmOutput().sniff(b"step 1 loss 2.0\nsaved checkpoint ckpt/step-1.pt\n", "x")
 
 
 def test_flight_recorder_pickle_as_torch_writes_it_and_json():

@@ -616,3 +616,81 @@ def test_a_slurm_arrays_other_task_is_no_relaunch(tmp_path):
     found = attribute(gathered.observations, gathered.sources).finding
     assert found.kind == "unknown", found.rules
     assert _relaunch_of("logs/slurm-41_0.out", "logs/slurm-57_0.out")  # resubmitted
+
+
+def _summary(*entries: tuple[int, str]) -> str:
+    """torchrun's closing summary for a script not under @record: each failed rank's entry
+    says where to read about tracebacks, not what the rank raised. The first is the root
+    cause."""
+    def entry(n: int, rank: int, code: str) -> str:
+        pid = 2210 + rank
+        tb = f"Signal 9 (SIGKILL) received by PID {pid}" if code == "-9" else \
+            "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+        return (f"[{n}]:\n  time      : 2024-05-01_12:05:01\n  host      : gpu-a\n"
+                f"  rank      : {rank} (local_rank: {rank})\n  exitcode  : {code} (pid: {pid})\n"
+                f"  error_file: <N/A>\n  traceback : {tb}\n")
+    (root, *others) = entries
+    return ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+            + "=" * 60 + "\ntrain.py FAILED\n" + "-" * 60 + "\nFailures:\n"
+            + "".join(entry(i + 1, *e) for i, e in enumerate(others)) + "-" * 60
+            + "\nRoot Cause (first observed failure):\n" + entry(0, *root) + "=" * 60 + "\n")
+
+
+ECHO_TRACEBACK = (
+    "[rank{r}]: Traceback (most recent call last):\n"
+    '[rank{r}]:   File "/home/u/train.py", line 100, in main\n'
+    "[rank{r}]:     loss.backward()\n"
+    "[rank{r}]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection"
+    " closed by peer [127.0.0.1]:45678\n")
+
+
+def test_the_summarys_pointer_to_tracebacks_is_no_error_of_the_rank(tmp_path):
+    """A review's counter-examples: the entry of a rank that exited 1 reads "traceback :
+    To enable traceback see: https://...". Read before as that rank's own exception: the
+    echo's rank 0 was blamed for rank 1's SIGKILL, and for rank 1's ValueError where
+    torchrun saw rank 0 exit first."""
+    steps = "".join(f"step {n} loss 3.9\n" for n in (10, 20, 30, 40))
+    failed = ("E0501 12:05:01.100000 2200 torch/distributed/elastic/multiprocessing/api.py:869]"
+              " failed (exitcode: {code}) local_rank: {r} (pid: {pid}) of binary: python3\n")
+    found = _one_log(tmp_path / "kill", steps + ECHO_TRACEBACK.format(r=0)
+                     + failed.format(code=-9, r=1, pid=2211) + _summary((1, "-9"), (0, "1")))
+    assert (found.kind, found.rank) == ("kill", 1), found.rules
+    own = ("[rank1]: Traceback (most recent call last):\n"
+           '[rank1]:   File "/home/u/train.py", line 99, in main\n'
+           "[rank1]:     loss = F.cross_entropy(logits, y)\n"
+           "[rank1]: ValueError: Expected input batch_size (8184) to match target batch_size"
+           " (8192).\n")
+    found = _one_log(tmp_path / "raise", steps + own + ECHO_TRACEBACK.format(r=0)
+                     + failed.format(code=1, r=0, pid=2210) + _summary((0, "1"), (1, "1")))
+    assert (found.kind, found.rank) == ("exception", 1), found.rules
+    assert "ValueError" in found.how
+
+
+def test_slurms_node_failure_line_names_the_kind_the_peers_echo(tmp_path):
+    """A review's counter-example: srun and slurmstepd say a node failed; the ranks left
+    saw their peers' connections reset. Read before as a SIGKILL of a rank not known."""
+    found = _one_log(tmp_path, "".join(f"step {n} loss 3.9\n" for n in (100, 200))
+                     + ECHO_TRACEBACK.format(r=0).replace("closed", "reset")
+                     + "srun: error: Node failure on gpu-b\nslurmstepd: error: *** JOB 4242 ON"
+                     " gpu-a CANCELLED AT 2024-05-01T12:05:09 DUE TO NODE FAILURE, SEE"
+                     " SLURMCTLD LOG FOR DETAILS ***\n")
+    assert found.kind == "node" and found.rank is None, found.rules
+    assert found.how == "NODE_FAIL on gpu-b"
+    assert found.step_window == (200, None)
+
+
+def test_a_requeue_into_the_same_slurm_output_is_a_new_launch(tmp_path):
+    """A review's counter-example: Slurm preempted the job at step 900 and requeued it into
+    the same file (--open-mode=append); the requeue resumed from step 500 and raised at
+    650. Read before as one launch's exception after step 900."""
+    steps = "".join(f"step {n} loss 3.9\n" for n in range(100, 1000, 100))
+    found = _one_log(tmp_path, steps.replace("step 500 loss 3.9\n", "step 500 loss 3.9\n"
+                                             "saved checkpoint ckpt/step_500.pt\n")
+                     + "slurmstepd: error: *** JOB 4242 ON gpu017 CANCELLED AT"
+                     " 2024-05-01T12:31:07 DUE TO PREEMPTION ***\n"
+                     "resumed from ckpt/step_500.pt at step 500\nstep 600 loss 3.4\n"
+                     "[rank0]: Traceback (most recent call last):\n"
+                     '[rank0]:   File "/home/u/data.py", line 77, in __iter__\n'
+                     '[rank0]:     tokens = self.tokenizer.encode(doc["text"])\n'
+                     "[rank0]: KeyError: 'text'\n")
+    assert (found.kind, found.step_window) == ("preempt", (900, None)), found.rules

@@ -1,4 +1,6 @@
-"""Slurm's accounting: `sacct` output, parsable (`-P`, `|` between fields) or in columns.
+"""Slurm's word on a job: `sacct` output, and the lines Slurm writes into its output file.
+
+`sacct`, parsable (`-P`, `|` between fields) or in columns:
 
     JobID|JobName|State|ExitCode|NodeList
     4242|train|NODE_FAIL|0:0|gpu[01-02]
@@ -6,6 +8,16 @@
 
 `State` (NODE_FAIL, OUT_OF_MEMORY, TIMEOUT, PREEMPTED, FAILED, CANCELLED,
 COMPLETED) and `ExitCode` (`code:signal`) are what is read.
+
+What slurmstepd and srun print among the job's own lines (slurm-4242.out):
+
+    srun: error: Node failure on gpu-b
+    slurmstepd: error: *** JOB 4242 ON gpu-a CANCELLED AT 2024-05-01T12:05:09 DUE TO NODE
+      FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***
+    slurmstepd: error: *** STEP 4242.0 ON gpu-a CANCELLED AT ... DUE TO PREEMPTION ***
+    slurmstepd: error: *** JOB 4242 ON gpu-a CANCELLED AT ... DUE TO TIME LIMIT ***
+    slurmstepd: error: Detected 1 oom_kill event in StepId=4242.0. Some of the step tasks
+      have been OOM Killed.
 """
 
 from __future__ import annotations
@@ -68,4 +80,45 @@ class Sacct(Reader):
                                      host=row.get("NodeList") or None,
                                      detail=f"job {row.get('JobID', '?')}: {state}",
                                      extra={"job_step": "." in row.get("JobID", "")}))
+        return found
+
+
+# slurmstepd's line where it ends a job or a step: the reason, or none (scancel)
+CANCELLED = re.compile(r"\*\*\* (?:JOB|STEP) (\S+) ON (\S+) CANCELLED AT \S+"
+                       r"(?: DUE TO ([A-Z ]+?)(?:,|\s*\*\*\*|$))?")
+DUE_TO = {"NODE FAILURE": "NODE_FAIL", "PREEMPTION": "PREEMPTED", "TIME LIMIT": "TIMEOUT",
+          None: "CANCELLED"}
+NODE_FAILURE = re.compile(r"srun: error: Node failure on (\S+)")
+# "Detected 1 oom_kill event in StepId=4242.0." (newer), "Detected 2 oom-kill event(s) in
+# step 4242.batch cgroup." (older)
+OOM_EVENTS = re.compile(r"slurmstepd: error: Detected \d+ oom[-_ ]kill event(?:s|\(s\))? in"
+                        r" (?:step )?(\S+?)\.?(?:\s|$)")
+
+
+class SlurmOutput(Reader):
+    name = "slurmout"
+    summary = "what slurmstepd and srun write into a job's output (node failure, preemption," \
+              " time limit, OOM kill)"
+
+    def sniff(self, data: bytes, name: str) -> bool:
+        body = text.text_of(data)
+        if body is None:
+            return False
+        return bool(CANCELLED.search(body) or NODE_FAILURE.search(body)
+                    or OOM_EVENTS.search(body))
+
+    def read(self, data: bytes, name: str) -> list[Observation]:
+        found = []
+        for number, line in enumerate(text.decode(data).splitlines(), 1):
+            where = Source(name, number)
+            if m := CANCELLED.search(line):
+                state = DUE_TO.get(m.group(3), "CANCELLED")
+                found.append(Observation(STATES[state], where, reason=state,
+                                         detail=f"job {m.group(1)}: {state}"))
+            elif m := NODE_FAILURE.search(line):
+                found.append(Observation("node_lost", where, reason="NODE_FAIL",
+                                         host=m.group(1), detail=f"node {m.group(1)} failed"))
+            elif m := OOM_EVENTS.search(line):
+                found.append(Observation("oom_kill", where, reason="OUT_OF_MEMORY",
+                                         detail=f"{m.group(1)}: OOM killed"))
         return found

@@ -170,6 +170,10 @@ class TorchrunLog(Reader):
 RELAYED = re.compile(r"Traceback \(most recent call last\):? \(RANK (\d+)\)\s*$")
 
 
+# what the summary says in place of a traceback where the script is not under @record
+NO_TRACEBACK = re.compile(r"To enable traceback see\b")
+
+
 def _summary_entry(fields: dict, where: Source, root: bool, script: str | None) -> Observation:
     rank = local = pid = code = None
     if m := RANK_FIELD.search(fields.get("rank", "")):
@@ -179,6 +183,8 @@ def _summary_entry(fields: dict, where: Source, root: bool, script: str | None) 
     tb = fields.get("_tb", [])
     frames = tuple(text.frame_text(m) for line in tb if (m := text.FRAME.match(line)))
     last = next((line.strip() for line in reversed(tb) if line.strip()), "")
+    if NO_TRACEBACK.match(last):  # a script not under @record: no error of its own told
+        last = ""
     extra = {"local_rank": local, "root_cause": root, "script": script}
     if fields.get("error_file") not in (None, "", "<N/A>"):
         extra["error_file"] = fields["error_file"]
