@@ -694,3 +694,14 @@ def test_a_requeue_into_the_same_slurm_output_is_a_new_launch(tmp_path):
                      '[rank0]:     tokens = self.tokenizer.encode(doc["text"])\n'
                      "[rank0]: KeyError: 'text'\n")
     assert (found.kind, found.step_window) == ("preempt", (900, None)), found.rules
+
+
+def test_a_second_nodes_failed_worker_is_the_global_rank_its_summary_gives(tmp_path):
+    """A review's counter-example: node 1's torchrun says "failed (exitcode: -9)
+    local_rank: 0", and its summary "rank : 2 (local_rank: 0)" for the same pid. Read
+    before as rank 0, the writer."""
+    found = _one_log(tmp_path, "E0501 12:05:04.456000 1400 torch/distributed/elastic/"
+                     "multiprocessing/api.py:869] failed (exitcode: -9) local_rank: 0 (pid: 2210)"
+                     " of binary: python3\n" + _summary((0, "-9")).replace(
+                         "rank      : 0 (local_rank: 0)", "rank      : 2 (local_rank: 0)"))
+    assert (found.kind, found.rank, found.role) == ("kill", 2, "other"), found.rules

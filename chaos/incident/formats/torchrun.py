@@ -27,6 +27,7 @@ and each rank's traceback as torch tags it (`[rank1]: Traceback ...`).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time as _time
 
@@ -67,8 +68,9 @@ class TorchrunLog(Reader):
 
     def read(self, data: bytes, name: str) -> list[Observation]:
         lines = text.decode(data).splitlines()
-        found = self._launcher_lines(lines, name)
-        found += self._summary(lines, name)
+        summary = self._summary(lines, name)
+        found = _global_ranks(self._launcher_lines(lines, name), summary)
+        found += summary
         found += self._rank_tracebacks(lines, name)
         return found
 
@@ -163,6 +165,15 @@ class TorchrunLog(Reader):
         # it printed ("[rank3]:...") is enough to know it was there
         return found + [Observation("rank_line", Source(name, n), rank=r)
                         for r, n in sorted(heard.items())]
+
+
+def _global_ranks(launcher: list[Observation], summary: list[Observation]) -> list[Observation]:
+    """The launcher's "failed ... local_rank: 0 (pid: 1411)" lines with the global rank its
+    summary gives the same pid ("rank : 2 (local_rank: 0)"): on any node but the first the
+    two differ. Without a summary the local rank stands (one node's: the same)."""
+    rank_of = {o.pid: o.rank for o in summary if o.pid is not None and o.rank is not None}
+    return [dataclasses.replace(o, rank=rank_of[o.pid])
+            if "local_rank" in o.extra and o.pid in rank_of else o for o in launcher]
 
 
 # the header of a rank's traceback that torch.distributed.checkpoint relays inside its
