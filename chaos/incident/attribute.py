@@ -263,7 +263,8 @@ def _cuts(file: str, obs: list[Observation]) -> list[int]:
     # the launcher's "failed (exitcode ...)" lines, not the entries of its final summary
     failures = sorted(o.source.line for o in lines if o.what == "exit" and o.rank is not None
                       and "local_rank" in o.extra and "root_cause" not in o.extra
-                      or o.what in ("node_lost", "job_state"))
+                      or o.what == "node_lost" or o.what == "job_state"
+                      and o.reason != "finished")
     went_on = [n for n in failures if n != failures[-1] or any(
         o.what in ("step", "resume") and o.source.line > n for o in lines)]
     return sorted(set(restarts) | set(went_on))  # type: ignore[arg-type]
@@ -842,7 +843,7 @@ def _vanished_launch(obs: list[Observation]) -> tuple[str, Observation] | None:
                  and not ECHO.search(o.detail)]
     for name in logs:
         if any(o.source.file == name and o.what in ("exit", "error", "restart", "resume")
-               for o in obs):
+               for o in obs) or _ended_as_meant(name, obs):
             continue
         after = [o for o in took_over if _relaunch_of(name, o.source.file)] + \
             [o for o in obs if o.what == "log_file" and _relaunch_of(name, o.source.file)
@@ -850,6 +851,15 @@ def _vanished_launch(obs: list[Observation]) -> tuple[str, Observation] | None:
         if after:
             return name, after[0]
     return None
+
+
+def _ended_as_meant(log: str, obs: list[Observation]) -> bool:
+    """Whether the log's last word, at or after its last step or save line, is that the
+    run finished or that the scheduler ended it (a time limit, a cancel): a relaunch
+    after it took over from no launch that vanished."""
+    mine = [o for o in obs if o.source.file == log and o.source.line is not None]
+    progress = max((o.source.line for o in mine if o.what in ("step", "save")), default=0)
+    return any(o.what == "job_state" and o.source.line >= progress for o in mine)
 
 
 def _went_on_past(ended: str, later: Observation, obs: list[Observation]) -> bool:

@@ -443,3 +443,20 @@ def test_a_stack_dump_is_no_launchs_log():
     gathered = gather([Path(__file__).resolve().parents[1] / "data" / "incidents" / "hang"])
     logs = [o.source.file for o in gathered.observations if o.what == "log_file"]
     assert logs == ["hang/launcher.log"], logs
+
+
+@pytest.mark.parametrize("line, finished", [
+    ("Training done for this job.", True), ("done at step 15", True), ("Done!", True),
+    ("Reached time budget (3h50m), exiting cleanly.", True),
+    ("Training completed. Do not forget to share your model on huggingface.co/models =)", True),
+    ("`Trainer.fit` stopped: `max_steps=20` reached.", True),
+    ("Engine run complete. Time taken: 00:00:01", True),
+    ("Finished epoch 3", False), ("done loading data", False), ("Epoch 3 complete", False),
+])
+def test_the_scripts_word_that_the_run_finished(tmp_path, line, finished):
+    log = tmp_path / "train.log"
+    log.write_text(f"step 10 loss 2.0\n{line}\n")
+    found = read(TrainingLog(), log)
+    ended = [o for o in found if o.what == "job_state"]
+    assert bool(ended) == finished, found
+    assert all(o.reason == "finished" and o.source.line == 2 for o in ended)

@@ -705,3 +705,24 @@ def test_a_second_nodes_failed_worker_is_the_global_rank_its_summary_gives(tmp_p
                      " of binary: python3\n" + _summary((0, "-9")).replace(
                          "rank      : 0 (local_rank: 0)", "rank      : 2 (local_rank: 0)"))
     assert (found.kind, found.rank, found.role) == ("kill", 2, "other"), found.rules
+
+
+def test_a_run_that_said_it_finished_and_a_chained_job_that_resumed_is_no_failure(tmp_path):
+    """A review's counter-example: Slurm jobs chained with afterok, each training to its
+    time budget and saying so, the next resuming. Read before as a node that went down
+    (the first log ended with no failure and no success)."""
+    def job(first: int, resumed: bool) -> str:
+        head = f"Resuming from checkpoint ckpt/step_{first}.pt at step {first}\n" if resumed \
+            else "No checkpoint found in ckpt/, starting from scratch\n"
+        steps = "".join(f"step {n} loss 4.5\n" for n in range(first + 100, first + 1001, 100))
+        return (head + steps + f"saved checkpoint ckpt/step_{first + 1000}.pt\n"
+                "Reached time budget (3h50m), exiting cleanly.\nTraining done for this job.\n")
+
+    (tmp_path / "slurm-41001.out").write_text(job(0, False))
+    (tmp_path / "slurm-41002.out").write_text(job(1000, True))
+    gathered = gather([tmp_path])
+    assert attribute(gathered.observations, gathered.sources).finding.kind == "unknown"
+    # the same first log, cut after its last step: the node went down
+    (tmp_path / "slurm-41001.out").write_text(job(0, False).split("saved")[0])
+    gathered = gather([tmp_path])
+    assert attribute(gathered.observations, gathered.sources).finding.kind == "node"

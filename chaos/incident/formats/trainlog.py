@@ -60,6 +60,16 @@ SAVED_AT_END = re.compile(r"\bsaved[.!]?\s*$", re.I)
 # script's own "got signal 15, exiting"
 SIGTERM_SAID = re.compile(r"\b(?:received|got|caught)\s+(?:signal\s*:?\s*(?:SIGTERM|15)\b"
                           r"|SIGTERM\b)|\bSIGTERM\s+(?:received|caught)", re.I)
+# the script's word that the run ended as it meant to: "Training done for this job.",
+# "done at step 15", "Reached time budget, exiting cleanly.", the Trainer's "Training
+# completed.", Lightning's "`Trainer.fit` stopped: `max_steps=20` reached.", Ignite's
+# "Engine run complete.", torchrun's "worker group successfully finished" (an epoch's
+# "Epoch 3 complete" ends no run)
+FINISHED = re.compile(r"^\W*(?:all\s+)?(?:done|finished)(?:\s+at\s+(?:step|iter\w*)\b|\W*$)"
+                      r"|\b(?:training|run|job)\s+(?:is\s+)?(?:done|finished|completed?|ended)\b"
+                      r"|\bfinished training\b|\bexit(?:ing|ed)?\s+(?:cleanly|normally)\b"
+                      r"|`?Trainer\.fit`? stopped\b|\bworker group successfully finished\b",
+                      re.I)
 # a line the script starts with its own rank (torch's "[rank1]:" tag is read first)
 OWN_RANK = re.compile(r"^\s*\[?rank[ _=#:]?(\d+)\]?(?=[\s:,\]]|$)", re.I)
 # where another rank's line starts glued to the end of one ("...step-0015.ptrank 1 resumed")
@@ -113,6 +123,15 @@ def _sentence(line: str) -> tuple[str, int | None]:
 
 
 def _observed(body: str, rank: int | None, where: Source,
+              attempt: int | None) -> list[Observation]:
+    found = _progress(body, rank, where, attempt)
+    if FINISHED.search(body):
+        found.append(Observation("job_state", where, rank=rank, reason="finished",
+                                 detail=body.strip()[:200], attempt=attempt))
+    return found
+
+
+def _progress(body: str, rank: int | None, where: Source,
               attempt: int | None) -> list[Observation]:
     if SIGTERM_SAID.search(body):
         return [Observation("signal", where, rank=rank, signal="SIGTERM",
