@@ -224,19 +224,26 @@ def attribute(observations: list[Observation],
 
 def _segments(obs: list[Observation]) -> dict[int, int]:
     """Each line-sourced observation's launch: log files in name order (one per launch or
-    requeue), each cut where its launcher restarted the workers or its scheduler requeued
-    the job into the same file."""
+    requeue; the logs of one launch's nodes or ranks, node0.log and node1.log, together),
+    each cut where its launcher restarted the workers or its scheduler requeued the job
+    into the same file."""
     # a worker's own file (torchrun --log-dir: attempt_1/0/stdout.log) is no launch's
     # log: its attempt, from its path, places it, as an error file's does
     files = sorted({o.source.file for o in obs if o.source.line is not None and (
         o.what in ("step", "resume", "save", "restart") or "local_rank" in o.extra)
         and worker_of(o.source.file) is None})
     cuts = {f: _cuts(f, obs) for f in files}
-    order, seg = {}, 0
+    launches: dict[tuple[str, str], list[str]] = {}  # in the order of their first log
     for f in files:
-        for n in range(len(cuts[f]) + 1):
-            order[(f, n)] = seg
-            seg += 1
+        launches.setdefault((f.rpartition("/")[0], _launch_of(f)), []).append(f)
+    order, seg = {}, 0
+    for siblings in launches.values():
+        # each node's log cut at its own restarts: its n-th part is the launch's n-th
+        attempts = max(len(cuts[f]) for f in siblings) + 1
+        for f in siblings:
+            for n in range(len(cuts[f]) + 1):
+                order[(f, n)] = seg + n
+        seg += attempts
     found = {}
     for i, o in enumerate(obs):
         if o.source.line is not None and o.source.file in cuts:
@@ -261,7 +268,7 @@ def _cuts(file: str, obs: list[Observation]) -> list[int]:
     lines = [o for o in obs if o.source.file == file and o.source.line is not None]
     restarts = [o.source.line for o in lines if o.what == "restart"]
     # the launcher's "failed (exitcode ...)" lines, not the entries of its final summary
-    failures = sorted(o.source.line for o in lines if o.what == "exit" and o.rank is not None
+    failures = sorted(o.source.line for o in lines if o.what == "exit"
                       and "local_rank" in o.extra and "root_cause" not in o.extra
                       or o.what == "node_lost" or o.what == "job_state"
                       and o.reason != "finished")
@@ -366,9 +373,23 @@ def _rank_of_untagged(error: Observation, obs: list[Observation],
 
 def _with_ranks(observations: list[Observation]) -> list[Observation]:
     """Observations that name a pid the launcher tied to a rank get that rank."""
+    observations = _local_ranks_unknown(observations)
     pid_rank = {o.pid: o.rank for o in observations if o.pid and o.rank is not None}
     return [dataclasses.replace(o, rank=pid_rank[o.pid]) if o.rank is None and o.pid in pid_rank
             else o for o in observations]
+
+
+def _local_ranks_unknown(obs: list[Observation]) -> list[Observation]:
+    """A launcher's "failed ... local_rank: 0" line in one of several nodes' logs
+    (node0.log, node1.log) with no summary entry that gives its global rank: which global
+    rank that is depends on the order the nodes joined, which no log says. Its rank is
+    not known (a pid or a tagged line may still tell it)."""
+    logs = {o.source.file for o in obs if o.what == "log_file"}
+    several = {f for f in logs if any(g != f and _same_folder(f, g)
+                                      and _launch_of(g) == _launch_of(f) for g in logs)}
+    return [dataclasses.replace(o, rank=None) if o.what == "exit" and "local_rank" in o.extra
+            and "root_cause" not in o.extra and not o.extra.get("global")
+            and o.source.file in several else o for o in obs]
 
 
 def _started_over(obs: list[Observation]) -> list[Observation]:
@@ -525,16 +546,24 @@ def _allocation_failed(obs: list[Observation], f: Finding) -> bool:
 
 
 def _crash(obs, stopped, ranks, f: Finding) -> bool:
-    # NCCL's watchdog aborts a rank whose collective timed out: that SIGABRT is the hang's
-    timed_out = {o.rank for o in obs if o.what == "collective_timeout" and o.rank is not None}
+    # NCCL's watchdog aborts a rank whose collective timed out, or whose peer it saw exit
+    # ("ncclRemoteError: ... a remote process exiting prematurely"): that SIGABRT is the
+    # hang's, or the peer's death's, echo
+    echoes = [o for o in obs if o.what in ("collective_timeout", "peer_lost")]
+    echoed = {o.rank for o in echoes if o.rank is not None}
+    # a node's launcher line gives only the local rank: an echo in the same log will do
+    echoed_in = {o.source.file for o in echoes}
     fatal = [o for o in obs if o.what == "exit" and o.signal in FATAL and o.pid not in stopped
-             and not (o.signal == "SIGABRT" and o.rank in timed_out)]
+             and not (o.signal == "SIGABRT" and (o.rank in echoed or o.rank is None
+                                                 and o.source.file in echoed_in))]
     if not fatal:
         return False
     first = next((o for o in fatal if o.rank is not None), fatal[0])
     f.kind, f.rank, f.how = "crash", first.rank, first.signal or ""
-    _say(f, f"crash: rank {first.rank} died of {first.signal} ({first.source})", first)
-    if first.rank is None:
+    _say(f, f"crash: {_who(first)} died of {first.signal} ({first.source})", first)
+    if first.rank is None and "local_rank" in first.extra:
+        _rank_of_a_local_death(obs, ranks, f)
+    elif first.rank is None:
         # an untagged faulthandler dump: a rank that died of it said nothing else
         silent = _silent_ranks(obs, ranks)
         if len(silent) == 1:
@@ -750,9 +779,33 @@ def _kill(obs, stopped, ranks, f: Finding) -> bool:
         return False
     first = next((o for o in deaths if o.rank is not None), deaths[0])
     f.kind, f.rank, f.how = "kill", first.rank, "SIGKILL"
-    _say(f, f"kill: rank {first.rank} ended by SIGKILL the launcher did not send"
+    _say(f, f"kill: {_who(first)} ended by SIGKILL the launcher did not send"
             f" ({first.source})", first)
+    if first.rank is None:
+        _rank_of_a_local_death(obs, ranks, f)
     return True
+
+
+def _who(o: Observation) -> str:
+    if o.rank is not None:
+        return f"rank {o.rank}"
+    if "local_rank" in o.extra:  # a node's launcher line, on a node whose ranks are not known
+        return f"local rank {o.extra['local_rank']} of the node that wrote {o.source.file}"
+    return "a rank"
+
+
+def _rank_of_a_local_death(obs: list[Observation], ranks: dict[int, RankStory],
+                           f: Finding) -> None:
+    """The global rank of a death a node's launcher told by its local rank only: the one
+    rank with no word of its own while a peer saw its connection close."""
+    silent = _silent_ranks(obs, ranks)
+    if len(silent) == 1:
+        f.rank = silent[0]
+        f.rules.append(f"rank {f.rank} is the only rank with no word of its own while a peer"
+                       f" saw its connection close: the rank that died was rank {f.rank}")
+    else:
+        f.rules.append("the global rank of that local rank is not known: the logs do not say"
+                       " in which order the nodes joined")
 
 
 def _silent_peer(obs, stopped, ranks, f: Finding) -> bool:

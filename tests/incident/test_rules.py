@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from torchchaos.incident.attribute import attribute
 from torchchaos.incident.gather import gather
 
@@ -726,3 +728,27 @@ def test_a_run_that_said_it_finished_and_a_chained_job_that_resumed_is_no_failur
     (tmp_path / "slurm-41001.out").write_text(job(0, False).split("saved")[0])
     gathered = gather([tmp_path])
     assert attribute(gathered.observations, gathered.sources).finding.kind == "node"
+
+
+REVIEW = Path(__file__).resolve().parents[1] / "data" / "review"
+
+
+@pytest.mark.parametrize("case, kind, rank", [
+    # rank 3, on the second node, ran out of CUDA memory; node 0's ranks' watchdogs saw
+    # it leave and aborted. Read before as a SIGABRT crash of rank 0: each node's log was
+    # taken for a launch of its own, node0.log first
+    ("nccl_oom_on_the_second_node", "oom", 3),
+    # rank 1 was SIGKILLed; rank 0's watchdog aborted after ncclRemoteError. Read before
+    # as a crash of rank 0
+    ("nccl_watchdog_abort_after_a_peers_kill", "kill", 1),
+    # a rank that hung, with the watchdogs of the others firing on both nodes: which rank
+    # hung no line says (read before as rank 2, a rank whose own watchdog fired)
+    ("nccl_hang_seen_from_both_nodes", "hang", None),
+    # srun: "Node failure on gpu-b"; read before as a SIGKILL of a rank not known
+    ("slurm_node_failure", "node", None),
+])
+def test_a_reviews_case_is_told_as_it_happened(tmp_path, case, kind, rank):
+    shutil.copytree(REVIEW / case, tmp_path / case)
+    gathered = gather([tmp_path / case])
+    found = attribute(gathered.observations, gathered.sources).finding
+    assert (found.kind, found.rank) == (kind, rank), found.rules

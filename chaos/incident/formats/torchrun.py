@@ -170,9 +170,10 @@ class TorchrunLog(Reader):
 def _global_ranks(launcher: list[Observation], summary: list[Observation]) -> list[Observation]:
     """The launcher's "failed ... local_rank: 0 (pid: 1411)" lines with the global rank its
     summary gives the same pid ("rank : 2 (local_rank: 0)"): on any node but the first the
-    two differ. Without a summary the local rank stands (one node's: the same)."""
+    two differ. Without a summary the local rank stands (one node's: the same), and the
+    observation is not marked "global"."""
     rank_of = {o.pid: o.rank for o in summary if o.pid is not None and o.rank is not None}
-    return [dataclasses.replace(o, rank=rank_of[o.pid])
+    return [dataclasses.replace(o, rank=rank_of[o.pid], extra={**o.extra, "global": True})
             if "local_rank" in o.extra and o.pid in rank_of else o for o in launcher]
 
 
