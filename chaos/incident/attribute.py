@@ -90,6 +90,13 @@ LOAD_ERROR = re.compile(r"PytorchStreamReader|central directory|Ran out of input
                         r"invalid load key|unpickling|checksum|sha256|corrupt|truncated|"
                         r"safetensors|UnpicklingError|EOFError", re.I)
 
+def _a_load_error(e: Observation) -> bool:
+    """An error raised loading a checkpoint: in a load's frames, or with a message a
+    checkpoint that does not load raises, unless its frames are the data pipeline's (a
+    truncated image, a corrupt sample)."""
+    return e.phase == "load" or bool(LOAD_ERROR.search(e.detail)) and e.phase != "data"
+
+
 # A restart's error that says the checkpoint it read is bad or not there: a file that
 # does not load, a missing file or key, a state that does not fit the model
 BAD_DATA = re.compile(LOAD_ERROR.pattern + r"|FileNotFoundError|No such file|KeyError|"
@@ -333,7 +340,7 @@ def _recovery(later: list[Observation],
     resumed = [o for o in later if o.what == "resume"]
     if errors:
         e = errors[0]
-        loading = bool(LOAD_ERROR.search(e.detail)) or e.phase == "load"
+        loading = _a_load_error(e)
         # past the load only where its frames say it trained on: an error no frame places
         # is not known to have come after the resume
         phase = "load" if loading else "mid_save" if e.phase == "save" else \
@@ -496,7 +503,21 @@ def _own_errors(obs: list[Observation]) -> list[Observation]:
     return [o for o in obs if o.what in ("error", "exit") and o.detail
             and not ECHO.search(o.detail) and not o.detail.startswith(("faulthandler", "Signal"))
             and not _deliberate_exit(o) and ":" in o.detail
-            and o.reason != "stopped by the launcher"]
+            and o.reason != "stopped by the launcher" and not _survived(o, obs)]
+
+
+def _survived(error: Observation, obs: list[Observation]) -> bool:
+    """A traceback the script printed and went on from (a bad sample it logged and
+    skipped): its log says the run finished after it, with no launcher's word of a failed
+    worker between."""
+    if error.what != "error" or error.source.line is None:
+        return False
+    after = [o for o in obs if o.source.file == error.source.file
+             and (o.source.line or 0) > error.source.line]
+    finished = min((o.source.line for o in after if o.what == "job_state"
+                    and o.reason == "finished"), default=None)
+    return finished is not None and not any(
+        o.what == "exit" and "local_rank" in o.extra and o.source.line < finished for o in after)
 
 
 def _say(finding: Finding, rule: str, *sources: Observation) -> None:
@@ -647,7 +668,7 @@ def _exception(obs, stopped, ranks, f: Finding) -> bool:
         f.rank = same[0].rank if same else None
     _say(f, f"exception: rank {f.rank} raised {first.detail[:100]!r} ({first.source}),"
             " not the echo of a peer's failure", first)
-    if LOAD_ERROR.search(first.detail):
+    if _a_load_error(first):
         f.phase, f.phase_seen = "load", True
         f.rules.append("phase load: the error is one a checkpoint that does not load raises")
     return True
@@ -892,7 +913,7 @@ def _vanished_launch(obs: list[Observation]) -> tuple[str, Observation] | None:
     job."""
     logs = sorted({o.source.file for o in obs if o.what == "log_file"})
     took_over = [o for o in obs if o.what in ("resume", "no_checkpoint") or o.what == "error"
-                 and (o.phase == "load" or BAD_DATA.search(o.detail))
+                 and (o.phase == "load" or BAD_DATA.search(o.detail) and o.phase != "data")
                  and not ECHO.search(o.detail)]
     for name in logs:
         if any(o.source.file == name and o.what in ("exit", "error", "restart", "resume")
@@ -1015,8 +1036,9 @@ def _saves_in(obs: list[Observation], log: str):
     return done, begun
 
 
-# what names one of several logs of one launch: a node's, a rank's (rank-1.log)
-SIBLING = re.compile(r"(?<=node)[-_]?\d+|(?<=rank)[-_]?\d+", re.I)
+# what names one of several logs of one launch: a node's, a rank's (rank-1.log), a
+# Kubeflow PyTorchJob worker pod's (gpt2-ddp-worker-1.log)
+SIBLING = re.compile(r"(?<=node)[-_]?\d+|(?<=rank)[-_]?\d+|(?<=worker)[-_]?\d+", re.I)
 # a Slurm array's task in sbatch's default name (slurm-%A_%a.out: slurm-41_3.out): the
 # tasks of one array run side by side; a resubmitted array has another job id
 ARRAY_TASK = re.compile(r"(?<=slurm-)(\d+)_\d+")
@@ -1262,6 +1284,7 @@ def _nothing_failed(p: _Placing) -> bool:
         return False
     p.incident.unknowns.append("no failure is told, so none is placed: the artefacts show"
                                " no death, error, timeout or vanished launch")
+    p.finding.step_window = (None, None)  # the last step of a run that may have finished
     return True
 
 

@@ -746,9 +746,27 @@ REVIEW = Path(__file__).resolve().parents[1] / "data" / "review"
     ("nccl_hang_seen_from_both_nodes", "hang", None),
     # srun: "Node failure on gpu-b"; read before as a SIGKILL of a rank not known
     ("slurm_node_failure", "node", None),
+    # a worker pod's rank 2 found no data shard; the two pods' logs are one launch's.
+    # Read before as a node that went down (worker-1.log taken for worker-0.log's
+    # relaunch, failing to read a checkpoint)
+    ("kubeflow_worker_pods_missing_data_shard", "exception", 2),
+    # a run that logged a bad sample's traceback, skipped it, and finished. Read before
+    # as that exception (a false alarm)
+    ("a_skipped_samples_traceback_in_a_finished_run", "unknown", None),
 ])
 def test_a_reviews_case_is_told_as_it_happened(tmp_path, case, kind, rank):
     shutil.copytree(REVIEW / case, tmp_path / case)
     gathered = gather([tmp_path / case])
     found = attribute(gathered.observations, gathered.sources).finding
     assert (found.kind, found.rank) == (kind, rank), found.rules
+
+
+def test_a_truncated_image_in_the_data_pipeline_is_no_checkpoint_load(tmp_path):
+    """A review's counter-example: PIL's "image file is truncated" raised in a
+    Dataset's __getitem__. Read before as a checkpoint that does not load (phase load,
+    seen)."""
+    shutil.copytree(REVIEW / "truncated_image_in_the_data_pipeline", tmp_path / "case")
+    gathered = gather([tmp_path / "case"])
+    found = attribute(gathered.observations, gathered.sources).finding
+    assert (found.kind, found.rank) == ("exception", 1), found.rules
+    assert found.phase != "load", found.rules
