@@ -213,7 +213,7 @@ def attribute(observations: list[Observation],
     incident = Incident(finding, ranks)
     ended = next((src[:-4] for src in finding.sources if src.endswith(":end")), None)
     if ended is not None:  # a launch that vanished: what came after is the next launch's
-        later = [o for o in everything if o.source.file > ended
+        later = [o for o in everything if _order(o.source.file) > _order(ended)
                  and _same_folder(o.source.file, ended)]
     incident.recovery, incident.restart_failure = _recovery(later, stopped)
     incident.restarts = _restarts(everything)
@@ -238,7 +238,7 @@ def _segments(obs: list[Observation]) -> dict[int, int]:
     # log: its attempt, from its path, places it, as an error file's does
     files = sorted({o.source.file for o in obs if o.source.line is not None and (
         o.what in ("step", "resume", "save", "restart") or "local_rank" in o.extra)
-        and worker_of(o.source.file) is None})
+        and worker_of(o.source.file) is None}, key=_order)
     cuts = {f: _cuts(f, obs) for f in files}
     launches: dict[tuple[str, str], list[str]] = {}  # in the order of their first log
     for f in files:
@@ -336,7 +336,8 @@ def _first_sentence(text: str, limit: int = 160) -> str:
 def _recovery(later: list[Observation],
               stopped: set[int | None]) -> tuple[str, RestartFailure | None]:
     # the first error the log printed (the launcher's summary repeats one, later)
-    errors = sorted(_own_errors(later), key=lambda o: (o.source.file, o.source.line or 1e9))
+    errors = sorted(_own_errors(later), key=lambda o: (_order(o.source.file),
+                                                        o.source.line or 1e9))
     resumed = [o for o in later if o.what == "resume"]
     if errors:
         e = errors[0]
@@ -613,7 +614,7 @@ def _dataloader(obs, stopped, ranks, f: Finding) -> bool:
     # a worker "killed by signal: Terminated" is the launcher's SIGTERM reaching the
     # workers of a rank it stops: an echo, where another worker died first
     killed = [o for o in died if "Terminated" not in o.detail] or died
-    killed.sort(key=lambda o: (o.source.file, o.source.line or 0))
+    killed.sort(key=lambda o: (_order(o.source.file), o.source.line or 0))
     first = next((o for o in killed if o.rank is not None), killed[0])
     if any(t.what == "collective_timeout" and t.source.file == first.source.file
            and (t.source.line or 0) < (first.source.line or 0) for t in obs):
@@ -911,7 +912,7 @@ def _vanished_launch(obs: list[Observation]) -> tuple[str, Observation] | None:
     stopped), or None. Only a relaunch's log counts (`_relaunch_of`: slurm-41.out,
     slurm-42.out): another log in the folder (a build's, a tool's) is no launch of the
     job."""
-    logs = sorted({o.source.file for o in obs if o.what == "log_file"})
+    logs = sorted({o.source.file for o in obs if o.what == "log_file"}, key=_order)
     took_over = [o for o in obs if o.what in ("resume", "no_checkpoint") or o.what == "error"
                  and (o.phase == "load" or BAD_DATA.search(o.detail) and o.phase != "data")
                  and not ECHO.search(o.detail)]
@@ -1048,7 +1049,7 @@ def _relaunch_of(log: str, file: str) -> bool:
     """Whether `file` is a later launch's log of the job that wrote `log`: in its folder,
     after it, and named as it is, numbers aside (launch-0-node-0.log, launch-1-node-0.log),
     and not a sibling's (another node's, rank's or array task's of the same launch)."""
-    return file > log and _same_folder(log, file) and \
+    return _order(file) > _order(log) and _same_folder(log, file) and \
         re.sub(r"\d+", "#", log) == re.sub(r"\d+", "#", file) and \
         _launch_of(log) != _launch_of(file)
 
@@ -1056,6 +1057,12 @@ def _relaunch_of(log: str, file: str) -> bool:
 def _launch_of(log: str) -> str:
     """The log's name with what tells siblings apart blanked out."""
     return ARRAY_TASK.sub(r"\1_#", SIBLING.sub("#", log))
+
+
+def _order(name: str) -> tuple:
+    """A log's place among the job's logs: by name, its numbers as numbers (run9.log
+    before run10.log, slurm-9999.out before slurm-10000.out)."""
+    return tuple(int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", name)))
 
 
 def _same_folder(a: str, b: str) -> bool:
@@ -1137,7 +1144,7 @@ def _restart_resume(later: list[Observation],
     launch prints any, the first such resume in `after` (the failure's launch, after it)."""
     told = [o for o in later if o.what in ("resume", "no_checkpoint", "step", "save")]
     if told:
-        first = min(told, key=lambda o: (o.source.file, o.source.line or 0))
+        first = min(told, key=lambda o: (_order(o.source.file), o.source.line or 0))
         return first if first.what == "resume" and first.step is not None else None
     return next((o for o in after if o.what == "resume" and o.step is not None), None)
 
@@ -1491,7 +1498,7 @@ def _earlier(o: Any, where: Any) -> bool:
         # with that failure, which the launcher's log tells after it
         return True
     if src.line is None or where.line is None or src.file != where.file:
-        return src.file < where.file if src.file != where.file else True
+        return _order(src.file) < _order(where.file) if src.file != where.file else True
     return src.line < where.line
 
 

@@ -753,6 +753,9 @@ REVIEW = Path(__file__).resolve().parents[1] / "data" / "review"
     # a run that logged a bad sample's traceback, skipped it, and finished. Read before
     # as that exception (a false alarm)
     ("a_skipped_samples_traceback_in_a_finished_run", "unknown", None),
+    # run9.log's ValueError came first, run10.log's OOM after. Read before as the OOM,
+    # with run9's error as the restart's failure: "run10" sorts before "run9" as text
+    ("run9_before_run10", "exception", 1),
 ])
 def test_a_reviews_case_is_told_as_it_happened(tmp_path, case, kind, rank):
     shutil.copytree(REVIEW / case, tmp_path / case)
