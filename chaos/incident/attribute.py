@@ -677,10 +677,11 @@ def _exception(obs, stopped, ranks, f: Finding) -> bool:
 
 def _hang(obs, stopped, ranks, f: Finding) -> bool:
     timeouts = [o for o in obs if o.what == "collective_timeout"]
-    stacks = [o for o in obs if o.what == "stack" and o.rank is not None]
+    # a stack names its rank, or at least its process (py-spy's "Process 48212:")
+    stacks = [o for o in obs if o.what == "stack" and (o.rank is not None or o.pid)]
     killed_all = stacks and not _own_errors(obs) and not any(
         o.what == "exit" and o.signal in FATAL for o in obs)
-    if not timeouts and not (killed_all and len({o.rank for o in stacks}) > 1):
+    if not timeouts and not (killed_all and len({_process(o) for o in stacks}) > 1):
         return False
     f.kind, f.how = "hang", "collective timeout" if timeouts else "stacks taken, job killed"
     waiting = {o.rank for o in timeouts if o.rank is not None}
@@ -696,14 +697,16 @@ def _hang(obs, stopped, ranks, f: Finding) -> bool:
         return True
     outside = [o for o in stacks if o.phase != "collective"]
     inside = [o for o in stacks if o.phase == "collective"]
-    if inside and len({o.rank for o in outside}) == 1:
+    if inside and len({_process(o) for o in outside}) == 1:
         f.rank = outside[0].rank
         if outside[0].phase == "data":
             f.how = LOADER_WAIT
         f.collective = next((o.collective for o in inside if o.collective), None)
         where = outside[0].frames[-1] if outside[0].frames else "no frame"
-        _say(f, f"rank {f.rank}'s stack is outside every collective (in {where}) while the"
-                " others wait in one", outside[0])
+        _say(f, f"{_who(outside[0])}'s stack is outside every collective (in {where}) while"
+                " the others wait in one", outside[0])
+        if f.rank is None:
+            f.rules.append("no artefact ties that pid to a rank: the rank is not known")
         return True
     if inside and not outside and len({_waits_in(o) for o in inside}) > 1:
         _out_of_step(inside, f)
@@ -813,7 +816,12 @@ def _who(o: Observation) -> str:
         return f"rank {o.rank}"
     if "local_rank" in o.extra:  # a node's launcher line, on a node whose ranks are not known
         return f"local rank {o.extra['local_rank']} of the node that wrote {o.source.file}"
-    return "a rank"
+    return f"the process with pid {o.pid}" if o.pid else "a rank"
+
+
+def _process(o: Observation) -> tuple[str, int | None]:
+    """Which process an observation is of: its rank, else its pid."""
+    return ("rank", o.rank) if o.rank is not None else ("pid", o.pid)
 
 
 def _rank_of_a_local_death(obs: list[Observation], ranks: dict[int, RankStory],

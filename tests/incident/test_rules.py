@@ -756,6 +756,10 @@ REVIEW = Path(__file__).resolve().parents[1] / "data" / "review"
     # run9.log's ValueError came first, run10.log's OOM after. Read before as the OOM,
     # with run9's error as the restart's failure: "run10" sorts before "run9" as text
     ("run9_before_run10", "exception", 1),
+    # `py-spy dump --pid $p > pyspy_$p.txt` of each rank while the job hung: the
+    # number in the name is the pid (read before as rank 48212); nothing ties a pid to
+    # a rank here
+    ("pyspy_dumps_named_by_pid", "hang", None),
 ])
 def test_a_reviews_case_is_told_as_it_happened(tmp_path, case, kind, rank):
     shutil.copytree(REVIEW / case, tmp_path / case)

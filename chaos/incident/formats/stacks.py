@@ -66,14 +66,17 @@ class Stacks(Reader):
 
     def read(self, data: bytes, name: str) -> list[Observation]:
         base = name.rsplit("/", 1)[-1]
+        body = text.decode(data)
         m = RANK_IN_NAME.search(base)
         file_rank = int(m.group(1) or m.group(2)) if m else None
+        if m and m.group(2) and re.search(rf"^Process {file_rank}:", body, re.M):
+            file_rank = None  # `py-spy dump --pid $p > pyspy_$p.txt`: the number is the pid
         if file_rank is None and (worker := worker_of(name)):
             file_rank = worker[1]
         streams: dict[int | None, list[tuple[int, str]]] = {}
-        for number, line in enumerate(text.decode(data).splitlines(), 1):
-            rank, body, _ = text.split_tag(line)
-            streams.setdefault(rank if rank is not None else file_rank, []).append((number, body))
+        for number, line in enumerate(body.splitlines(), 1):
+            rank, said, _ = text.split_tag(line)
+            streams.setdefault(rank if rank is not None else file_rank, []).append((number, said))
         found: list[Observation] = []
         for rank, stream in streams.items():
             found += _pyspy(stream, rank, name) + _faulthandler(stream, rank, name)
