@@ -577,7 +577,8 @@ def _crash(obs, stopped, ranks, f: Finding) -> bool:
     echoed_in = {o.source.file for o in echoes}
     fatal = [o for o in obs if o.what == "exit" and o.signal in FATAL and o.pid not in stopped
              and not (o.signal == "SIGABRT" and (o.rank in echoed or o.rank is None
-                                                 and o.source.file in echoed_in))]
+                                                 and o.source.file in echoed_in))
+             and not _in_a_loader_worker(o)]
     if not fatal:
         return False
     first = next((o for o in fatal if o.rank is not None), fatal[0])
@@ -809,6 +810,13 @@ def _kill(obs, stopped, ranks, f: Finding) -> bool:
     if first.rank is None:
         _rank_of_a_local_death(obs, ranks, f)
     return True
+
+
+def _in_a_loader_worker(o: Observation) -> bool:
+    """A fatal signal's dump from a DataLoader worker process (its frames run under
+    `_worker_loop`): the worker's death, which its rank reports and the dataloader rule
+    tells, not the rank's."""
+    return any(frame.startswith("_worker_loop ") for frame in o.frames)
 
 
 def _who(o: Observation) -> str:

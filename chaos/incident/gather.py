@@ -118,7 +118,7 @@ def _read_file(path: Path, shown: str, readers: list[Reader], found: Gathered,
         claimed = structured[:1]  # a document is one format's, whole
     if not claimed:
         if named:
-            what = "binary" if b"\x00" in data[:8192] else "text"
+            what = "text" if text.is_text(data) else "binary"
             return [f"{shown}: {what}, and no reader knows its format (they read:"
                     f" {', '.join(r.name for r in readers)})"]
         found.passed_over.append(shown)
@@ -183,11 +183,11 @@ def _sniffs(reader: Reader, data: bytes, shown: str) -> bool:
 def _contents(path: Path, found: Gathered, shown: str) -> bytes:
     """The bytes the readers are shown. A binary file that is neither a pickle nor a JSON
     document (a data set, a model blob a folder holds) is shown its head only: no reader
-    of text takes a file with NUL bytes in its first 8 KiB, so reading on is wasted."""
+    of text takes a file whose first 8 KiB are binary, so reading on is wasted."""
     size = path.stat().st_size
     with path.open("rb") as f:
         head = f.read(8192)
-        if b"\x00" in head and not head.lstrip().startswith((b"\x80", b"{")):
+        if not text.is_text(head) and not head.lstrip().startswith((b"\x80", b"{")):
             return head
         f.seek(0)
         if size <= MAX_READ:

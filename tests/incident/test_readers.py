@@ -460,3 +460,17 @@ def test_the_scripts_word_that_the_run_finished(tmp_path, line, finished):
     ended = [o for o in found if o.what == "job_state"]
     assert bool(ended) == finished, found
     assert all(o.reason == "finished" and o.source.line == 2 for o in ended)
+
+
+def test_a_log_with_a_stray_nul_is_still_a_log():
+    """torch's DataLoader worker writes a NUL after its segfault message; a log holding
+    one was refused before as binary ("nothing torchchaos can read")."""
+    from torchchaos.incident.formats import text
+
+    log = (b"step 35 loss 1.0\nERROR: Unexpected segmentation fault encountered in worker.\n"
+           b"\x00[rank1]: RuntimeError: DataLoader worker (pid 30905) is killed by signal:"
+           b" Segmentation fault.\n")
+    assert text.is_text(log)
+    assert "\x00" not in text.decode(log)
+    assert not text.is_text(b"PK\x03\x04" + b"\x00" * 40 + b"data.pkl")  # torch.save's zip
+    assert not text.is_text(b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94.")  # a pickle

@@ -760,6 +760,9 @@ REVIEW = Path(__file__).resolve().parents[1] / "data" / "review"
     # number in the name is the pid (read before as rank 48212); nothing ties a pid to
     # a rank here
     ("pyspy_dumps_named_by_pid", "hang", None),
+    # a DataLoader worker's faulthandler dump (its frames under _worker_loop) and its
+    # rank's "worker exited unexpectedly": read before as the rank's own SIGSEGV
+    ("dataloader_worker_segfault", "dataloader", 1),
 ])
 def test_a_reviews_case_is_told_as_it_happened(tmp_path, case, kind, rank):
     shutil.copytree(REVIEW / case, tmp_path / case)

@@ -17,14 +17,28 @@ EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interr
 
 
 def decode(data: bytes) -> str:
-    """A log's text; a file with NUL bytes in its first 8 KiB is not a log."""
-    if b"\x00" in data[:8192]:
+    """A log's text, its stray NUL bytes dropped; a binary file is not a log."""
+    if not is_text(data):
         raise BadArtefact("binary, not a text log")
-    return data.decode("utf-8", errors="replace")
+    return data.replace(b"\x00", b"").decode("utf-8", errors="replace")
+
+
+# a log may hold a stray NUL: torch's DataLoader worker writes one after "ERROR:
+# Unexpected segmentation fault encountered in worker." (its C handler's string
+# terminator); a binary file (a pickle, a zip, a core) has many, or bytes that are no text
+STRAY_NULS = 4
 
 
 def is_text(data: bytes) -> bool:
-    return b"\x00" not in data[:8192]
+    head = data[:8192]
+    nuls = head.count(0)
+    if nuls == 0:
+        return True
+    if nuls > STRAY_NULS:
+        return False
+    sample = head.replace(b"\x00", b"").decode("utf-8", errors="replace")
+    printable = sum(ch.isprintable() or ch in "\n\r\t" for ch in sample)
+    return printable >= 0.98 * len(sample)
 
 
 # what differs between two prints of one line: numbers (steps, times, pids, rates) and
