@@ -207,7 +207,7 @@ def attribute(observations: list[Observation],
         ranks[rank] = RankStory(rank)  # seen only later: still a rank of the job
     finding = Finding()
     for rule in (_oom, _crash, _abort, _exception, _dataloader, _node_said, _hang, _preempt,
-                 _kill, _silent_peer, _node, _checkpoint_only):
+                 _kill, _silent_peer, _node, _failed_without_a_traceback, _checkpoint_only):
         if rule(obs, stopped, ranks, finding):
             break
     incident = Incident(finding, ranks)
@@ -1083,6 +1083,25 @@ def _order(name: str) -> tuple:
 
 def _same_folder(a: str, b: str) -> bool:
     return a.rpartition("/")[0] == b.rpartition("/")[0]
+
+
+def _failed_without_a_traceback(obs, stopped, ranks, f: Finding) -> bool:
+    """A worker that exited with a code of its own (1: Python's for an uncaught
+    exception) whose traceback the artefacts do not hold (a script not under @record,
+    its stderr elsewhere): torchrun's root cause, else the first such exit."""
+    exited = [o for o in obs if o.what == "exit" and o.exitcode and o.exitcode > 0
+              and o.signal is None and o.pid not in stopped
+              and o.reason != "stopped by the launcher" and o.exitcode != 143]
+    if not exited:
+        return False
+    first = next((o for o in exited if o.extra.get("root_cause")),
+                 next((o for o in exited if o.rank is not None), exited[0]))
+    f.kind, f.rank = "exception", first.rank
+    f.how = f"exit code {first.exitcode}; its traceback is not in the artefacts"
+    _say(f, f"exception: {_who(first)} exited with code {first.exitcode} ({first.source}) and"
+            " no traceback of it is in the artefacts: an uncaught exception exits so (so"
+            " does a sys.exit of that code)", first)
+    return True
 
 
 def _checkpoint_only(obs, stopped, ranks, f: Finding) -> bool:

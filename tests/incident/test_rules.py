@@ -763,6 +763,9 @@ REVIEW = Path(__file__).resolve().parents[1] / "data" / "review"
     # a DataLoader worker's faulthandler dump (its frames under _worker_loop) and its
     # rank's "worker exited unexpectedly": read before as the rank's own SIGSEGV
     ("dataloader_worker_segfault", "dataloader", 1),
+    # torchrun --tee's tag before torch's ("[default1]:[rank3]: Traceback ..."): the
+    # traceback is global rank 3's, not local rank 1's
+    ("torchrun_tee_tags_before_torchs", "exception", 3),
 ])
 def test_a_reviews_case_is_told_as_it_happened(tmp_path, case, kind, rank):
     shutil.copytree(REVIEW / case, tmp_path / case)
@@ -780,3 +783,15 @@ def test_a_truncated_image_in_the_data_pipeline_is_no_checkpoint_load(tmp_path):
     found = attribute(gathered.observations, gathered.sources).finding
     assert (found.kind, found.rank) == ("exception", 1), found.rules
     assert found.phase != "load", found.rules
+
+
+def test_a_root_cause_that_exited_1_with_no_traceback_is_an_exception(tmp_path):
+    """torchrun's root cause exited 1 and no traceback of it is anywhere (a script not
+    under @record, its stderr elsewhere): an exception of that rank, whose message is not
+    known; read as no failure at all once the summary's pointer to tracebacks was no
+    longer taken for the rank's error."""
+    found = _one_log(tmp_path, "step 100 loss 3.9\nE0501 12:05:02.300000 2200 torch/distributed/"
+                     "elastic/multiprocessing/api.py:869] failed (exitcode: 1) local_rank: 1"
+                     " (pid: 2211) of binary: python3\n" + _summary((1, "1")))
+    assert (found.kind, found.rank) == ("exception", 1), found.rules
+    assert "traceback is not in the artefacts" in found.how

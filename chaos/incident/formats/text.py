@@ -81,11 +81,16 @@ def text_of(data: bytes) -> str | None:
 
 
 def split_tag(line: str) -> tuple[int | None, str, bool]:
-    """(rank, the line without its tag, whether the tag was a local rank)."""
+    """(rank, the line without its tag, whether the tag was a local rank). torchrun
+    --tee's local-rank tag before torch's own ("[default1]:[rank3]: ...") gives way to
+    the global rank."""
     m = RANK_TAG.match(line)
     if not m:
         return None, line, False
     rank, local, plain = m.group(1), m.group(2), m.group(3)
+    rest = line[m.end():]
+    if local is not None and (inner := RANK_TAG.match(rest)) and inner.group(1):
+        return int(inner.group(1)), rest[inner.end():], False
     number = rank or local or plain
     return int(number), line[m.end():], local is not None
 
