@@ -763,7 +763,7 @@ def _signal_death(obs, stopped, kinds: tuple[str, ...]) -> list[Observation]:
 
 
 def _preempt(obs, stopped, ranks, f: Finding) -> bool:
-    deaths = _signal_death(obs, stopped, ("SIGTERM",))
+    deaths = [o for o in _signal_death(obs, stopped, ("SIGTERM",)) if not _torn_down(o, obs)]
     # a handler that caught it may end the rank with exit 0 (Lightning's does): only its
     # line is left
     caught = [o for o in obs if o.what == "signal" and o.signal == "SIGTERM"
@@ -785,6 +785,15 @@ def _preempt(obs, stopped, ranks, f: Finding) -> bool:
         _say(f, f"preempt: {who} ended by SIGTERM the launcher did not send"
                 f" ({first.source})", first)
     return True
+
+
+def _torn_down(death: Observation, obs: list[Observation]) -> bool:
+    """A pod the Kubeflow operator stopped (SIGTERM) after another replica failed: the
+    PyTorchJob says which replicas failed, and this one's is not among them."""
+    replica = death.extra.get("replica")
+    failed = {r for o in obs if o.what == "job_state"
+              for r in o.extra.get("failed_replicas", ())}
+    return replica is not None and bool(failed) and replica not in failed
 
 
 def _launcher_stopped_before(said: Observation, obs: list[Observation]) -> bool:
@@ -824,7 +833,9 @@ def _who(o: Observation) -> str:
         return f"rank {o.rank}"
     if "local_rank" in o.extra:  # a node's launcher line, on a node whose ranks are not known
         return f"local rank {o.extra['local_rank']} of the node that wrote {o.source.file}"
-    return f"the process with pid {o.pid}" if o.pid else "a rank"
+    if o.pid:
+        return f"the process with pid {o.pid}"
+    return f"{o.host}" if o.host else "a rank"  # a pod's status: its name
 
 
 def _process(o: Observation) -> tuple[str, int | None]:
@@ -1096,7 +1107,7 @@ def _failed_without_a_traceback(obs, stopped, ranks, f: Finding) -> bool:
         return False
     first = next((o for o in exited if o.extra.get("root_cause")),
                  next((o for o in exited if o.rank is not None), exited[0]))
-    f.kind, f.rank = "exception", first.rank
+    f.kind, f.rank, f.node = "exception", first.rank, first.extra.get("node")
     f.how = f"exit code {first.exitcode}; its traceback is not in the artefacts"
     _say(f, f"exception: {_who(first)} exited with code {first.exitcode} ({first.source}) and"
             " no traceback of it is in the artefacts: an uncaught exception exits so (so"

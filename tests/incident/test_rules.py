@@ -766,6 +766,9 @@ REVIEW = Path(__file__).resolve().parents[1] / "data" / "review"
     # torchrun --tee's tag before torch's ("[default1]:[rank3]: Traceback ..."): the
     # traceback is global rank 3's, not local rank 1's
     ("torchrun_tee_tags_before_torchs", "exception", 3),
+    # pod statuses and the PyTorchJob: "1 Worker replica(s) failed" (exit 1), and the
+    # master the operator then stopped (143). Read before as the master's preemption
+    ("kubeflow_worker_failed_master_torn_down", "exception", None),
 ])
 def test_a_reviews_case_is_told_as_it_happened(tmp_path, case, kind, rank):
     shutil.copytree(REVIEW / case, tmp_path / case)

@@ -105,7 +105,8 @@ def _pod(pod: dict[str, Any], name: str, at: str) -> list[Observation]:
                                      host=pod_name, exitcode=code, signal=signal,
                                      reason=reason, detail=str(ended.get("message", ""))[:200],
                                      attempt=restarts if which == "state" else restarts - 1,
-                                     extra={"node": node, "restarts": restarts}))
+                                     extra={"node": node, "restarts": restarts,
+                                            "replica": _replica(pod_name)}))
         if isinstance(restarts, int) and restarts > 0:
             found.append(Observation("restart", Source(name, key=f"{base}.restartCount"),
                                      host=pod_name, detail=f"{restarts} container restart(s)",
@@ -124,8 +125,20 @@ def _pytorchjob(job: dict[str, Any], name: str, at: str) -> list[Observation]:
         if kind == "Restarting" and state == "True":
             found.append(Observation("restart", where, detail=text))
         elif kind in ("Failed", "Succeeded") and state == "True":
-            found.append(Observation("job_state", where, reason=kind, detail=text))
+            failed = [m.group(2).lower() for m in REPLICAS_FAILED.finditer(text)]
+            found.append(Observation("job_state", where, reason=kind, detail=text,
+                                     extra={"failed_replicas": failed} if failed else {}))
     return found
+
+
+# the operator's word on which replicas failed: "PyTorchJob gpt2 is failed because 1 Worker
+# replica(s) failed." (the others it then tore down, SIGTERM, exit 143)
+REPLICAS_FAILED = re.compile(r"(\d+) (Master|Worker) replica\(s\) failed")
+
+
+def _replica(pod_name: str) -> str | None:
+    m = WORKER.search(pod_name)
+    return m.group(1) if m else None
 
 
 def _node_index(pod_name: str) -> int | None:
