@@ -474,3 +474,16 @@ def test_a_log_with_a_stray_nul_is_still_a_log():
     assert "\x00" not in text.decode(log)
     assert not text.is_text(b"PK\x03\x04" + b"\x00" * 40 + b"data.pkl")  # torch.save's zip
     assert not text.is_text(b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94.")  # a pickle
+
+
+def test_a_step_counter_that_starts_again_each_epoch_is_counted_from_the_start(tmp_path):
+    """The tutorials' "Epoch [3/10], Step [200/500]" is step 1200 of the run; read before
+    as step 200, and the window placed after epoch 2's step 500. Ignite's iteration,
+    which counts on across epochs, is left as it is."""
+    log = tmp_path / "train.log"
+    log.write_text("".join(f"Epoch [{e}/10], Step [{s}/500], Loss: 2.0\n"
+                           for e in (1, 2, 3) for s in (100, 500) if (e, s) != (3, 500)))
+    steps = [o.step for o in read(TrainingLog(), log) if o.what == "step"]
+    assert steps == [100, 500, 600, 1000, 1100]
+    log.write_text("Epoch[1] Iteration[10/20] Loss: 2.3\nEpoch[2] Iteration[11/20] Loss: 2.2\n")
+    assert [o.step for o in read(TrainingLog(), log) if o.what == "step"] == [10, 11]

@@ -15,6 +15,7 @@ particular (most scripts print from rank 0 only).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from torchchaos.incident.formats import records, text
@@ -97,7 +98,9 @@ class TrainingLog(Reader):
     def read(self, data: bytes, name: str) -> list[Observation]:
         found = []
         attempt, worker = worker_of(name) or (None, None)
-        for number, line in enumerate(text.decode(data).splitlines(), 1):
+        lines = text.decode(data).splitlines()
+        counted = _steps_counted_per_epoch(lines)
+        for number, line in enumerate(lines, 1):
             rank, body, _ = text.split_tag(line)
             body, said_rank = _sentence(body)
             rank = said_rank if rank is None else rank
@@ -110,9 +113,33 @@ class TrainingLog(Reader):
             pieces = [body] if rank is not None else GLUED.split(body)
             for piece in pieces:
                 own = OWN_RANK.match(piece) if rank is None else None
-                found += _observed(piece, int(own.group(1)) if own else rank,
-                                   Source(name, number), attempt)
+                said = _observed(piece, int(own.group(1)) if own else rank,
+                                 Source(name, number), attempt)
+                if number in counted:  # the step counted from the run's start
+                    said = [dataclasses.replace(o, step=counted[number])
+                            if o.step is not None else o for o in said]
+                found += said
         return found
+
+
+# the tutorials' "Epoch [3/10], Step [200/500]": a step counter that starts again each
+# epoch, with the epoch's length (Ignite's "Epoch[2] Iteration[11/20]" counts on)
+EPOCH_NUMBER = re.compile(r"\bepoch\s*[\[:=#]?\s*(\d+)", re.I)
+STEP_IN_EPOCH = re.compile(r"\b(?:step|iter(?:ation)?)\s*\[\s*(\d+)\s*/\s*(\d+)\s*\]", re.I)
+
+
+def _steps_counted_per_epoch(lines: list[str]) -> dict[int, int]:
+    """{line number: the step counted from the run's start} for a log whose step counter
+    starts again each epoch (it falls as the epoch rises); {} for any other log."""
+    seen = [(number, int(e.group(1)), int(s.group(1)), int(s.group(2)))
+            for number, line in enumerate(lines, 1)
+            if (e := EPOCH_NUMBER.search(line)) and (s := STEP_IN_EPOCH.search(line))]
+    starts_again = any(b[1] > a[1] and b[2] < a[2] for a, b in zip(seen, seen[1:]))
+    if not starts_again:
+        return {}
+    first = min(epoch for _, epoch, _, _ in seen)  # printed from 0 or from 1
+    return {number: (epoch - first) * length + step
+            for number, epoch, step, length in seen}
 
 
 def _sentence(line: str) -> tuple[str, int | None]:
