@@ -57,6 +57,7 @@ from typing import Any
 
 from torchchaos.incident import frameworks, script_source
 from torchchaos.incident.formats import checkpoints
+from torchchaos.incident.formats.collectives import PEER_LOST
 from torchchaos.incident.observations import (
     Observation,
     Source,
@@ -72,7 +73,7 @@ PHASES = ("startup", "between_saves", "mid_save", "load", "after_resume", "exit"
 FATAL = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL")
 # An error that reports another rank's failure, not one of its own. The last line is
 # torchchaos's own hang fault releasing a held rank when its peer exits.
-ECHO = re.compile(r"Connection (closed|reset) by peer|Timed out waiting|Watchdog caught|"
+ECHO = re.compile(PEER_LOST.pattern + r"|Timed out waiting|Watchdog caught|"
                   r"Application timeout caused pair closure|"
                   r"exited while this rank was in|"
                   r"Signal \d+ \(SIG\w+\) received|ChildFailedError|ProcessExitedException|"
@@ -656,7 +657,12 @@ TEARDOWN_FOUND_NONE = re.compile(r"Process group cannot be None")
 
 
 def _exception(obs, stopped, ranks, f: Finding) -> bool:
-    errors = [o for o in _own_errors(obs) if not WORKER_DIED.search(o.detail)]
+    # a rank whose DataLoader worker died raised, in its data pipeline, what the worker's
+    # death left it (a pipe's "Connection reset by peer") before saying the worker died:
+    # the dataloader rule tells that
+    lost_a_worker = {o.rank for o in obs if o.what == "error" and WORKER_DIED.search(o.detail)}
+    errors = [o for o in _own_errors(obs) if not WORKER_DIED.search(o.detail)
+              and not (o.phase == "data" and o.rank in lost_a_worker)]
     vanished = _vanished_launch(obs)
     if vanished is not None:  # a launch that vanished before: the errors are its restart's
         errors = [o for o in errors if not _relaunch_of(vanished[0], o.source.file)]
@@ -769,15 +775,26 @@ def _preempt(obs, stopped, ranks, f: Finding) -> bool:
     caught = [o for o in obs if o.what == "signal" and o.signal == "SIGTERM"
               and not _launcher_stopped_before(o, obs)]
     said = [o for o in obs if o.what == "node_lost" and o.reason in ("PREEMPTED",
-                                                                       "PreemptionByScheduler")]
+                                                                       "PreemptionByScheduler")
+            # slurmstepd's word in the job's output that it ended the job at its time
+            # limit (a SIGTERM, then a SIGKILL after KillWait). A bare "CANCELLED" is
+            # also what srun prints after it aborts a step whose task failed
+            or o.what == "job_state" and o.reason == "TIMEOUT" and o.source.line is not None]
     if not deaths and not caught and not said:
         return False
-    first = (deaths or caught or said)[0]
+    # a rank's death or its own word first, else the scheduler's reason, else torchrun's
+    first = (deaths or [o for o in caught if o.rank is not None] or said or caught)[0]
     f.kind, f.rank, f.how, f.node = "preempt", first.rank, "SIGTERM", first.extra.get("node")
     who = f"rank {first.rank}" if first.rank is not None else "the job"
-    if first in caught:
+    if first in caught and first.extra.get("launcher"):
+        _say(f, f"preempt: torchrun got a SIGTERM from outside and stopped its workers"
+                f" ({first.source})", first)
+    elif first in caught:
         _say(f, f"preempt: {who} said it got a SIGTERM ({first.detail[:80]!r}), and no"
                 f" launcher line before it sent one ({first.source})", first)
+    elif first in said and first.what == "job_state":
+        _say(f, f"preempt: the scheduler says it ended the job ({first.detail},"
+                f" {first.source}): a SIGTERM to every task, then a SIGKILL", first)
     elif first in said:
         _say(f, f"preempt: the scheduler says it preempted the job ({first.detail},"
                 f" {first.source})", first)

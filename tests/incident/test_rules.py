@@ -769,6 +769,23 @@ REVIEW = Path(__file__).resolve().parents[1] / "data" / "review"
     # pod statuses and the PyTorchJob: "1 Worker replica(s) failed" (exit 1), and the
     # master the operator then stopped (143). Read before as the master's preemption
     ("kubeflow_worker_failed_master_torn_down", "exception", None),
+    # -- a second review, blind to the first's fixes: 39 scenarios, 2 told wrong, then
+    # a Hub download's retry warning quoting "Connection reset by peer" in a run that
+    # finished: read before as a rank killed without a word (a false alarm)
+    ("an_http_retry_in_a_finished_run", "unknown", None),
+    # rank 1's own ConnectionResetError from its data stream: read before as a peer's
+    # lost connection, the rank that died not known
+    ("a_ranks_own_connection_reset_from_its_data_stream", "exception", 1),
+    # srun --label's "3: " and Open MPI's "[1,2]<stderr>:" before a rank's traceback:
+    # read before as no failure at all
+    ("srun_label_prefixes", "exception", 3),
+    ("mpirun_tag_output_prefixes", "exception", 2),
+    # srun's task label before torch's tag ("1: [rank3]: ..."): rank 3, not task 1
+    ("srun_label_before_torchs_tag", "exception", 3),
+    # slurmstepd's "CANCELLED ... DUE TO TIME LIMIT", and torchrun's "Received
+    # Signals.SIGTERM death signal" from outside: read before as no failure
+    ("slurm_time_limit", "preempt", None),
+    ("torchrun_got_sigterm_from_outside", "preempt", None),
 ])
 def test_a_reviews_case_is_told_as_it_happened(tmp_path, case, kind, rank):
     shutil.copytree(REVIEW / case, tmp_path / case)

@@ -19,8 +19,12 @@ from torchchaos.incident.formats import text
 from torchchaos.incident.observations import Observation, Source
 from torchchaos.incident.readers import Reader
 
-PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|"
-                       r"NCCL (?:communicator was aborted|error).*remote|ncclRemoteError")
+# a peer gone, as a collective says it: gloo's "pair.cc:534] Connection closed by peer",
+# NCCL's remote error. A socket's "Connection reset by peer" anywhere else (an HTTP retry,
+# a data stream) is no peer of the job's.
+PEER_LOST = re.compile(r"(?=.*(?:gloo|pair\.cc|c10d|ProcessGroup|Dist(?:Network|Backend)Error"
+                       r"|TCPStore|NCCL)).*Connection (?:closed|reset) by peer"
+                       r"|NCCL (?:communicator was aborted|error).*remote|ncclRemoteError")
 GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation|"
                           r"Application timeout caused pair closure")
 NCCL_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\("

@@ -8,9 +8,10 @@ from torchchaos.incident.readers import BadArtefact
 
 # torch prefixes a rank's stderr with "[rank1]:"; torchrun --tee/--log-dir with
 # "[default1]:" (the role's local rank); Lightning its own messages with "[rank: 1]";
-# many launch wrappers with "rank 1:".
+# many launch wrappers with "rank 1:" (srun --label: "3: "); Open MPI's --tag-output with
+# "[1,2]<stderr>:" (job, rank).
 RANK_TAG = re.compile(r"^\s*\[(?:rank|Rank |rank: )(\d+)\]:?\s?|^\s*\[default(\d+)\]:\s?"
-                      r"|^(\d+): ")
+                      r"|^(\d+): |^\[\d+,(\d+)\]<std(?:out|err)>:\s?")
 FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
 EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|"
                             r"Failure|Timeout|Warning)|[A-Za-z_][\w.]*Error\w*): ?(?P<msg>.*)$")
@@ -81,15 +82,15 @@ def text_of(data: bytes) -> str | None:
 
 
 def split_tag(line: str) -> tuple[int | None, str, bool]:
-    """(rank, the line without its tag, whether the tag was a local rank). torchrun
-    --tee's local-rank tag before torch's own ("[default1]:[rank3]: ...") gives way to
-    the global rank."""
+    """(rank, the line without its tag, whether the tag was a local rank). A launcher's
+    tag before torch's own (torchrun --tee's "[default1]:[rank3]: ...", srun --label's
+    "1: [rank3]: ...", a node's task) gives way to torch's global rank."""
     m = RANK_TAG.match(line)
     if not m:
         return None, line, False
-    rank, local, plain = m.group(1), m.group(2), m.group(3)
+    rank, local, plain = m.group(1), m.group(2), m.group(3) or m.group(4)
     rest = line[m.end():]
-    if local is not None and (inner := RANK_TAG.match(rest)) and inner.group(1):
+    if (local or plain) is not None and (inner := RANK_TAG.match(rest)) and inner.group(1):
         return int(inner.group(1)), rest[inner.end():], False
     number = rank or local or plain
     return int(number), line[m.end():], local is not None
@@ -148,3 +149,11 @@ def tracebacks(lines: list[tuple[int, str]]
         found.append((number, tuple(frames), last, tuple(code)))
         i = j + 1
     return found
+
+
+def has_tagged_traceback(body: str) -> bool:
+    """Whether a log holds a traceback a rank's tag heads ("[rank1]: Traceback", srun
+    --label's "3: Traceback", Open MPI's "[1,2]<stderr>:Traceback")."""
+    return any(split_tag(line)[0] is not None
+               and split_tag(line)[1].lstrip().startswith("Traceback (most recent call last)")
+               for line in body.splitlines() if "Traceback" in line)

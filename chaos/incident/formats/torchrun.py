@@ -8,6 +8,8 @@ The lines read, as torch.distributed.elastic writes them:
     W1128 11:08:04.721000 3436 .../api.py:937] Closing process 3447 via signal SIGTERM
     W1128 13:59:16.129000 16673 .../multiprocessing/spawn.py:165] Terminating process 16676
       via signal SIGTERM
+    W0615 09:00:00.000000 1 .../agent/server/api.py:704] Received Signals.SIGTERM death
+      signal, shutting down workers (the launcher's own, from outside)
       (its multiprocessing mode, a function under elastic_launch: a forked worker's peer
       is stopped by one or the other, by torch's version and whether the worker died)
     I... [default] Worker group FAILED. 3/3 attempts left; will restart worker group
@@ -47,12 +49,14 @@ WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pi
 CLOSING = re.compile(r"(?:Sending process (\d+) closing signal|(?:Closing|Terminating) process"
                      r" (\d+) via signal) (SIG\w+)")
 RESTART = re.compile(r"Worker group (\w+)\. (\d+)/(\d+) attempts left; will restart worker group")
+# the launcher itself got a signal (a scheduler's, an operator's) and stops its workers
+AGENT_SIGNAL = re.compile(r"Received (?:Signals\.)?(SIG\w+) death signal")
 SUMMARY_START = re.compile(r"ChildFailedError:\s*$")
 ENTRY = re.compile(r"^\[(\d+)\]:\s*$")
 FIELD = re.compile(r"^\s{2}(time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
 RANK_FIELD = re.compile(r"(\d+) \(local_rank: (\d+)\)")
 EXIT_FIELD = re.compile(r"(-?\d+) \(pid: (\d+)\)")
-MARKERS = (WORKER_FAILED, CLOSING, RESTART, SUMMARY_START)
+MARKERS = (WORKER_FAILED, CLOSING, RESTART, SUMMARY_START, AGENT_SIGNAL)
 
 
 class TorchrunLog(Reader):
@@ -64,7 +68,8 @@ class TorchrunLog(Reader):
         if body is None:
             return False
         return any(m.search(body) for m in MARKERS) or "Traceback" in body and (
-            "[rank" in body or worker_of(name) is not None)  # a worker's stderr.log
+            "[rank" in body or text.has_tagged_traceback(body)  # srun's, mpirun's tags
+            or worker_of(name) is not None)  # a worker's stderr.log
 
     def read(self, data: bytes, name: str) -> list[Observation]:
         lines = text.decode(data).splitlines()
@@ -87,6 +92,10 @@ class TorchrunLog(Reader):
                 found.append(Observation("exit", where, pid=int(m.group(1) or m.group(2)),
                                          signal=m.group(3),
                                          reason="stopped by the launcher", attempt=attempt))
+            elif m := AGENT_SIGNAL.search(line):
+                found.append(Observation("signal", where, signal=m.group(1), attempt=attempt,
+                                         detail=f"torchrun received {m.group(1)}",
+                                         extra={"launcher": True}))
             elif m := RESTART.search(line):
                 found.append(Observation("restart", where, attempt=attempt,
                                          detail=f"worker group {m.group(1)}, {m.group(2)}/"

@@ -76,7 +76,8 @@ OWN_RANK = re.compile(r"^\s*\[?rank[ _=#:]?(\d+)\]?(?=[\s:,\]]|$)", re.I)
 # where another rank's line starts glued to the end of one ("...step-0015.ptrank 1 resumed")
 GLUED = re.compile(r"(?<=\S)(?=\[?rank[ _=#:]?\d+\]?[\s:,\]])", re.I)
 # a traceback's lines, glog lines (torch's C++ and torchrun's), a py-spy dump's header
-NOT_OURS = re.compile(r'^\s*(File "|Traceback|\[?[EWI]\d{4} )|^Process \d+: |^Python v\d')
+NOT_OURS = re.compile(r'^\s*(File "|Traceback|\[?[EWI]\d{4} )|^Process \d+: |^Python v\d'
+                      r"|^\s*(?:slurmstepd|srun|sbatch|salloc): ")  # Slurm's ("STEP 4242.0")
 
 
 class TrainingLog(Reader):
