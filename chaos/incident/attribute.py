@@ -91,6 +91,7 @@ LOAD_ERROR = re.compile(r"PytorchStreamReader|central directory|Ran out of input
                         r"invalid load key|unpickling|checksum|sha256|corrupt|truncated|"
                         r"safetensors|UnpicklingError|EOFError", re.I)
 
+
 def _a_load_error(e: Observation) -> bool:
     """An error raised loading a checkpoint: in a load's frames, or with a message a
     checkpoint that does not load raises, unless its frames are the data pipeline's (a
