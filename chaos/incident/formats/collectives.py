@@ -42,11 +42,7 @@ class CollectiveErrors(Reader):
     summary = "gloo and NCCL errors: a peer closed the connection, a receive or watchdog timeout"
 
     def sniff(self, data: bytes, name: str) -> bool:
-        body = text.text_of(data)
-        if body is None:
-            return False
-        return bool(PEER_LOST.search(body) or GLOO_TIMEOUT.search(body)
-                    or NCCL_WATCHDOG.search(body))
+        return text.says_any(data, PEER_LOST, GLOO_TIMEOUT, NCCL_WATCHDOG)
 
     def read(self, data: bytes, name: str) -> list[Observation]:
         found, seen = [], set()

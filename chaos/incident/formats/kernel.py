@@ -25,10 +25,7 @@ class KernelLog(Reader):
     summary = "the kernel's OOM-killer lines (dmesg, journalctl -k)"
 
     def sniff(self, data: bytes, name: str) -> bool:
-        body = text.text_of(data)
-        if body is None:
-            return False
-        return bool(KILLED.search(body) or OOM_KILL.search(body))
+        return text.says_any(data, KILLED, OOM_KILL)
 
     def read(self, data: bytes, name: str) -> list[Observation]:
         found, pids = [], set()

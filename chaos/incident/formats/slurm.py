@@ -101,11 +101,7 @@ class SlurmOutput(Reader):
               " time limit, OOM kill)"
 
     def sniff(self, data: bytes, name: str) -> bool:
-        body = text.text_of(data)
-        if body is None:
-            return False
-        return bool(CANCELLED.search(body) or NODE_FAILURE.search(body)
-                    or OOM_EVENTS.search(body))
+        return text.says_any(data, CANCELLED, NODE_FAILURE, OOM_EVENTS)
 
     def read(self, data: bytes, name: str) -> list[Observation]:
         found = []

@@ -81,6 +81,12 @@ def text_of(data: bytes) -> str | None:
     return data.decode("utf-8", errors="replace") if is_text(data) else None
 
 
+def says_any(data: bytes, *patterns: re.Pattern[str]) -> bool:
+    """A line reader's sniff: whether a text file holds a line any of `patterns` finds."""
+    body = text_of(data)
+    return body is not None and any(p.search(body) for p in patterns)
+
+
 def split_tag(line: str) -> tuple[int | None, str, bool]:
     """(rank, the line without its tag, whether the tag was a local rank). A launcher's
     tag before torch's own (torchrun --tee's "[default1]:[rank3]: ...", srun --label's
@@ -93,7 +99,7 @@ def split_tag(line: str) -> tuple[int | None, str, bool]:
     if (local or plain) is not None and (inner := RANK_TAG.match(rest)) and inner.group(1):
         return int(inner.group(1)), rest[inner.end():], False
     number = rank or local or plain
-    return int(number), line[m.end():], local is not None
+    return int(number), rest, local is not None
 
 
 def frame_text(m: re.Match[str]) -> str:
@@ -154,6 +160,6 @@ def tracebacks(lines: list[tuple[int, str]]
 def has_tagged_traceback(body: str) -> bool:
     """Whether a log holds a traceback a rank's tag heads ("[rank1]: Traceback", srun
     --label's "3: Traceback", Open MPI's "[1,2]<stderr>:Traceback")."""
-    return any(split_tag(line)[0] is not None
-               and split_tag(line)[1].lstrip().startswith("Traceback (most recent call last)")
-               for line in body.splitlines() if "Traceback" in line)
+    tagged = (split_tag(line) for line in body.splitlines() if "Traceback" in line)
+    return any(rank is not None and said.lstrip().startswith("Traceback (most recent call")
+               for rank, said, _ in tagged)
