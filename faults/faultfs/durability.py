@@ -8,6 +8,11 @@ The model is the pessimistic POSIX one that checkpoint protocols must survive:
   as of the directory's last fsync; a name added since then is gone, a name
   removed since then is back, pointing at the same file as before.
 
+Every kind of entry is one name in its folder and is kept by these rules: a
+regular file, a symlink (to a file or a folder: the link itself, never what it
+points at; its target string is durable with its name), each name of a hard
+link, a folder, empty or not.
+
 Everything present when tracking starts is durable. The tracker lives beside
 the real tree (`root`, the folder under the mount) and is told about every
 mutation by the filesystem just before it happens. Top-level folders named in
@@ -72,8 +77,13 @@ class DurabilityTracker:
         self.durable_dirs = self._scan()
 
     def _walk(self) -> Iterator[tuple[str, list[str], list[str]]]:
-        """os.walk over the tree, without the private folders."""
+        """os.walk over the tree, without the private folders. A symlink is an entry
+        of its own, whatever it points at: os.walk lists a link to a folder among
+        the folders (and does not descend), here it is among the other entries."""
         for folder, dirs, files in os.walk(self.root):
+            links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
+            dirs[:] = [d for d in dirs if d not in links]
+            files = files + links
             if folder == str(self.root):
                 dirs[:] = [d for d in dirs if d not in self.private]
                 files = [f for f in files if f not in self.private]
@@ -204,7 +214,7 @@ class DurabilityTracker:
                 path = Path(folder) / name
                 where.setdefault(os.lstat(path).st_ino, path)
         for ino, place in self.kept.items():
-            if not place.is_dir():
+            if not stat.S_ISDIR(os.lstat(place).st_mode):
                 where.setdefault(ino, place)
         return where
 

@@ -142,6 +142,88 @@ def test_unsynced_removal_of_a_folder_is_undone(fs):
     assert (old / "shard-0").read_bytes() == b"zero"
 
 
+# -- every kind of entry a folder holds survives as its own name -----------------
+def _durable_entry(fs, kind: str) -> Path:
+    """One entry of `kind` beside a durable step-5/ folder, the root synced."""
+    write(durable_checkpoint_folder(fs) / "model.pt", b"weights", sync=True)
+    sync_dir(fs.mountpoint / "step-5")
+    entry = fs.mountpoint / "entry"
+    if kind == "symlink to a folder":
+        os.symlink("step-5", entry)
+    elif kind == "symlink to a file":
+        os.symlink("step-5/model.pt", entry)
+    elif kind == "hard link":
+        os.link(fs.mountpoint / "step-5" / "model.pt", entry)
+    else:
+        entry.mkdir()
+    sync_dir(fs.mountpoint)
+    return entry
+
+
+def _entry_state(entry: Path) -> tuple[str, object]:
+    if entry.is_symlink():
+        return "link", os.readlink(entry)
+    if entry.is_dir():
+        return "folder", os.listdir(entry)
+    return "file", (entry.read_bytes(), os.stat(entry).st_nlink) if entry.exists() else None
+
+
+KINDS = ["symlink to a folder", "symlink to a file", "hard link", "empty folder"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_durable_entry_of_each_kind_survives_a_power_loss(fs, kind):
+    entry = _durable_entry(fs, kind)
+    before = _entry_state(entry)
+    report = power_loss(fs)
+    assert _entry_state(entry) == before
+    assert sorted(os.listdir(fs.mountpoint)) == ["entry", "step-5"]
+    assert report["removed"] == [] and report["restored"] == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_entry_of_each_kind_whose_folder_was_not_synced_is_gone(fs, kind):
+    durable_checkpoint_folder(fs)
+    entry = fs.mountpoint / "entry"
+    {"symlink to a folder": lambda: os.symlink("step-5", entry),
+     "symlink to a file": lambda: os.symlink("step-5/shard-0", entry),
+     "hard link": lambda: os.link(fs.mountpoint / "step-5" / "shard-0", entry),
+     "empty folder": entry.mkdir}[kind]()
+    report = power_loss(fs)
+    assert not os.path.lexists(entry)
+    assert report["removed"] == ["entry"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_durable_entry_of_each_kind_removed_unsynced_comes_back(fs, kind):
+    entry = _durable_entry(fs, kind)
+    before = _entry_state(entry)
+    os.rmdir(entry) if kind == "empty folder" else os.unlink(entry)
+    report = power_loss(fs)
+    assert _entry_state(entry) == before
+    assert report["restored"] == ["entry"]
+
+
+@pytest.mark.parametrize("dir_synced", [True, False])
+def test_a_latest_symlink_swapped_by_rename_is_durable_as_of_its_folders_fsync(fs, dir_synced):
+    """The `latest -> step_N` protocol: a new link made beside, renamed over the old."""
+    for step in ("step_10", "step_20"):
+        (fs.mountpoint / step).mkdir()
+        write(fs.mountpoint / step / "model.pt", step.encode(), sync=True)
+        sync_dir(fs.mountpoint / step)
+    os.symlink("step_10", fs.mountpoint / "latest")
+    sync_dir(fs.mountpoint)
+    os.symlink("step_20", fs.mountpoint / "latest.tmp")
+    os.replace(fs.mountpoint / "latest.tmp", fs.mountpoint / "latest")
+    if dir_synced:
+        sync_dir(fs.mountpoint)
+    power_loss(fs)
+    latest = fs.mountpoint / "latest"
+    assert os.readlink(latest) == ("step_20" if dir_synced else "step_10")
+    assert (latest / "model.pt").read_bytes() == os.readlink(latest).encode()
+    assert sorted(os.listdir(fs.mountpoint)) == ["latest", "step_10", "step_20"]
+
+
 def test_files_present_at_mount_time_count_as_durable(tmp_path):
     (tmp_path / "mnt").mkdir()
     (tmp_path / "mnt" / "resume.pt").write_bytes(b"from before")
