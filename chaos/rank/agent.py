@@ -552,7 +552,7 @@ class Agent:
         thread = threading.current_thread()
         writer = None if thread is threading.main_thread() else thread
         save, closed = self.save_tracker.event(writer, self.global_step(),
-                                               getattr(thread, STARTED_AT, None))
+                                               getattr(thread, STARTED_AT, None), op, rel)
         self._end_save(closed, "next_save")
         if save.events == 1:
             self.history.record("save_begin", save=save.number, after_step=save.after_step,
