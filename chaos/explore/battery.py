@@ -3,7 +3,9 @@
 The fault steps are derived from the fault-free reference run, so the same
 battery fits any training script: kills land mid-interval (between two
 checkpoints), the in-save kills hit the second save of the rank that writes
-checkpoints at its first write and its first rename, the first save that deletes
+checkpoints at its first write and its first rename, that rank is stopped (SIGSTOP,
+not killed) at the same write, so that only the job's own timeouts can end the wait
+for it, the first save that deletes
 an earlier save's file (a job keeping its N newest: save N + 1) is killed right
 after that delete, the file the 2nd save writes last is torn (cut in half, in
 the rank, then its node dies), a power loss lands right after that rename (one
@@ -57,6 +59,7 @@ def plan_from(history: History, base: Scenario, progress: Progress) -> list[Entr
     entries = [_kill(rank, mid) for rank in sorted({0, last_rank})]
     entries.append(_node_kill(mid))
     entries.extend(_in_save_kills(history, writer, progress))
+    entries.extend(_in_save_stop(history, writer, progress))
     entries.extend(_kill_after_first_delete(history, writer, progress))
     entries.extend(_torn_last_write(history, writer, progress))
     entries.extend(_power_losses(history, writer, progress))
@@ -80,6 +83,11 @@ def _node_kill(step: int | str) -> Entry:
 def _in_save_kill(writer: int | str, what: str, index: int | str) -> Entry:
     return Entry(f"kill rank {writer} {what} in its 2nd save",
                  f"kill:rank={writer},phase=checkpoint_save,save=2,event={index}")
+
+
+def _in_save_stopped(writer: int | str, index: int | str) -> Entry:
+    return Entry(f"stop rank {writer} mid-write in its 2nd save (SIGSTOP)",
+                 f"hang:rank={writer},phase=checkpoint_save,save=2,event={index},mode=stop")
 
 
 def _delete_kill(rank: int | str, save: int | str, index: int | str) -> Entry:
@@ -130,6 +138,7 @@ def outline(base: Scenario, progress: Progress) -> list[tuple[Entry, str]]:
     rows.append((_node_kill(place), ""))
     rows += [(_in_save_kill(place, what, place), f"where the 2nd save makes a {op}")
              for op, what in IN_SAVE]
+    rows.append((_in_save_stopped(place, place), "where the 2nd save makes a write"))
     rows.append((_delete_kill(place, place, place),
                  "where a save from the 2nd on deletes an earlier save's file"))
     rows.append((_torn(place, place), "where the 2nd save makes a write"))
@@ -182,6 +191,20 @@ def _in_save_kills(history: History, writer: int, progress: Progress) -> list[En
             progress(f"no 'kill {what}' row in the battery: rank {writer}'s 2nd save makes no"
                      f" {op} the agent saw" + ("" if events else " (it saw no save 2 at all)"))
     return entries
+
+
+def _in_save_stop(history: History, writer: int, progress: Progress) -> list[Entry]:
+    """The writer stopped (SIGSTOP) at its 2nd save's first write, not killed: torchrun
+    sees a live worker, so only the job's own collective timeout or watchdog ends the
+    peers' wait for it. A kill is reaped whatever the job's timeouts; this row is the
+    one that finds a job without any (gloo's default waits 30 minutes, NCCL's 10)."""
+    index = next((e["index"] for e in _save_events(history, writer, 2) if e["op"] == "write"),
+                 None)
+    if index is None:
+        progress(f"no 'stop mid-write' row in the battery: rank {writer}'s 2nd save makes no"
+                 " write the agent saw")
+        return []
+    return [_in_save_stopped(writer, index)]
 
 
 def _kill_after_first_delete(history: History, writer: int,

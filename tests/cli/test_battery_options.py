@@ -246,8 +246,8 @@ def test_x_stops_a_buggy_battery_after_its_first_failing_row(tmp_path):
     script = ["--", str(TARGET), "--steps", "12", "--ckpt-every", "4", "--bug",
               "write_in_place"]
     out = tmp_path / "out"
-    result = cli("battery", "--quiet", "-x", "-k", "kill and step and not node or mid-write"
-                 " or preempt", "--out", str(out), *job, *script, cwd=tmp_path)
+    result = cli("battery", "--quiet", "-x", "-k", "kill and step and not node or kill and"
+                 " mid-write or preempt", "--out", str(out), *job, *script, cwd=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     rows = [line for line in result.stdout.splitlines()
             if line.startswith(("kill", "preempt"))]

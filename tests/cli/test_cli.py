@@ -290,8 +290,8 @@ def test_the_battery_passes_the_reference_target_and_prints_one_table(tmp_path, 
                  str(shared_cache), cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line for line in result.stdout.splitlines()
-            if line.startswith(("kill", "preempt", "power loss", "tear"))]
-    assert len(rows) == 8 and all(row.endswith("PASS") for row in rows), result.stdout
+            if line.startswith(("kill", "preempt", "power loss", "tear", "stop"))]
+    assert len(rows) == 9 and all(row.endswith("PASS") for row in rows), result.stdout
     # each row's fault fired and was recovered from, every recovery check decided and
     # true; the power loss's durability judged. tests/e2e/test_e2e_storage.py leaves this
     # very power loss to the battery, tests/scenario/test_incidents.py the incidents whose
@@ -299,7 +299,7 @@ def test_the_battery_passes_the_reference_target_and_prints_one_table(tmp_path, 
     # preemption), with the checks their files expect
     reports = {r["faults"][0]["spec"]: r for r in (json.loads(p.read_text()) for p in sorted(
         (tmp_path / "out").glob("[0-9][0-9]/report.json")))}
-    assert len(reports) == 8, sorted(reports)
+    assert len(reports) == 9, sorted(reports)
     for spec, report in reports.items():
         assert report["faults"][0]["fired"] and report["restarts"] >= 1, spec
         undecided = {name: report["checks"][name] for name in (
@@ -308,6 +308,8 @@ def test_the_battery_passes_the_reference_target_and_prints_one_table(tmp_path, 
         assert not undecided, (spec, report["run_dir"], undecided)
     assert {"kill:rank=0,phase=checkpoint_save,save=2,event=2",
             "kill:rank=0,step=12,signal=SIGTERM,grace=30"} < set(reports)
+    stopped = reports["hang:rank=0,phase=checkpoint_save,save=2,event=2,mode=stop"]
+    assert stopped["checks"]["hang_detected"]["ok"] is True, stopped["checks"]
     power = reports["storage:mode=lose_unsynced,rank=0,phase=checkpoint_save,save=2,event=4"]
     assert power["checks"]["durable_checkpoints"]["ok"] is True, power["checks"]
     assert "power loss on rank 0 after a rename in its 2nd save" in result.stdout
