@@ -14,7 +14,9 @@ from pathlib import Path
 from torchchaos.harness.reference import Reference
 from torchchaos.harness.runner import JobOutcome
 from torchchaos.judge.evidence import Evidence
+from torchchaos.rundir import checkpoint_files
 from torchchaos.rundir.history import History
+from torchchaos.rundir.layout import CHAOS_DIR
 from torchchaos.scenario.model import Scenario
 
 
@@ -33,4 +35,16 @@ def evidence_from(chaos: History, outcome: JobOutcome, reference: Reference,
         max_lost_seconds=scenario.max_lost_seconds, log_tail=outcome.log_tail(),
         last_error=outcome.last_error(), max_detect_steps=scenario.max_detect_steps,
         chaos_dir=chaos_dir, reference_dir=reference.run_dir, hang=outcome.hang,
-        exit_hang=outcome.exit_hang, hang_timeout=hang_timeout)
+        exit_hang=outcome.exit_hang, hang_timeout=hang_timeout,
+        checkpoint_findings=checkpoint_findings(chaos, chaos_dir))
+
+
+def checkpoint_findings(chaos: History, run_dir: Path) -> list[checkpoint_files.Finding]:
+    """What the folders the job's saves wrote in hold at the end, read from their bytes:
+    only where a fault fired (a fault-free end has nothing to explain)."""
+    if not chaos.faults() or not run_dir.is_dir():
+        return []
+    roots = sorted({Path(e["path"]).parts[0] for e in chaos.of("file") if e.get("path")
+                    and Path(e["path"]).parts[0] != CHAOS_DIR})
+    read = sorted({e["path"] for e in chaos.of("load") if e.get("path")})
+    return checkpoint_files.inspect(run_dir, roots, read)

@@ -157,6 +157,9 @@ def _failed_resume(ev: Evidence) -> str | None:
     if read and _written_in_place(ev, read[-1]):
         return (f"the checkpoint is written in place: a crash in the middle of the write"
                 f" left no loadable checkpoint ({failed})")
+    if ev.checkpoint_findings:  # what the folder held: the pointer's fault, in its words
+        found = "; ".join(f.describe() for f in ev.checkpoint_findings)
+        return f"{found}, and the resume failed on it ({failed})"
     return failed
 
 

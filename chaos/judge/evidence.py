@@ -12,6 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from torchchaos.rundir.checkpoint_files import Finding
 from torchchaos.rundir.history import Event, History, read_a_checkpoint
 
 
@@ -71,6 +72,9 @@ class Evidence:
     hang_timeout: float = 0.0  # the bound it used (seconds without progress)
     # every rank had ended its training, then the exit hung (the harness tore it down)
     exit_hang: dict[str, Any] | None = None
+    # what the checkpoint folders held at the end: what their pointers name that is not
+    # whole, and any file a resume read that is cut short (torchchaos.rundir.checkpoint_files)
+    checkpoint_findings: list[Finding] = field(default_factory=list)
 
     def reference_steps(self) -> dict[tuple[int, int], dict[str, Any]]:
         return {(e["rank"], e["step"]): e for e in self.reference.steps()}

@@ -1,6 +1,6 @@
 """The verdict matrix: the harness judged on training code written apart from it.
 
-Six torchrun targets under tests/matrix/targets/, each in another team's
+Seven torchrun targets under tests/matrix/targets/, each in another team's
 style, each with a correct variant and planted bugs:
 
 - shard_pointer: per-rank shard files, rank 0 moves a `latest` pointer, barriers;
@@ -13,6 +13,8 @@ style, each with a correct variant and planted bugs:
 - async_tracker: one long-lived writer thread per rank (the training thread writes
   nothing but rank 0's tracker), `global_step_N/` folders, a tracker file published
   once every rank's writer finished (verl's and Megatron's layout);
+- dcp_latest: DCP's async_save into `step_N/`, published by a `latest` symlink swapped
+  by a rename once the save is durable;
 - shard_pointer once more with its folder named run_state/ (one bug case).
 
 Correct variants go through battery rows (torchchaos.explore.battery.plan), every crash state
@@ -65,6 +67,7 @@ TARGETS = {t.name: t for t in [
     Target("folder_publish", ("--output-dir", "outputs/run1")),
     Target("rank_folders", ("--out", "out")),
     Target("async_tracker", ("--save-dir", "ckpts")),
+    Target("dcp_latest", ("--ckpt", "checkpoints")),
 ]}
 # The same sharded trainer with its folder named otherwise: the harness must find the
 # checkpoints wherever the job keeps them (only its bug case runs).
@@ -105,6 +108,7 @@ CI_ROWS = {
     "folder_publish": ("kill rank 1", "kill node 0", "kill after rename"),
     "rank_folders": ("power loss",),
     "async_tracker": ("kill rank 1", "torn last write", "power loss", "stop mid-write"),
+    "dcp_latest": ("kill rank 0", "power loss", "stop mid-write"),
 }
 SAMPLED_POINTS = 1  # -m slow: per target, a seeded sample of save 2's per-point crash points
 REPEATS = 5  # -m slow: every row, every crash-point sweep and every bug case this many times
@@ -223,6 +227,12 @@ BUGS = {
         "rank 0 is stopped (not killed) inside its 2nd save; with torch's default collective"
         " timeout rank 1 waits for it at the next barrier and nothing ends the wait (NeMo"
         " AutoModel#3254)", words=("no watchdog or collective timeout fired",)),
+    ("dcp_latest", "early_latest"): Bug(
+        OnEvent("kill", 0, "write", "*step_8/__0_0.distcp", save=3), "atomic_recovery",
+        "rank 0 moved `latest` to step_8 when its async save started; it dies at the"
+        " save's first write, and every resume opens a DCP folder without .metadata"
+        " (KempnerForge#102)", words=("latest named", "without .metadata"),
+        crashes_on_resume=True),
     ("rank_folders", "no_parent_fsync"): Bug(
         "storage:mode=lose_unsynced,rank=0,step=8,dir=out", "durable_checkpoints",
         "power loss at step 8, after save 1 (step 5) finished: each file and its rank's"
