@@ -75,7 +75,7 @@ BUGS = {
     "skip_optim": ("kill:rank=1,step=12", "deterministic_resume",
                    "optimizer not restored", None),
     "skip_sched": ("kill:rank=1,step=12", "deterministic_resume",
-                   "lr_schedule not restored", None),
+                   "LR schedule not restored", None),
     "off_by_one": ("kill:rank=1,step=12", "deterministic_resume", "data not restored", None),
     "sparse_ckpt": ("kill:rank=1,step=19", "bounded_lost_work", "redid 9 steps", 5),
 }

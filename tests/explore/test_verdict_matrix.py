@@ -227,6 +227,21 @@ BUGS = {
         "rank 0 is stopped (not killed) inside its 2nd save; with torch's default collective"
         " timeout rank 1 waits for it at the next barrier and nothing ends the wait (NeMo"
         " AutoModel#3254)", words=("no watchdog or collective timeout fired",)),
+    ("async_tracker", "loader_ahead"): Bug(
+        "kill:rank=1,step=10", "deterministic_resume",
+        "the loader's state is saved as its prefetch position: the resume from step 8"
+        " trains step 9 on step 10's batch (torchtitan#4686)",
+        words=("data position not restored", "batch of step")),
+    ("async_tracker", "rng_one_draw"): Bug(
+        "kill:rank=1,step=10", "deterministic_resume",
+        "the resume restores torch's RNG, then builds a probe head whose init draws from"
+        " it: dropout from step 9 on is off (Megatron-Bridge#5257)",
+        words=("rng not restored (torch)",)),
+    ("async_tracker", "weights_only"): Bug(
+        "kill:rank=1,step=10", "deterministic_resume",
+        "the \"universal\" resume loads the weights alone: AdamW's moments and the StepLR"
+        " schedule start afresh (DeepSpeed#6691)",
+        words=("optimizer and lr schedule not restored",)),
     ("dcp_latest", "early_latest"): Bug(
         OnEvent("kill", 0, "write", "*step_8/__0_0.distcp", save=3), "atomic_recovery",
         "rank 0 moved `latest` to step_8 when its async save started; it dies at the"

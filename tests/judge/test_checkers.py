@@ -206,7 +206,7 @@ def test_atomic_recovery_flags_a_restore_matching_no_step():
 @pytest.mark.parametrize("component,key,words", [
     ("weights", "params_start", "weights not restored"),
     ("optimizer", "optim_start", "optimizer not restored"),
-    ("lr_schedule", "lr", "lr_schedule not restored"),
+    ("lr_schedule", "lr", "LR schedule not restored"),
     ("rng (torch)", "rng.torch", "RNG not restored (torch)"),
     ("data", "batch", "data not restored"),
 ])
@@ -219,6 +219,26 @@ def test_deterministic_resume_names_the_first_divergent_step_and_component(compo
     assert result.ok is False
     assert result.data["divergent_step"] == 11 and result.data["component"] == component
     assert f"at step 11 on rank 0: {words}" in result.detail
+
+
+@pytest.mark.parametrize("state,restarted,words", [
+    (True, True, "optimizer and LR schedule not restored (the learning rate starts over"),
+    (False, True, "LR schedule not restored (the learning rate starts over"),
+    (True, False, "optimizer not restored (its learning rate differs too)"),
+    (False, False, "LR schedule not restored"),
+])
+def test_an_optimizer_and_a_schedule_that_start_over_are_both_named(state, restarted, words):
+    """DeepSpeed#6691's "universal" resume: the weights loaded, the optimizer's moments
+    and the LR schedule reset, so the learning rate from step 11 on is step 1's on."""
+    def resumed(step: int) -> dict[str, str]:
+        lr = f"lr@{step - 10}" if restarted else "lr@other"
+        return fp(step, lr=lr, params="different",
+                  **({"optim_start": "fresh"} if state else {}))
+
+    wrong = {step: resumed(step) for step in range(11, 21)}
+    result = checkers.deterministic_resume(evidence(killed_and_resumed(fps=wrong).history()))
+    assert result.ok is False and f"at step 11 on rank 0: {words}" in result.detail, result.detail
+    assert ("starts over" in result.detail) is restarted
 
 
 def light(prints: dict[str, str], params: bool = True) -> dict[str, str]:

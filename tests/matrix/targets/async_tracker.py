@@ -8,9 +8,10 @@ writes it to a temporary name, fsyncs it and renames it into place. At the next 
 (and at the end) the training thread waits until its writer has finished the last
 one, the ranks meet at a barrier, and rank 0 publishes that step in the tracker file
 `<save-dir>/latest_checkpointed_iteration.txt` (temporary file, fsync, rename, fsync
-of the folder). A resume reads the tracker; no tracker means a fresh start. Each
-step's batch is drawn from a generator seeded by the step, so a resume needs no data
-state. Collectives time out after --timeout seconds, so a rank that stops (a frozen
+of the folder). A resume reads the tracker; no tracker means a fresh start. The
+loader prefetches one batch ahead, as a data loader's workers do; its state is the
+position of the next batch training will take (not the one it prefetched).
+Collectives time out after --timeout seconds, so a rank that stops (a frozen
 node) fails its peers' next collective and torchrun restarts the job.
 
     torchrun --nproc-per-node 2 async_tracker.py --save-dir ckpts
@@ -22,6 +23,12 @@ Variants with a planted bug (--variant):
                  before any rank's file of that step exists
   no_timeout     torch's default collective timeout (30 minutes on gloo): a rank
                  stopped inside its save holds every peer at the next barrier
+  loader_ahead   the loader's state is saved as its prefetch position: a resume
+                 starts one batch ahead (torchtitan#4686)
+  rng_one_draw   a resume restores the RNG, then builds a probe head whose init
+                 draws from it: dropout is off by those draws (Megatron-Bridge#5257)
+  weights_only   the "universal" resume: the weights are loaded, the optimizer and
+                 its LR schedule start afresh (DeepSpeed#6691)
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-VARIANTS = ("correct", "no_tracker", "tracker_first", "no_timeout")
+VARIANTS = ("correct", "no_tracker", "tracker_first", "no_timeout", "loader_ahead",
+            "rng_one_draw", "weights_only")
 FEATURES, CLASSES, BATCH = 12, 4, 8
 TRACKER = "latest_checkpointed_iteration.txt"
 
@@ -119,10 +127,38 @@ def cpu_copy(state: dict) -> dict:
     return state.detach().clone() if isinstance(state, torch.Tensor) else state
 
 
-def batch(seed: int, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed * 1000 + step * 10 + rank)
+def batch(seed: int, position: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed * 1000 + position * 10 + rank)
     x = torch.randn(BATCH, FEATURES, generator=g)
-    return x, (x[:, :CLASSES].argmax(dim=1) + step) % CLASSES
+    return x, (x[:, :CLASSES].argmax(dim=1) + position) % CLASSES
+
+
+class PrefetchingLoader:
+    """Hands out batch 0, 1, 2, ... of this rank, always holding the next one ready."""
+
+    def __init__(self, seed: int, rank: int, variant: str) -> None:
+        self.seed, self.rank, self.variant = seed, rank, variant
+        self.position = 0  # the next batch to build
+        self.ready: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.ready is None:
+            self._prefetch()
+        taken = self.ready
+        self._prefetch()
+        return taken
+
+    def _prefetch(self) -> None:
+        self.ready = batch(self.seed, self.position, self.rank)
+        self.position += 1
+
+    def state_dict(self) -> dict:
+        if self.variant == "loader_ahead":  # the prefetch position, one past
+            return {"position": self.position}
+        return {"position": self.position - (self.ready is not None)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position, self.ready = state["position"], None
 
 
 def main() -> None:
@@ -148,14 +184,19 @@ def main() -> None:
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
     os.makedirs(args.save_dir, exist_ok=True)
 
+    loader = PrefetchingLoader(args.seed, rank, args.variant)
     step = read_tracker(args.save_dir)
     if step:
         path = os.path.join(args.save_dir, f"global_step_{step}", shard_name(rank, world))
         state = torch.load(path, weights_only=False)
         model.module.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["lr_scheduler"])
+        if args.variant != "weights_only":
+            opt.load_state_dict(state["optimizer"])
+            sched.load_state_dict(state["lr_scheduler"])
+        loader.load_state_dict(state["loader"])
         torch.set_rng_state(state["rng"])
+        if args.variant == "rng_one_draw":
+            nn.Linear(4, 4)  # a probe head built after the restore: its init draws
         print(f"rank {rank} resumed from global_step_{step}", flush=True)
     writer = BackgroundWriter(args.save_dir, rank, world)
     pending = 0  # the step the writer was last given, not yet published
@@ -163,11 +204,11 @@ def main() -> None:
     def publish() -> None:
         writer.wait()
         dist.barrier()
-        if rank == 0 and pending and args.variant == "correct":
+        if rank == 0 and pending and args.variant not in ("no_tracker", "tracker_first"):
             write_tracker(args.save_dir, pending)
 
     while step < args.steps:
-        x, y = batch(args.seed, step, rank)
+        x, y = next(loader)
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -179,7 +220,8 @@ def main() -> None:
         if step % args.save_every == 0:
             publish()
             state = cpu_copy({"model": model.module.state_dict(), "optimizer": opt.state_dict(),
-                              "lr_scheduler": sched.state_dict(), "step": step})
+                              "lr_scheduler": sched.state_dict(), "step": step,
+                              "loader": loader.state_dict()})
             state["rng"] = torch.get_rng_state()
             writer.submit(step, state)
             if rank == 0 and args.variant == "tracker_first":

@@ -6,10 +6,11 @@ written by `dcp.async_save` while training goes on; the model and optimizer go
 through `get_state_dict` / `set_state_dict` (a fresh optimizer has no momentum to
 load into). The next save (and the end of training) waits for that future; then
 rank 0 fsyncs `.metadata` (DCP fsyncs its file object before pickle's buffered
-bytes reach it), `step_N/` and `<ckpt>/` and points `<ckpt>/latest` at it: a new symlink made beside it and renamed over it, and
-the folder fsynced again. A resume loads `<ckpt>/latest` when it exists. The
-batches come from a generator seeded by the step; the RNG state the dropout draws
-from is saved by every rank under a key of its own.
+bytes reach it), `step_N/` and `<ckpt>/`, and points `<ckpt>/latest` at it: a new
+symlink made beside it and renamed over it, and the folder fsynced again. A
+resume loads `<ckpt>/latest` when it exists. The batches come from a generator
+seeded by the step; the RNG state the dropout draws from is saved by every rank
+under a key of its own.
 
     torchrun --nproc-per-node 2 dcp_latest.py --ckpt checkpoints
 
@@ -28,9 +29,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
 VARIANTS = ("correct", "early_latest")
