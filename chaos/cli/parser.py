@@ -411,7 +411,9 @@ def _add_crashpoints_command(sub: Any) -> None:
                              " an earlier save's file; --per-point, --shard and"
                              " --record-only: save 2)")
     faults.add_argument("--mode", action="append", default=None, metavar="MODE",
-                        help="kill, lose_unsynced, torn (repeatable; default all three)")
+                        help="kill, lose_unsynced, torn (repeatable; default all three);"
+                             " with --per-point also stop (SIGSTOP: only the job's own"
+                             " timeouts end the wait)")
     sweeps.add_argument("--cap", type=_count, default=None, metavar="N",
                         help="judge at most N crash states (--per-point: N points), sampled"
                              " with --seed (default: every state; 50 points)")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from torchchaos import env
+from torchchaos.host import shortcuts
 
 LAUNCHER = [sys.executable, "-m", "torchchaos.rank.warmrun"]
 # set for each run besides the TORCHCHAOS_ marks, or for each test by pytest: no import
@@ -72,7 +73,10 @@ def share(environ: dict[str, str], folder: Path | str) -> str | None:
     job's environment): start it listening in `folder` and set TORCHCHAOS_LAUNCHER_SOCKET
     for them. Returns the socket's path, or None where nothing is lent (turned off, the
     path too long for a socket)."""
-    path = str(Path(folder).resolve() / SOCKET_NAME)
+    # a deep folder (a cluster job's TMPDIR) is reached through a short link
+    room = len(SOCKET_NAME) + 1  # "/launchers.sock"
+    path = str(shortcuts.short_folder(Path(folder).resolve(), room, MAX_SOCKET_PATH)
+               / SOCKET_NAME)
     if os.environ.get(env.SPARE_LAUNCHER) == "0" or len(path.encode()) > MAX_SOCKET_PATH:
         return None
     key, base = _key(environ)

@@ -11,12 +11,21 @@ symbolic link `tmp-<run id>` in the harness's state folder that points at its
 temporary folder, and `TMPDIR` names the link: short, while the files stay in
 the run. The link goes when the job ends, or with the lifeline's sweep once its
 harness is gone (`leftovers`).
+
+A folder a process lends its launcher server's socket in (`harness.spare.share`)
+gets the same where it lies too deep (a cluster job's `TMPDIR`): a link
+`lend-<pid>` to it, removed when that process exits, or by the sweep once it is
+dead.
 """
 
 from __future__ import annotations
 
+import atexit
+import os
 import re
 from pathlib import Path
+
+import psutil
 
 from torchchaos.host.owners import RUN_ID, state_dir
 
@@ -26,6 +35,8 @@ SOCKET_PATH_MAX = 107  # sun_path is 108 bytes with its terminating NUL
 LONGEST_SOCKET_NAME = 40
 PREFIX = "tmp-"
 OURS = re.compile(rf"^{PREFIX}({RUN_ID})$")
+LEND = "lend-"
+LENT = re.compile(rf"^{LEND}(\d+)$")
 
 
 def short_tmp(tmp_dir: Path, run_id: str) -> Path:
@@ -41,6 +52,19 @@ def short_tmp(tmp_dir: Path, run_id: str) -> Path:
     return link
 
 
+def short_folder(folder: Path, room: int, limit: int = SOCKET_PATH_MAX) -> Path:
+    """`folder` where `room` more bytes keep a path under it within `limit`; else this
+    process's link to it (made now, removed when the process exits)."""
+    if len(str(folder).encode()) + room <= limit:
+        return folder
+    link = state_dir() / f"{LEND}{os.getpid()}"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.unlink(missing_ok=True)
+    link.symlink_to(folder, target_is_directory=True)
+    atexit.register(link.unlink, missing_ok=True)
+    return link
+
+
 def release(run_id: str) -> None:
     """Remove the run's link, if it has one."""
     (state_dir() / f"{PREFIX}{run_id}").unlink(missing_ok=True)
@@ -52,5 +76,8 @@ def leftovers() -> list[tuple[str, str]]:
         entries = sorted(state_dir().iterdir())
     except FileNotFoundError:
         return []
-    return [(str(p), m.group(1)) for p in entries
+    runs = [(str(p), m.group(1)) for p in entries
             if (m := OURS.match(p.name)) and p.is_symlink()]
+    lent = [(str(p), "") for p in entries if (m := LENT.match(p.name)) and p.is_symlink()
+            and not psutil.pid_exists(int(m.group(1)))]  # a live lender's is no leftover
+    return runs + lent

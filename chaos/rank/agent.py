@@ -74,6 +74,17 @@ FULL_WINDOW = 5
 PARAMS_EVERY = 4
 
 
+def _copy_unless_gone(source: str | Path, target: str | Path) -> None:
+    """Copy one file of a snapshot. Another rank's background writer may rename its
+    temporary file away while the copy runs (its save is no part of the one that
+    ended): what vanished is left out."""
+    try:
+        shutil.copy2(source, target)
+    except FileNotFoundError:
+        if os.path.lexists(source):
+            raise
+
+
 class ReferenceTable:
     """Start-of-step fingerprints of the reference run, to say which step a restore restored."""
 
@@ -523,9 +534,10 @@ class Agent:
             for name in sorted(self.written):
                 source = self.layout.run_dir / name
                 if source.is_dir():
-                    shutil.copytree(source, target / name, symlinks=True, dirs_exist_ok=True)
+                    shutil.copytree(source, target / name, symlinks=True, dirs_exist_ok=True,
+                                    copy_function=_copy_unless_gone)
                 elif source.is_file():
-                    shutil.copy2(source, target / name)
+                    _copy_unless_gone(source, target / name)
         self.history.record("snapshot", entries=sorted(self.written), step=self.global_step())
 
     def _file_event(self, op: str, path: str) -> None:

@@ -216,6 +216,23 @@ def test_one_rank_dies_and_the_others_run_on_to_their_next_collective():
     assert all("latest" not in s.image or s.cut >= 4 for s in ran_on)
 
 
+def test_a_rank_that_runs_on_into_a_folder_the_dead_rank_made_stops_there():
+    """Both ranks `makedirs(step_10/model, exist_ok=True)`; the recording shows rank 0's
+    mkdir only (rank 1's met the folder). Rank 0 dead right after its first operation,
+    before that mkdir: rank 1 runs on until its shard needs the folder, and stops (the
+    sweep refused the whole save: 'no folder holds step_10/model/shard-1.pt.tmp')."""
+    ops, blobs = _record(("create", "ready"), ("mkdir", "step_10"),
+                         ("mkdir", "step_10/model"), ("create", "rank1-was-here"),
+                         ("create", "step_10/model/shard-1.pt.tmp"),
+                         ("write", "step_10/model/shard-1.pt.tmp", b"1"))
+    for event, pid in zip(ops, [0, 0, 0, 1, 1, 1]):
+        event["pid"] = pid
+    ranks = Ranks([0, 0, 0, 1, 1, 1], {0: [], 1: []})
+    states = _enumerate((ops, blobs), ["kill"], ranks=ranks)[1]
+    first = next(s for s in states if s.cut == 1 and "ran on" in s.detail)
+    assert first.image == {"ready": ("file", b""), "rank1-was-here": ("file", b"")}
+
+
 def test_a_content_is_extents_of_the_blob_file_and_reads_as_the_bytes_written():
     blobs = Blobs.of_bytes(b"0123456789abcdef")
     grown = Content.empty(blobs).write(0, 0, 4).write(4, 4, 4)  # "01234567"

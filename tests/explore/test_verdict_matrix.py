@@ -1,6 +1,6 @@
 """The verdict matrix: the harness judged on training code written apart from it.
 
-Seven torchrun targets under tests/matrix/targets/, each in another team's
+Eight torchrun targets under tests/matrix/targets/, each in another team's
 style, each with a correct variant and planted bugs:
 
 - shard_pointer: per-rank shard files, rank 0 moves a `latest` pointer, barriers;
@@ -15,6 +15,8 @@ style, each with a correct variant and planted bugs:
   once every rank's writer finished (verl's and Megatron's layout);
 - dcp_latest: DCP's async_save into `step_N/`, published by a `latest` symlink swapped
   by a rename once the save is durable;
+- barrier_save: a recipe class whose synchronous save meets at barriers, per-rank
+  shard files in `epoch_0_step_N/` and a `LATEST` symlink (recipe-style trainers);
 - shard_pointer once more with its folder named run_state/ (one bug case).
 
 Correct variants go through battery rows (torchchaos.explore.battery.plan), every crash state
@@ -68,6 +70,7 @@ TARGETS = {t.name: t for t in [
     Target("rank_folders", ("--out", "out")),
     Target("async_tracker", ("--save-dir", "ckpts")),
     Target("dcp_latest", ("--ckpt", "checkpoints")),
+    Target("barrier_save", ("--checkpoint-dir", "checkpoints")),
 ]}
 # The same sharded trainer with its folder named otherwise: the harness must find the
 # checkpoints wherever the job keeps them (only its bug case runs).
@@ -109,6 +112,7 @@ CI_ROWS = {
     "rank_folders": ("power loss",),
     "async_tracker": ("kill rank 1", "torn last write", "power loss", "stop mid-write"),
     "dcp_latest": ("kill rank 0", "power loss", "stop mid-write"),
+    "barrier_save": ("kill rank 1", "power loss", "stop mid-write"),
 }
 SAMPLED_POINTS = 1  # -m slow: per target, a seeded sample of save 2's per-point crash points
 REPEATS = 5  # -m slow: every row, every crash-point sweep and every bug case this many times
@@ -242,6 +246,11 @@ BUGS = {
         "the \"universal\" resume loads the weights alone: AdamW's moments and the StepLR"
         " schedule start afresh (DeepSpeed#6691)",
         words=("optimizer and lr schedule not restored",)),
+    ("barrier_save", "no_timeout"): Bug(
+        BatteryRow(ROWS["stop mid-write"]), "hang_detected",
+        "rank 0 is stopped inside the save; rank 1 waits at the save's barrier under"
+        " torch's default 30-minute timeout (NeMo AutoModel#3254)",
+        words=("no watchdog or collective timeout fired",)),
     ("dcp_latest", "early_latest"): Bug(
         OnEvent("kill", 0, "write", "*step_8/__0_0.distcp", save=3), "atomic_recovery",
         "rank 0 moved `latest` to step_8 when its async save started; it dies at the"
@@ -509,6 +518,33 @@ def test_a_checkpoint_that_names_its_own_folder_is_judged_where_it_was_written(
     assert crashsweep._whole(Path(f"{recording}-save2"), progress)
     assert any("step_6.pt" in e.get("path", "") for entry in entries if entry.report
                for e in History.of_run(Path(entry.report.run_dir)).of("file"))
+
+
+STOPPED_POINTS = 2  # a seeded sample of save 2's per-point stops, per variant
+
+
+@pytest.mark.parametrize("variant", ["correct", "no_timeout"])
+def test_a_rank_stopped_at_points_of_its_save_is_ended_by_the_jobs_timeout(
+        variant: str, tally: Tally, cache: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Issue 59: a kill is reaped by torchrun whatever the job's timeouts, so only a
+    stopped rank shows one missing. `torchchaos crashpoints --per-point --mode stop`:
+    each point stops rank 0 or 1 right after a file event of save 2; the correct
+    variant's collective timeout ends every wait, no_timeout's never does."""
+    target = TARGETS["async_tracker"]
+    base = target.scenario(variant)
+    found = crashpoints.plan(base, cache, progress, 2, ["stop"], STOPPED_POINTS)
+    base.stop_after = 3
+    out = tmp_path_factory.mktemp(f"matrix-async_tracker-{variant}-stops")
+    bug = BUGS.get(("async_tracker", variant))
+    incidents: list[Incident] = []
+    for number, entry in enumerate(crashpoints.entries(found, 2), 1):
+        report, error = run_one(entry, base, out / f"point-{number:02d}", cache)
+        incidents += tally.add(Outcome(
+            target.name, variant, entry.name, entry.fault, bug.check if bug else None,
+            bug.words if bug else (), report=report, out_dir=str(out), error=error,
+            repeat=0))
+    assert len(found.points) == STOPPED_POINTS and not incidents, _complain(incidents)
 
 
 # -- the tally itself (no run) ------------------------------------------------------------

@@ -110,11 +110,13 @@ OWNER = textwrap.dedent("""\
 
 
 @contextmanager
-def _lending_owner(tmp_path, environ: dict[str, str]) -> Iterator[tuple[subprocess.Popen, str]]:
-    """A process that lends its launcher server for `environ`, and the server's socket;
-    ended (its stdin closed) when the block is left."""
-    folder = tmp_path / "owner"
-    folder.mkdir()
+def _lending_owner(tmp_path, environ: dict[str, str], folder: Path | None = None
+                   ) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A process that lends its launcher server for `environ` in `folder` (default:
+    tmp_path/owner), and the server's socket; ended (its stdin closed) when the block
+    is left."""
+    folder = folder or tmp_path / "owner"
+    folder.mkdir(parents=True)
     owner = subprocess.Popen([sys.executable, "-c", OWNER, str(folder), json.dumps(environ)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert owner.stdin is not None and owner.stdout is not None
@@ -179,3 +181,22 @@ def test_a_lent_server_ends_with_its_owner_and_takes_its_socket_along(tmp_path):
         _wait_until_ended(server.pid, 60, "the lent server outlived its owner")
         assert not Path(path).exists()
         assert spare.LauncherServer.connect(path, base) is None
+
+
+def test_a_server_lent_from_a_deep_folder_listens_through_a_short_link(tmp_path):
+    """A cluster job's TMPDIR one folder below /tmp made pytest's basetemp too deep for
+    a socket: lending was turned off without a word and every launch started cold."""
+    command, environ, _ = _job(tmp_path, {"PROBE_EXIT": "3"})
+    deep = tmp_path / ("a-cluster-jobs-own-temporary-folder-" * 3)
+    assert len(str(deep / spare.SOCKET_NAME)) > spare.MAX_SOCKET_PATH
+    with _lending_owner(tmp_path, environ, deep) as (owner, path):
+        assert path != "None" and len(path) <= spare.MAX_SOCKET_PATH, path
+        link = Path(path).parent
+        assert link.is_symlink() and link.resolve() == deep.resolve()
+        _, base = spare._key(environ)
+        server = spare.LauncherServer.connect(path, base)
+        assert server is not None and server.usable()
+        server.close()
+        assert (deep / spare.SOCKET_NAME).exists(), "the socket itself lies in the folder"
+    assert not os.path.lexists(link), "the link goes with the process that lent it"
+

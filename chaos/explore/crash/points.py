@@ -10,7 +10,11 @@ modes:
 - `lose_unsynced`: a power loss right after the event (what was not fsynced
   is gone; needs the fault filesystem);
 - `torn`: the event's write reaches the disk only in part, then the job
-  crashes (write events only; armed right after the event before it).
+  crashes (write events only; armed right after the event before it);
+- `stop` (per point only: nothing on disk changes, so it is no crash state of
+  a recording): the rank is SIGSTOPped right after the event, alive to
+  torchrun, so only the job's own collective timeout or watchdog ends its
+  peers' wait for it.
 
 With more points than `cap`, a seeded sample is run. Each point is judged
 like any scenario; the table says which event broke the protocol.
@@ -47,7 +51,8 @@ from torchchaos.rundir.layout import RunLayout
 from torchchaos.rundir.written import holds_bytes
 from torchchaos.scenario.model import Scenario
 
-MODES = ("kill", "lose_unsynced", "torn")
+MODES = ("kill", "lose_unsynced", "torn")  # what a recording's crash states hold
+PER_POINT_MODES = (*MODES, "stop")
 T = TypeVar("T")
 
 
@@ -68,6 +73,8 @@ class CrashPoint:
         index = self.event["index"]
         if self.mode == "kill":
             return f"kill:{where},event={index}"
+        if self.mode == "stop":
+            return f"hang:{where},event={index},mode=stop"
         on = dir_param(self.folder)
         if self.mode == "lose_unsynced":
             return f"storage:mode=lose_unsynced,{where},event={index}{on}"
@@ -100,10 +107,14 @@ def storage_folder(history: History, save: int, modes: list[str]) -> str:
     return folder
 
 
-def check_modes(modes: list[str]) -> None:
-    unknown = [m for m in modes if m not in MODES]
+def check_modes(modes: list[str], known: tuple[str, ...] = MODES) -> None:
+    unknown = [m for m in modes if m not in known]
+    if "stop" in unknown:  # known here, where a recording's states are judged
+        raise UsageError("--mode stop needs --per-point: a stopped rank changes nothing on"
+                         " disk, so it is no crash state of a recording; each stop runs as a"
+                         " chaos run of its own")
     if unknown:
-        raise UsageError(f"unknown crash mode {unknown[0]!r} (known: {', '.join(MODES)})")
+        raise UsageError(f"unknown crash mode {unknown[0]!r} (known: {', '.join(known)})")
 
 
 def sample(points: list[T], cap: int | None, seed: int) -> list[T]:
@@ -126,7 +137,7 @@ def plan(base: Scenario, cache_dir: Path, progress: Progress, save: int, modes: 
     """The sampled points of save `save`. With `from_snapshot` (and a save before it),
     the reference run also takes the snapshot the points start from: the variable
     asking for it goes into `base.env`, so the points' runs find that same reference."""
-    check_modes(modes)
+    check_modes(modes, PER_POINT_MODES)
     from_snapshot = from_snapshot and save > 1
     if from_snapshot:
         base.env = {**base.env, env.SNAPSHOT_AFTER_SAVE: str(save - 1)}

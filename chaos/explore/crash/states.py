@@ -425,9 +425,7 @@ def build_states(ops: list[Event], blobs: Blobs, first: int,
             if spec.mode == "kill" and spec.run_on is None:
                 yield CrashState("kill", cut, before, spec.detail, order=order)
             elif spec.mode == "kill":
-                ran_on = folder.fork()
-                for number in spec.run_on:
-                    ran_on.apply(ops[number])
+                ran_on = _ran_on(folder.fork(), [ops[number] for number in spec.run_on])
                 yield CrashState("kill", cut, ran_on.image(), spec.detail,
                                  order=ran_on.order())
             else:
@@ -435,6 +433,23 @@ def build_states(ops: list[Event], blobs: Blobs, first: int,
                          folder.image(spec.kept))
                 yield CrashState(spec.mode, cut, image, spec.detail, spec.keep, order,
                                  _dropped(before, image))
+
+
+def _ran_on(folder: Folder, ops: list[Event]) -> Folder:
+    """`folder` with the other ranks' operations after a death applied. A rank stops at
+    the first that needs what the dead rank had not made yet: ranks that all make one
+    folder (`makedirs(exist_ok=True)`) race for it, the recording shows only the winner's
+    mkdir, and with the winner dead the others would have made it themselves; the state
+    where they had not got that far yet is the one built."""
+    stuck: set[object] = set()
+    for op in ops:
+        if op.get("pid") in stuck:
+            continue
+        try:
+            folder.apply(op)
+        except Unsupported:
+            stuck.add(op.get("pid"))
+    return folder
 
 
 def _dropped(before: Image, after: Image) -> dict[str, list[str]]:
