@@ -42,9 +42,14 @@ def load_record(run_dir: Path, save: int) -> Record:
     saved = [e["t"] for e in history.of("save_begin") if e.get("save") == save]
     if not saved:
         raise CannotJudge(f"the recording run made no save {save}")
-    # the save starts after its rank's last step: ops from then on are the save's
-    last_step = max((e["t"] for e in history.steps() if e["t"] <= min(saved)), default=0.0)
-    first = next((n for n, e in enumerate(ops) if e["t"] > last_step), len(ops))
+    # the save starts after its rank's last step: ops from then on are the save's; and
+    # after what the saves before it wrote up to its start (an async writer finishes the
+    # save before as late as this save's start: those ops are that save's, not this one's)
+    start = min(saved)
+    last_step = max((e["t"] for e in history.steps() if e["t"] <= start), default=0.0)
+    earlier = max((e["t"] for e in history.of("file") if 0 < e.get("save", 0) < save
+                   and e["t"] <= start), default=0.0)
+    first = next((n for n, e in enumerate(ops) if e["t"] > max(last_step, earlier)), len(ops))
     end = min(e["t"] for e in history.of("stopped"))
     blobs = next(iter(sorted((RunLayout(run_dir).chaos_dir / "faultfs").glob("*.blobs"))))
     return Record(run_dir, history, ops, Blobs(blobs), first, end)
