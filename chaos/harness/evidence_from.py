@@ -21,9 +21,12 @@ from torchchaos.scenario.model import Scenario
 
 
 def evidence_from(chaos: History, outcome: JobOutcome, reference: Reference,
-                  scenario: Scenario, chaos_dir: Path, hang_timeout: float) -> Evidence:
+                  scenario: Scenario, chaos_dir: Path, hang_timeout: float,
+                  findings: list[checkpoint_files.Finding] | None = None) -> Evidence:
     """The evidence of one job: `chaos` is its history (a crash state's, spliced), the
-    rest what its runner and its reference run say, the bounds the scenario's."""
+    rest what its runner and its reference run say, the bounds the scenario's.
+    `findings`: what its checkpoint folders held, where it was read before they went
+    (a crash state's recovery); else read from `chaos_dir` now."""
     return Evidence(
         chaos=chaos, reference=reference.history(), completed=outcome.completed,
         deadline_hit=outcome.deadline_hit, exit_codes=outcome.exit_codes,
@@ -36,15 +39,18 @@ def evidence_from(chaos: History, outcome: JobOutcome, reference: Reference,
         last_error=outcome.last_error(), max_detect_steps=scenario.max_detect_steps,
         chaos_dir=chaos_dir, reference_dir=reference.run_dir, hang=outcome.hang,
         exit_hang=outcome.exit_hang, hang_timeout=hang_timeout,
-        checkpoint_findings=checkpoint_findings(chaos, chaos_dir))
+        checkpoint_findings=(checkpoint_findings(chaos, chaos_dir) if findings is None
+                             else findings))
 
 
-def checkpoint_findings(chaos: History, run_dir: Path) -> list[checkpoint_files.Finding]:
-    """What the folders the job's saves wrote in hold at the end, read from their bytes:
-    only where a fault fired (a fault-free end has nothing to explain)."""
+def checkpoint_findings(chaos: History, run_dir: Path, contents: bool = True
+                        ) -> list[checkpoint_files.Finding]:
+    """What the folders the job's saves wrote in hold at the end, read from their bytes
+    (`contents`; else names and sizes alone): only where a fault fired (a fault-free
+    end has nothing to explain)."""
     if not chaos.faults() or not run_dir.is_dir():
         return []
     roots = sorted({Path(e["path"]).parts[0] for e in chaos.of("file") if e.get("path")
                     and Path(e["path"]).parts[0] != CHAOS_DIR})
     read = sorted({e["path"] for e in chaos.of("load") if e.get("path")})
-    return checkpoint_files.inspect(run_dir, roots, read)
+    return checkpoint_files.inspect(run_dir, roots, read, contents)

@@ -48,20 +48,24 @@ class Finding:
         return f"{self.named_by} named {self.path}, which is {self.what}"
 
 
-def defect(path: Path) -> str | None:
-    """What is wrong with one file or folder, None where nothing is."""
+def defect(path: Path, contents: bool = True) -> str | None:
+    """What is wrong with one file or folder, None where nothing is. Without `contents`
+    only names and sizes are read (a crash state's recovery folder holds its files as
+    sized holes, their bytes in the recording)."""
     try:
         if path.is_dir():
-            return _folder_defect(path)
-        return _file_defect(path)
+            return _folder_defect(path, contents)
+        return _file_defect(path, contents)
     except OSError as exc:
         return f"unreadable ({exc.strerror})"
 
 
-def _file_defect(path: Path) -> str | None:
+def _file_defect(path: Path, contents: bool = True) -> str | None:
     size = path.stat().st_size
     if size == 0:
         return "an empty file" if path.name.endswith(CHECKPOINT_SUFFIXES) else None
+    if not contents:
+        return None
     with open(path, "rb") as f:
         head = f.read(8)
         if head.startswith(ZIP_HEAD):
@@ -91,7 +95,7 @@ def _safetensors_defect(f, head: bytes, size: int) -> str | None:
     return None
 
 
-def _folder_defect(folder: Path) -> str | None:
+def _folder_defect(folder: Path, contents: bool = True) -> str | None:
     names = os.listdir(folder)
     shards = [n for n in names if n.endswith(".distcp")]
     if not names:
@@ -101,17 +105,18 @@ def _folder_defect(folder: Path) -> str | None:
     for name in sorted(names):
         if (folder / name).is_dir():
             continue
-        if (why := _file_defect(folder / name)) is not None:
+        if (why := _file_defect(folder / name, contents)) is not None:
             return f"a folder whose {name} is {why}"
     return None
 
 
-def pointed_at(pointer: Path) -> list[Path] | None:
+def pointed_at(pointer: Path, contents: bool = True) -> list[Path] | None:
     """What a pointer names (None: it is no pointer). A symlink names its target; a
-    small text file a sibling by name, or the siblings whose names hold its number."""
+    small text file (read only with `contents`) a sibling by name, or the siblings
+    whose names hold its number."""
     if pointer.is_symlink():
         return [pointer.parent / os.readlink(pointer)]
-    if not pointer.is_file() or pointer.name.endswith(CHECKPOINT_SUFFIXES):
+    if not contents or not pointer.is_file() or pointer.name.endswith(CHECKPOINT_SUFFIXES):
         return None
     try:
         if pointer.stat().st_size > POINTER_MAX_BYTES:
@@ -130,13 +135,15 @@ def pointed_at(pointer: Path) -> list[Path] | None:
     return None
 
 
-def inspect(run_dir: Path, roots: list[str], read: list[str] = ()) -> list[Finding]:
+def inspect(run_dir: Path, roots: list[str], read: list[str] = (),
+            contents: bool = True) -> list[Finding]:
     """The defects of what the pointers in the folders `roots` (relative to `run_dir`)
-    name, and of the files in `read` (what a resume read): each once."""
+    name, and of the files in `read` (what a resume read): each once. Without
+    `contents`, by names and sizes alone (see `defect`)."""
     found: dict[str, Finding] = {}
     for root in roots:
         for pointer in _pointers(run_dir / root):
-            named = pointed_at(pointer)
+            named = pointed_at(pointer, contents)
             if named is None:
                 continue
             shown = _rel(pointer, run_dir)
@@ -148,12 +155,13 @@ def inspect(run_dir: Path, roots: list[str], read: list[str] = ()) -> list[Findi
                 if not os.path.lexists(target):
                     found.setdefault(_rel(target, run_dir), Finding(
                         _rel(target, run_dir), "missing", shown))
-                elif (why := defect(target)) is not None:
+                elif (why := defect(target, contents)) is not None:
                     found.setdefault(_rel(target, run_dir),
                                      Finding(_rel(target, run_dir), why, shown))
     for path in read:
         target = run_dir / path
-        if path not in found and target.exists() and (why := defect(target)) is not None:
+        if path not in found and target.exists() and (
+                why := defect(target, contents)) is not None:
             found[path] = Finding(path, why)
     return list(found.values())
 

@@ -74,6 +74,7 @@ NODE = ["node", "--node-rank", "0", "--nnodes", "2", "--rdzv-endpoint", "127.0.0
      "inside the run directory"),
     (["run", "--max-lost-seconds", "-1"], "--max-lost-seconds must be >= 0"),
     (["crashpoints", "--save", "0"], "expected a value >= 1, got 0"),
+    (["crashpoints", "--mode", "stop"], "--mode stop needs --per-point"),
     (["campaign", "--runs", "0"], "expected a value >= 1, got 0"),
 ], ids=lambda value: None if isinstance(value, list) else value[:24])
 def test_what_can_be_checked_before_a_run_is_refused_before_it(tmp_path, args, reason):

@@ -123,3 +123,22 @@ def test_a_file_a_resume_read_is_judged_without_a_pointer(tmp_path):
     cut(torch_file(tmp_path / "out" / "snapshot.pt"))
     (found,) = inspect(tmp_path, ["out"], read=["out/snapshot.pt"])
     assert found.named_by is None and found.describe().startswith("out/snapshot.pt is a torch")
+
+
+def test_by_names_and_sizes_alone_holes_are_no_defect(tmp_path):
+    """A crash state's recovery folder holds sized holes, its bytes in the recording:
+    read without contents, a hole of a torch zip's size is no cut zip, and a DCP folder
+    without .metadata is still one."""
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "step_8").mkdir(parents=True)
+    with open(ckpt / "step_8" / "__0_0.distcp", "wb") as f:
+        f.truncate(4096)
+    with open(ckpt / "model.safetensors", "wb") as f:
+        f.truncate(4096)
+    (ckpt / "current").write_bytes(b"\0" * 8)  # a tracker's bytes not laid out
+    os.symlink("step_8", ckpt / "latest")
+    os.symlink("model.safetensors", ckpt / "weights")
+    (found,) = inspect(tmp_path, ["ckpt"], contents=False)
+    assert found.describe() == ("ckpt/latest named ckpt/step_8, which is a DCP folder"
+                                " without .metadata (1 .distcp file(s))")
+    assert len(inspect(tmp_path, ["ckpt"])) == 2, "read with its bytes, the hole is no file"

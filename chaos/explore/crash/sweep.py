@@ -75,6 +75,7 @@ from torchchaos.harness.runner import Job, JobOutcome
 from torchchaos.host import seen_at
 from torchchaos.progress import Progress
 from torchchaos.report.verdict import judge, write_html
+from torchchaos.rundir import checkpoint_files
 from torchchaos.rundir.folders import write_atomic
 from torchchaos.rundir.history import Event, History
 from torchchaos.rundir.written import files_differ, holds_bytes, written_files
@@ -106,6 +107,9 @@ class StateRecovery:
     view: View
     key: str  # view_key of the image it started from
     states: int = 0  # states it stands for
+    # what its checkpoint folder held at its end, by names and sizes (the folder is
+    # removed then; its files were holes sized as the recording's)
+    findings: list[checkpoint_files.Finding] = field(default_factory=list)
 
 
 @dataclass
@@ -435,11 +439,14 @@ def _end_recovery(running: HeldJob, folder: str, state: CrashState) -> StateReco
     history = History.of_run(chaos_dir)
     view = recovery_view(history.of("fs", "fs_read"))
     checkpoints = chaos_dir / folder
+    findings = checkpoint_files.inspect(
+        chaos_dir, [folder], sorted({e["path"] for e in history.of("load")}), contents=False)
     if folder != "." and checkpoints.is_dir() and not checkpoints.is_symlink():
         # sizes and holes (the bytes were the recording's and the recovery's blob
         # files'); IMAGE_FILE rebuilds what it started from
         shutil.rmtree(checkpoints)
-    return StateRecovery(chaos_dir, outcome, history, view, view_key(state.image, view))
+    return StateRecovery(chaos_dir, outcome, history, view, view_key(state.image, view),
+                         findings=findings)
 
 
 # -- judging -----------------------------------------------------------------
@@ -463,7 +470,7 @@ def _judge(base: Scenario, reference: Reference, record: Record, recovery: State
     outcome = recovery.outcome
     hang_timeout = base.hang_timeout or default_timeout(reference.history())
     evidence = evidence_from(History(events), outcome, reference, base, recovery.run_dir,
-                             hang_timeout)
+                             hang_timeout, recovery.findings)
     report = judge(evidence, [fault], base.checks, run_dir=str(recovery.run_dir),
                    reference_dir=str(reference.run_dir), wall_seconds=outcome.wall_seconds,
                    crash_state=state.detail, recording=str(record.run_dir),
