@@ -619,9 +619,10 @@ def _finished_checkpoints(ev: Evidence, before: float) -> list[int]:
 
     A checkpoint is the saves of one step's state on every rank that writes it
     (the ranks whose saves hold that step in the reference run). It is finished
-    once each of those ranks ended its part and went on (`FINISHED`) before
-    `before`, or once the target said so (`torchchaos.api.report_checkpoint_committed`);
-    one rank's part alone is not the job's checkpoint.
+    once each of those ranks ended its part and went on (`FINISHED`), its part's
+    last event before `before`, or once the target said so
+    (`torchchaos.api.report_checkpoint_committed`); one rank's part alone is not the
+    job's checkpoint.
     """
     writers: dict[int, set[int]] = {}
     for e in ev.reference.of("save_begin"):
@@ -631,7 +632,10 @@ def _finished_checkpoints(ev: Evidence, before: float) -> list[int]:
     done: dict[int, set[int]] = {}
     for end in ev.chaos.of("save_end"):
         begin = begins.get((end["pid"], end["save"]))
-        if (begin is None or begin.get("after_step") is None or end["t"] >= before
+        # over at its last event (its last publish or fsync), whatever thread made it,
+        # not when the rank got round to saying so (its next step, its writer's next save)
+        over = end.get("last_t") or end["t"]
+        if (begin is None or begin.get("after_step") is None or over >= before
                 or end.get("ended", "step") not in FINISHED):
             continue
         done.setdefault(begin["after_step"], set()).add(begin["rank"])

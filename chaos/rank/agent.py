@@ -522,7 +522,7 @@ class Agent:
         train; "next_save": its writer thread began the next one; "exit", "exception")."""
         if save is not None:
             self.history.record("save_end", save=save.number, events=save.events,
-                                last_step=save.last_step, ended=ended)
+                                last_step=save.last_step, last_t=save.last_t, ended=ended)
             if save.number == self.snapshot_after and self.rank == 0 and self.reference is None:
                 self._snapshot()  # in the reference run: the chaos runs start from it
 
@@ -570,8 +570,9 @@ class Agent:
             self.history.record("save_begin", save=save.number, after_step=save.after_step,
                                 background=writer is not None)
         digest = _digest(path) if op == "rename" and self.digest_publishes else None
-        self.history.record("file", op=op, path=rel, save=save.number, index=save.events,
-                            **({"digest": digest} if digest else {}))
+        save.last_t = self.history.record("file", op=op, path=rel, save=save.number,
+                                          index=save.events,
+                                          **({"digest": digest} if digest else {}))["t"]
         self._check_phase("checkpoint_save", save.number, save.events)
 
     def _check_phase(self, phase: str, occurrence: int, index: int) -> None:

@@ -58,6 +58,7 @@ class Save:
     writer: Any = None  # the background thread that opened it; None: the main thread
     events: int = 0
     last_step: int | None = None
+    last_t: float | None = None  # when its last event was recorded: where it was over
     committed: bool = False  # main-thread events followed the background writer's
     step_key: StepKey | None = None  # where its writer's first path named its step
     opened: set[str] = field(default_factory=set)  # files its writer opened for writing

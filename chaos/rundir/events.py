@@ -57,7 +57,7 @@ EVENTS: dict[str, EventSpec] = {
     "file": _e("rank", "a file operation of the target under the run directory",
                "op, path, save, index, and the operation's own (size, mode, ...)"),
     "save_begin": _e("rank", "a checkpoint save began", "save, after_step, background"),
-    "save_end": _e("rank", "a checkpoint save ended", "save, ended, events, last_step"),
+    "save_end": _e("rank", "a checkpoint save ended", "save, ended, events, last_step, last_t"),
     "load": _e("rank", "a checkpoint load", "load, path, index"),
     # -- faults
     "fault": _e("rank", "a scheduled fault fired",

@@ -623,6 +623,26 @@ def _restart_from_zero(kill_at: int) -> Timeline:
     return timeline
 
 
+def test_a_background_save_is_over_at_its_last_event_not_when_its_rank_says_so():
+    """A writer thread that lives across saves: its save of step 10 is said over only when
+    the writer begins the next one (`next_save`), here after the kill at step 12, though
+    its last write came at step 10. The checkpoint was whole before the failure: the
+    restart from step 0 passed over it (issue 59)."""
+    timeline = _restart_from_zero(12)
+    kill = next(e for e in timeline.events if e["ev"] == "fault")
+    for e in timeline.events:
+        if e["ev"] == "save_end" and e["attempt"] == 0 and e["save"] == 2:
+            e.update(ended="next_save", last_t=e["t"], t=kill["t"] + 0.1)
+    timeline.events.sort(key=lambda e: e["t"])
+    result = checkers.bounded_lost_work(evidence(timeline.history()))
+    assert result.ok is False and "the checkpoint of step 10 was committed" in result.detail
+    for e in timeline.events:  # said over after the kill, and over only then: not finished
+        if e["ev"] == "save_end" and e.get("last_t") is not None:
+            e["last_t"] = e["t"]
+    result = checkers.bounded_lost_work(evidence(timeline.history()))
+    assert "the checkpoint of step 5 was committed" in result.detail, result.detail
+
+
 def test_a_restart_from_zero_fails_even_where_the_steps_redone_fit_the_bound():
     """Issue 41, item 2: 12 steps redone fit a bound of 20, but the job passed over the
     committed checkpoint of step 10; the next failure, at step 90, would lose 90."""
