@@ -43,14 +43,12 @@ def evidence_from(chaos: History, outcome: JobOutcome, reference: Reference,
                              else findings))
 
 
-def checkpoint_findings(chaos: History, run_dir: Path, contents: bool = True
-                        ) -> list[checkpoint_files.Finding]:
-    """What the folders the job's saves wrote in hold at the end, read from their bytes
-    (`contents`; else names and sizes alone): only where a fault fired (a fault-free
-    end has nothing to explain)."""
+def checkpoint_findings(chaos: History, run_dir: Path) -> list[checkpoint_files.Finding]:
+    """What the folders the job's saves wrote in hold at the end, read from their bytes:
+    only where a fault fired (a fault-free end has nothing to explain)."""
     if not chaos.faults() or not run_dir.is_dir():
         return []
     roots = sorted({Path(e["path"]).parts[0] for e in chaos.of("file") if e.get("path")
                     and Path(e["path"]).parts[0] != CHAOS_DIR})
     read = sorted({e["path"] for e in chaos.of("load") if e.get("path")})
-    return checkpoint_files.inspect(run_dir, roots, read, contents)
+    return checkpoint_files.inspect(run_dir, roots, read)
