@@ -169,20 +169,27 @@ def _culprit_order(rank: RankState) -> tuple[int, float, int]:
 
 MIN_TIMEOUT = 10.0  # seconds: the default bound, for jobs whose steps take well under it
 REFERENCE_TIMEOUT = 60.0  # the reference run's bound when none is given (steps unknown yet)
+OWN_TIMEOUT_SLACK = 1.5  # a job's own collective timeout, and half again for its restart
 PROGRESS_EVENTS = ("boot", "restore", "step", "file", "load", "save_begin", "save_end")
 
 
 def default_timeout(reference: History) -> float:
     """The chaos run's bound: 10 s, or 3x the longest the fault-free run ever went
-    without progress on a rank, whichever is longer. Start-up counts twice over: from
-    a rank's boot to its first step, and from a launch to its ranks' boot (torchrun
-    and the workers importing torch): a restart between attempts pays the latter again,
-    and on a loaded machine that alone can take 10 s (it is progress, not a hang)."""
+    without progress on a rank, or the collective timeout the job set itself and half
+    as long again (for it to fire, reach torchrun and restart the job), whichever is
+    longest. Start-up counts twice over: from a rank's boot to its first step, and
+    from a launch to its ranks' boot (torchrun and the workers importing torch): a
+    restart between attempts pays the latter again, and on a loaded machine that alone
+    can take 10 s (it is progress, not a hang). A job that kept torch's default
+    collective timeout (30 minutes on gloo) set none: its hangs are bound by the rest."""
     by_pid: dict[int, list[float]] = {}
     for event in reference.of(*PROGRESS_EVENTS):
         by_pid.setdefault(event["pid"], []).append(event["t"])
     gaps = [b - a for times in by_pid.values() for a, b in zip(times, times[1:])]
-    return max(MIN_TIMEOUT, 3 * max(gaps + _start_ups(reference), default=0.0))
+    own = max((e["collective_timeout"] for e in reference.of("restore")
+               if e.get("collective_timeout")), default=0.0)
+    return max(MIN_TIMEOUT, 3 * max(gaps + _start_ups(reference), default=0.0),
+               OWN_TIMEOUT_SLACK * own + 2.0)
 
 
 def _start_ups(reference: History) -> list[float]:

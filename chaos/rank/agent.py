@@ -85,6 +85,24 @@ def _copy_unless_gone(source: str | Path, target: str | Path) -> None:
             raise
 
 
+def _collective_timeout() -> float | None:
+    """Seconds the job gave its process group's collectives to time out, None where it
+    kept torch's default (gloo's 30 minutes, NCCL's 10: no timeout set) or where torch
+    does not say (its backends' options are private API)."""
+    import torch.distributed as dist
+
+    try:
+        if not dist.is_initialized():
+            return None
+        backend = dist.get_backend()
+        device = torch.device("cuda" if backend == "nccl" else "cpu")
+        seconds = dist.group.WORLD._get_backend(device).options._timeout.total_seconds()
+        default = dist.distributed_c10d._get_default_timeout(backend).total_seconds()
+    except Exception:  # noqa: BLE001 - another torch, another backend: say nothing
+        return None
+    return None if seconds == default else seconds
+
+
 class ReferenceTable:
     """Start-of-step fingerprints of the reference run, to say which step a restore restored."""
 
@@ -413,9 +431,11 @@ class Agent:
             restored, match = self.reference.lookup(self.fp["params_start"], self.fp["optim_start"])
         self.aligned = restored is not None
         self.base_step = restored if restored is not None else 0
+        timeout = _collective_timeout()
         self.history.record("restore", restored=restored, match=match, loads=self.loads,
                             fp={k: v for k, v in self.fp.items()
-                                if k in RESTORED or k.startswith("rng.")})
+                                if k in RESTORED or k.startswith("rng.")},
+                            **({"collective_timeout": timeout} if timeout else {}))
         if restored == 0:
             self._check_step_triggers(0)  # faults that act during step 1
 

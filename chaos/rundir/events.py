@@ -32,7 +32,8 @@ EVENTS: dict[str, EventSpec] = {
     # -- a rank's life (torchchaos.rank.agent)
     "boot": _e("rank", "the agent armed in a fresh worker", "node, local_rank"),
     "restore": _e("rank", "the first step started from this reference step",
-                  "restored (step or None), match (exact|params|None), fp, loads"),
+                  "restored (step or None), match (exact|params|None), fp, loads,"
+                  " collective_timeout (seconds the job set, where it set one)"),
     "step": _e("rank", "an optimizer step completed",
                "step (global), local, aligned, loss, fp (digests; see chaos.rank.fingerprint)"),
     "rollback": _e("rank", "a running process went back to an earlier step",

@@ -316,6 +316,23 @@ def test_the_default_bound_grows_with_the_slowest_progress_gap_of_the_reference(
     assert default_timeout(slow.history()) == pytest.approx(24.0)
 
 
+def test_the_default_bound_follows_the_collective_timeout_the_job_set():
+    """A job that set a 60 s timeout gets it and half again: its own timeout ends a
+    stopped rank's wait before the harness does. One that kept torch's default set none
+    (the agent records no timeout): the bound stays the job's pace."""
+    job = Timeline()
+    job.train(2, range(1, 6))
+    assert default_timeout(job.history()) == 10.0
+    for event in job.events:
+        if event["ev"] == "restore":
+            event["collective_timeout"] = 60.0
+    assert default_timeout(job.history()) == pytest.approx(92.0)
+    for event in job.events:
+        if event["ev"] == "restore":
+            event["collective_timeout"] = 5.0  # the bundled target's: the pace decides
+    assert default_timeout(job.history()) == 10.0
+
+
 def hang_finding() -> dict:
     ranks = [{"rank": 1, "pid": 11, "step": 8, "doing": "step", "idle_seconds": 10.2,
               "state": "stopped", "where": "train_step (train.py:40)",
