@@ -27,6 +27,9 @@ def evidence_from(chaos: History, outcome: JobOutcome, reference: Reference,
     rest what its runner and its reference run say, the bounds the scenario's.
     `findings`: what its checkpoint folders held, where it was read before they went
     (a crash state's recovery); else read from `chaos_dir` now."""
+    if findings is None:  # only where a fault fired: a fault-free end has nothing to explain
+        findings = (checkpoint_findings(chaos, chaos_dir)
+                    if chaos.faults() and chaos_dir.is_dir() else [])
     return Evidence(
         chaos=chaos, reference=reference.history(), completed=outcome.completed,
         deadline_hit=outcome.deadline_hit, exit_codes=outcome.exit_codes,
@@ -39,16 +42,16 @@ def evidence_from(chaos: History, outcome: JobOutcome, reference: Reference,
         last_error=outcome.last_error(), max_detect_steps=scenario.max_detect_steps,
         chaos_dir=chaos_dir, reference_dir=reference.run_dir, hang=outcome.hang,
         exit_hang=outcome.exit_hang, hang_timeout=hang_timeout,
-        checkpoint_findings=(checkpoint_findings(chaos, chaos_dir) if findings is None
-                             else findings))
+        checkpoint_findings=findings)
 
 
-def checkpoint_findings(chaos: History, run_dir: Path) -> list[checkpoint_files.Finding]:
-    """What the folders the job's saves wrote in hold at the end, read from their bytes:
-    only where a fault fired (a fault-free end has nothing to explain)."""
-    if not chaos.faults() or not run_dir.is_dir():
-        return []
-    roots = sorted({Path(e["path"]).parts[0] for e in chaos.of("file") if e.get("path")
-                    and Path(e["path"]).parts[0] != CHAOS_DIR})
-    read = sorted({e["path"] for e in chaos.of("load") if e.get("path")})
-    return checkpoint_files.inspect(run_dir, roots, read)
+def checkpoint_findings(history: History, run_dir: Path, roots: list[str] | None = None,
+                        contents: bool = True) -> list[checkpoint_files.Finding]:
+    """What the folders `roots` (default: every top-level folder the job's file events
+    name) hold at the end, and what the job loaded (`torchchaos.rundir.checkpoint_files`;
+    `contents`: read from their bytes, else by names and sizes alone)."""
+    if roots is None:
+        roots = sorted({Path(e["path"]).parts[0] for e in history.of("file")
+                        if e.get("path") and Path(e["path"]).parts[0] != CHAOS_DIR})
+    read = sorted({e["path"] for e in history.of("load") if e.get("path")})
+    return checkpoint_files.inspect(run_dir, roots, read, contents)

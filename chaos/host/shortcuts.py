@@ -43,13 +43,7 @@ def short_tmp(tmp_dir: Path, run_id: str) -> Path:
     """`tmp_dir` where sockets fit under it; else the run's link to it (made now)."""
     if len(str(tmp_dir)) + LONGEST_SOCKET_NAME <= SOCKET_PATH_MAX:
         return tmp_dir
-    link = state_dir() / f"{PREFIX}{run_id}"
-    link.parent.mkdir(parents=True, exist_ok=True)
-    if link.is_symlink() and Path(link.readlink()) == tmp_dir:
-        return link
-    link.unlink(missing_ok=True)
-    link.symlink_to(tmp_dir, target_is_directory=True)
-    return link
+    return _pointed(state_dir() / f"{PREFIX}{run_id}", tmp_dir)
 
 
 def short_folder(folder: Path, room: int, limit: int = SOCKET_PATH_MAX) -> Path:
@@ -57,11 +51,17 @@ def short_folder(folder: Path, room: int, limit: int = SOCKET_PATH_MAX) -> Path:
     process's link to it (made now, removed when the process exits)."""
     if len(str(folder).encode()) + room <= limit:
         return folder
-    link = state_dir() / f"{LEND}{os.getpid()}"
-    link.parent.mkdir(parents=True, exist_ok=True)
-    link.unlink(missing_ok=True)
-    link.symlink_to(folder, target_is_directory=True)
+    link = _pointed(state_dir() / f"{LEND}{os.getpid()}", folder)
     atexit.register(link.unlink, missing_ok=True)
+    return link
+
+
+def _pointed(link: Path, folder: Path) -> Path:
+    """`link`, made (where it points elsewhere or nowhere) to point at `folder`."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not (link.is_symlink() and Path(link.readlink()) == folder):
+        link.unlink(missing_ok=True)
+        link.symlink_to(folder, target_is_directory=True)
     return link
 
 

@@ -358,9 +358,14 @@ def _optimizer_not_restored(ev: Evidence, step: Event, ref: dict[str, str]) -> s
     (a resume that loaded the weights alone); one that differs otherwise may be the
     optimizer's own param groups, which its state_dict carries."""
     state = step["fp"].get("optim_start") != ref.get("optim_start")
-    if not _learning_rate_differs(ev, step):
+    # this step and the later ones of its process, and the reference's rate per step
+    later = [e for e in ev.chaos.steps(step["rank"]) if e["step"] >= step["step"]
+             and (e["launch"], e["attempt"]) == (step["launch"], step["attempt"])]
+    rates = {e["step"]: e["fp"].get("lr") for e in ev.reference.steps(step["rank"])}
+    # a schedule reset shows where it next changes the rate (StepLR's next decay)
+    if not any(e["fp"].get("lr") != rates[e["step"]] for e in later if e["step"] in rates):
         return "optimizer not restored"
-    restarted = _schedule_started_over(ev, step)
+    restarted = _schedule_started_over(later, rates)
     again = " (the learning rate starts over from step 1's)" if restarted else ""
     if state and restarted:
         return f"optimizer and LR schedule not restored{again}"
@@ -369,27 +374,11 @@ def _optimizer_not_restored(ev: Evidence, step: Event, ref: dict[str, str]) -> s
     return f"LR schedule not restored{again}"
 
 
-def _steps_on(ev: Evidence, step: Event) -> list[Event]:
-    """This step and the later ones of its process."""
-    return [e for e in ev.chaos.steps(step["rank"]) if e["step"] >= step["step"]
-            and (e["launch"], e["attempt"]) == (step["launch"], step["attempt"])]
-
-
-def _learning_rate_differs(ev: Evidence, step: Event) -> bool:
-    """At this step or a later one of its process (a schedule reset shows where it
-    next changes the rate: StepLR's next decay)."""
-    ref = {e["step"]: e["fp"].get("lr") for e in ev.reference.steps(step["rank"])}
-    return any(e["fp"].get("lr") != ref[e["step"]] for e in _steps_on(ev, step)
-               if e["step"] in ref)
-
-
-def _schedule_started_over(ev: Evidence, step: Event) -> bool:
-    """Do this rank's learning rates from `step` on follow the reference's from its
-    first step, for 2 steps at least?"""
-    later = _steps_on(ev, step)
-    first = {e["step"]: e["fp"].get("lr") for e in ev.reference.steps(step["rank"])}
-    start = min(first, default=1)
-    pairs = [(e["fp"].get("lr"), first.get(start + n)) for n, e in enumerate(later)]
+def _schedule_started_over(later: list[Event], rates: dict[int, str | None]) -> bool:
+    """Do these steps' learning rates follow the reference's `rates` from its first
+    step, for 2 steps at least?"""
+    start = min(rates, default=1)
+    pairs = [(e["fp"].get("lr"), rates.get(start + n)) for n, e in enumerate(later)]
     return len(pairs) >= 2 and all(lr is not None and lr == theirs for lr, theirs in pairs)
 
 

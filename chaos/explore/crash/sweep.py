@@ -68,7 +68,7 @@ from torchchaos.explore.crash.states import (
 from torchchaos.explore.crash.warm import HeldJob
 from torchchaos.explore.shards import Shard, link_or_copy
 from torchchaos.explore.sweep import Entry
-from torchchaos.harness.evidence_from import evidence_from
+from torchchaos.harness.evidence_from import checkpoint_findings, evidence_from
 from torchchaos.harness.hangwatch import default_timeout
 from torchchaos.harness.reference import Reference, get_reference
 from torchchaos.harness.runner import Job, JobOutcome
@@ -439,8 +439,7 @@ def _end_recovery(running: HeldJob, folder: str, state: CrashState) -> StateReco
     history = History.of_run(chaos_dir)
     view = recovery_view(history.of("fs", "fs_read"))
     checkpoints = chaos_dir / folder
-    findings = checkpoint_files.inspect(
-        chaos_dir, [folder], sorted({e["path"] for e in history.of("load")}), contents=False)
+    findings = checkpoint_findings(history, chaos_dir, [folder], contents=False)
     if folder != "." and checkpoints.is_dir() and not checkpoints.is_symlink():
         # sizes and holes (the bytes were the recording's and the recovery's blob
         # files'); IMAGE_FILE rebuilds what it started from
