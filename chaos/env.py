@@ -41,6 +41,10 @@ COLD_START = "TORCHCHAOS_COLD_START"
 SPARE_LAUNCHER = "TORCHCHAOS_SPARE_LAUNCHER"
 # a socket where another process lends its launcher server (torchchaos.harness.spare.share)
 LAUNCHER_SOCKET = "TORCHCHAOS_LAUNCHER_SOCKET"
+# marks every process of a Slurm cluster on this machine (torchchaos.host.slurm) with its
+# id, and a node's slurmd, its slurmstepds and their tasks with "<id>:<node>"
+CLUSTER = "TORCHCHAOS_CLUSTER"
+CLUSTER_NODE = "TORCHCHAOS_CLUSTER_NODE"
 
 
 def cold_start() -> bool:

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchchaos.cli import multinode
+from torchchaos.cli import cluster, multinode
 from torchchaos.cli.incident import cmd_incident
 from torchchaos.cli.output import print_report, progress_printer
 from torchchaos.cli.parser import build_parser
@@ -143,7 +143,8 @@ def _run_sweep(ns: argparse.Namespace, command: str, entries: list[Entry], base:
 
 def _finish_sweep(command: str, entries: list[Entry], numbers: list[int], out: Path,
                   junitxml: Path | None, summary: str = "",
-                  rows: list[Entry] | None = None) -> int:
+                  rows: list[Entry] | None = None,
+                  fail_on: frozenset[str] = frozenset()) -> int:
     """What every way of running a sweep ends with: the table (of `rows` where given:
     crash states in groups), the pages, campaign.json, JUnit XML, the exit status; over
     the runs `numbers` (a shard's, or all)."""
@@ -163,7 +164,7 @@ def _finish_sweep(command: str, entries: list[Entry], numbers: list[int], out: P
     print(campaign.table(entries, numbers))
     print(f"runs: {out} (details: {campaign.write(entries, out, numbers)};"
           f" pages: {out / 'index.html'})")
-    return 2 if any(campaign.outcome(e) == campaign.NOT_JUDGED for e in chosen) else 0
+    return campaign.exit_code(chosen, fail_on)
 
 
 def _merge_searches(searches: list[tuple[Path, dict]], out: Path) -> int:
@@ -283,6 +284,9 @@ def cmd_merge(ns: argparse.Namespace) -> int:
     from torchchaos.explore import shards
 
     check_out_dir(ns.out)
+    if ns.fail_on and shards.command_of(ns.dirs[0]) != "campaign":
+        raise UsageError("merge --fail-on is for a campaign's shards: the others fail on a"
+                         " failed check already")
     merged = shards.merge(ns.dirs, ns.out)  # checks every shard whole, then writes
     if merged.command == "search":
         return _merge_searches(merged.searches, ns.out)
@@ -302,7 +306,7 @@ def cmd_merge(ns: argparse.Namespace) -> int:
         summary = (f"{len(merged.entries)} of {merged.extra.get('total')} points run,"
                    f" {failed} broke the protocol")
     return _finish_sweep(merged.command, merged.entries, numbers, ns.out, ns.junitxml,
-                         summary)
+                         summary, fail_on=ns.fail_on)
 
 
 def cmd_doctor(ns: argparse.Namespace) -> int:
@@ -440,7 +444,7 @@ def cmd_campaign(ns: argparse.Namespace) -> int:
                             ns.bit or list(get_kind("bitflip").choices["bit"]))
     prepare_out_dir(out)
     numbers = _run_sweep(ns, "campaign", entries, base, out, cache)
-    return _finish_sweep("campaign", entries, numbers, out, ns.junitxml)
+    return _finish_sweep("campaign", entries, numbers, out, ns.junitxml, fail_on=ns.fail_on)
 
 
 def cmd_replay(ns: argparse.Namespace) -> int:
@@ -696,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
                     "search": cmd_search, "shrink": cmd_shrink,
                     "faults": cmd_faults, "export": cmd_export, "doctor": cmd_doctor,
                     "clean": cmd_clean, "merge": cmd_merge, "incident": cmd_incident,
-                    **multinode.COMMANDS}
+                    **multinode.COMMANDS, **cluster.COMMANDS}
         return commands[ns.command](ns)
     except ChaosError as exc:
         print(f"torchchaos: error: {exc}", file=sys.stderr)

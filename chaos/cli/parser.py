@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, NoReturn
 
-from torchchaos.cli import multinode
+from torchchaos.cli import cluster, multinode
 from torchchaos.errors import ChaosError, UsageError, did_you_mean
 
 EXAMPLES = """\
@@ -188,6 +188,24 @@ def _add_junit(group: Any) -> None:
                             " naming the failing checks; could not judge: an error)")
 
 
+def _add_fail_on(group: Any) -> None:
+    group.add_argument(
+        "--fail-on", type=_outcomes, default=frozenset(), metavar="OUTCOMES",
+        help="a campaign measures, so it exits 0 whatever it found; name outcomes"
+        " (comma-separated: masked, detected, silent divergence, crash, hang, not judged)"
+        " and it exits 1 when a run ended in one, e.g. --fail-on 'silent divergence,hang'"
+        " for a nightly that must go red")
+
+
+def _outcomes(text: str) -> frozenset[str]:
+    from torchchaos.explore.campaign import parse_outcomes
+
+    try:
+        return parse_outcomes(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _shard(text: str) -> Any:
     """A Shard, or "auto" (read from the environment when the sweep starts)."""
     from torchchaos.explore.shards import Shard
@@ -267,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_campaign_command(sub)
     _add_exploration_commands(sub)
     multinode.add_commands(sub, _positive_int, _positive_seconds)
+    cluster.add_commands(sub, _positive_int)
     _add_export_command(sub)
     _add_incident_command(sub)
     merge = sub.add_parser(
@@ -285,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--out", type=Path, required=True, metavar="DIR",
                        help="new directory for the merged runs")
     _add_junit(merge)
+    _add_fail_on(merge)
     report = sub.add_parser("report", help="print the verdict table of a finished run")
     report.add_argument("out", type=Path, metavar="DIR", help="a --out directory of `run`")
     sub.add_parser("faults", help="list the fault kinds and their parameters")
@@ -458,6 +478,7 @@ def _add_campaign_command(sub: Any) -> None:
     groups["sweeps"].add_argument("--runs", type=_count, default=20, metavar="N",
                                   help="how many flips (default 20)")
     _add_parallel(groups["sweeps"], groups["output"])
+    _add_fail_on(groups["output"])
     _add_job_options(groups, seed="seed for the flips: tensor kind, bit class, rank, step"
                                   " and element of each")
 

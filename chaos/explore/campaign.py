@@ -50,6 +50,30 @@ def plan(base: Scenario, cache_dir: Path, progress: Progress, runs: int, seed: i
     return entries
 
 
+OUTCOMES = (*CATEGORIES, NOT_JUDGED)
+
+
+def parse_outcomes(text: str) -> frozenset[str]:
+    """`--fail-on`'s value: outcomes by name, comma-separated ("silent divergence,hang";
+    "silent-divergence" and "silent_divergence" too)."""
+    chosen = set()
+    for word in (w.strip().replace("-", " ").replace("_", " ") for w in text.split(",")):
+        if word not in OUTCOMES:
+            raise UsageError(f"no campaign outcome {word!r}: choose from {', '.join(OUTCOMES)}")
+        chosen.add(word)
+    return frozenset(chosen)
+
+
+def exit_code(entries: list[Entry], fail_on: frozenset[str] = frozenset()) -> int:
+    """A campaign is a measurement, not a test: 0 once every run was judged, 2 when one
+    was not. A nightly that must go red on what it measured names those outcomes
+    (`--fail-on "silent divergence"`): 1 when a run ended in one of them."""
+    outcomes = {outcome(e) for e in entries}
+    if outcomes & fail_on:
+        return 1
+    return 2 if NOT_JUDGED in outcomes else 0
+
+
 def outcome(entry: Entry) -> str:
     if entry.report is None:
         return NOT_JUDGED

@@ -240,6 +240,11 @@ def _whole_plan(dirs: list[Path]) -> list[tuple[Path, dict]]:
     return sorted(zip(dirs, manifests), key=lambda pair: pair[1]["shard"][0])
 
 
+def command_of(directory: Path) -> str:
+    """The command a shard's folder is of (campaign, battery, ...)."""
+    return str(_read_manifest(directory)["command"])
+
+
 def _read_manifest(directory: Path) -> dict:
     path = directory / MANIFEST
     if not path.is_file():

@@ -6,7 +6,9 @@ veth links and a bridge (named after the run id; a partition's nftables
 tables live inside the namespaces and go with them), fault filesystem mounts
 (fsname `torchchaos-faultfs`, under the run directory), the memory cgroups of
 an OOM fault (`torchchaos.host.cgroups`, named after the run id), the short
-link to a deep run's temporary folder (`torchchaos.host.shortcuts`), and the lock file of
+link to a deep run's temporary folder (`torchchaos.host.shortcuts`), the folder of a
+Slurm cluster a harness started (`torchchaos.host.slurm`: its daemons are processes
+marked with the cluster's id as run id), and the lock file of
 its harness (`torchchaos.host.owners`). `inventory()` lists all of it; `stale`
 says what is a leftover; `remove` takes things away in the order that works:
 processes first (they keep mounts and cgroups busy), then mounts, then
@@ -30,6 +32,7 @@ harness kept its lock file:
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +47,10 @@ from torchchaos.host.owners import (
     owners,
     read_live,
 )
+from torchchaos.host.slurm.folders import leftovers as slurm_folders
 
 FSNAME = "torchchaos-faultfs"  # the fault filesystem's mounts show this source
-ORDER = ("process", "mount", "cgroup", "netns", "link", "shortcut", "lock")
+ORDER = ("process", "mount", "cgroup", "netns", "link", "shortcut", "cluster", "lock")
 MARKERS = (env.RUN_ID, env.HELPER)
 REMOVERS = {"mount": ["fusermount3", "-u", "-z"], "netns": ["ip", "netns", "del"],
             "link": ["ip", "link", "del"]}
@@ -68,7 +72,7 @@ class Leftover:
 
 def inventory() -> list[Leftover]:
     """Everything of any torchchaos run that exists now, live or not."""
-    found = _processes() + _mounts() + _cgroups() + _network() + _shortcuts()
+    found = _processes() + _mounts() + _cgroups() + _network() + _shortcuts() + _clusters()
     return sorted(found, key=lambda x: (ORDER.index(x.kind), x.name))
 
 
@@ -120,6 +124,8 @@ def remove(items: list[Leftover], timeout: float = 10.0) -> list[str]:
             failures.append(f"{item.describe()}: a process is still in it")
         elif item.kind == "shortcut":
             Path(item.name).unlink(missing_ok=True)
+        elif item.kind == "cluster":
+            shutil.rmtree(item.name, ignore_errors=True)
         elif item.kind in REMOVERS and _exists(item):
             failures += _run_quietly([*REMOVERS[item.kind], item.name], item)
     return failures
@@ -134,6 +140,8 @@ def _exists(item: Leftover) -> bool:
         return Path(item.name).is_dir()
     if item.kind == "shortcut":
         return Path(item.name).is_symlink()
+    if item.kind == "cluster":
+        return Path(item.name).is_dir()
     return any(n.kind == item.kind and n.name == item.name for n in _network())
 
 
@@ -203,6 +211,10 @@ def _cgroups() -> list[Leftover]:
 
 def _shortcuts() -> list[Leftover]:
     return [Leftover("shortcut", link, run) for link, run in shortcuts.leftovers()]
+
+
+def _clusters() -> list[Leftover]:
+    return [Leftover("cluster", folder, run) for folder, run in slurm_folders()]
 
 
 def _network() -> list[Leftover]:
