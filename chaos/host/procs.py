@@ -58,6 +58,23 @@ def env_vars(names: tuple[str, ...]) -> dict[int, dict[str, str]]:
     return found
 
 
+def holding(path: Path) -> list[int]:
+    """Live processes of this user that hold `path` open (a descriptor names it)."""
+    wanted = str(path)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if real_uid(entry) != os.getuid() or _is_zombie(entry):
+                continue
+            if any(os.readlink(fd) == wanted for fd in (entry / "fd").iterdir()):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return sorted(found)
+
+
 def real_uid(proc_dir: Path) -> int:
     """The process's real uid (status: "Uid: real effective saved fs"); a setuid program
     keeps its caller's."""

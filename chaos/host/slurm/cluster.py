@@ -158,11 +158,12 @@ class Cluster:
         return len(states) == len(self.layout.nodes) and set(states.values()) == {"idle"}
 
     def node_pids(self, node: str) -> list[int]:
-        """Every process on the node: its slurmd, the slurmstepds it started, their tasks."""
+        """Every process on the node: its slurmd, the slurmstepds it started (they clear
+        their environment and leave its tree, but keep the node's log open), their tasks."""
         mark = f"{self.cluster_id}:{node}"
         marked = [pid for pid, value in procs.env_values((env.CLUSTER_NODE,)).items()
                   if value == mark]
-        return procs.tree(marked)
+        return procs.tree(sorted(set(marked) | set(procs.holding(self.layout.node_log(node)))))
 
     def fail_node(self, node: str) -> list[int]:
         """SIGKILL everything on the node at once (see the module's words): the pids."""
@@ -174,9 +175,11 @@ class Cluster:
         return killed
 
     def pids(self) -> list[int]:
+        """Every process of the cluster: its daemons, and all that runs on its nodes."""
         marked = [pid for pid, value in procs.env_values((env.CLUSTER,)).items()
                   if value == self.cluster_id]
-        return procs.tree(marked)
+        on_nodes = [pid for node in self.layout.nodes for pid in self.node_pids(node)]
+        return procs.tree(sorted(set(marked) | set(on_nodes)))
 
     def stop(self) -> list[str]:
         """Kill every process of the cluster (tasks first: they are in the trees), then

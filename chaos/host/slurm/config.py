@@ -72,6 +72,10 @@ class Layout:
     def log(self, daemon: str) -> Path:
         return self.logs / f"{daemon}.log"
 
+    def node_log(self, node: str) -> Path:
+        """slurmd's log (SlurmdLogFile): every slurmstepd of the node holds it open."""
+        return self.logs / f"slurmd-{node}.log"
+
     def pid_file(self, daemon: str) -> Path:
         return self.root / "run" / f"{daemon}.pid"
 

@@ -91,11 +91,22 @@ def wait_ended(job: int | str, timeout: float, environ: Mapping[str, str] | None
         time.sleep(poll)
 
 
-def release(job: int | str, environ: Mapping[str, str] | None = None) -> None:
-    """Start a requeued job now: Slurm holds a requeued batch job for about two minutes
-    (its EligibleTime: the requeue's time + 121 s in 22.05, not a setting); a test does
-    not wait for that, a site's job does."""
-    _client(["scontrol", "update", f"JobId={job}", "StartTime=now"], environ)
+def release(job: int | str, timeout: float = 60.0,
+            environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Start a requeued job now, once its requeue is done (PENDING again): Slurm holds a
+    requeued batch job for about two minutes (its EligibleTime: the requeue's time + 121 s
+    in 22.05, not a setting). A test does not wait for that; a site's job does. Returns
+    the job's record once it no longer waits for its begin time."""
+    def held(record: dict[str, str]) -> bool:
+        return record.get("JobState") == "PENDING" and record.get("Reason") == "BeginTime"
+
+    jobs_record = wait_for(job, lambda r: held(r) or r.get("JobState") == "RUNNING", timeout,
+                           environ, "PENDING after its requeue")
+    while held(jobs_record):
+        _client(["scontrol", "update", f"JobId={job}", "StartTime=now"], environ)
+        time.sleep(0.5)
+        jobs_record = show(job, environ)
+    return jobs_record
 
 
 def cancel(job: int | str, environ: Mapping[str, str] | None = None,

@@ -1,0 +1,180 @@
+"""The Slurm cluster on this machine: real munge, slurmctld, slurmd and slurmdbd.
+
+Each check runs what a site's Slurm does (a step on every node, a node failure answered
+with a requeue, a time limit, accounting), and each ends with nothing of the cluster
+left: no process, no folder, no port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from torchchaos.errors import UsageError
+from torchchaos.host import procs
+from torchchaos.host.slurm import daemons, jobs
+from torchchaos.host.slurm.cluster import Cluster
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with Cluster.start(nodes=2, accounting_too=True) as running:
+        yield running
+
+
+def _run(command: list[str], cluster: Cluster, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **cluster.env()}, **kwargs)
+
+
+def _accounted(cluster: Cluster, options: list[str], expect: str, timeout: float = 30) -> str:
+    """sacct's answer once it holds `expect`: slurmctld sends records to slurmdbd a few
+    seconds after the fact."""
+    deadline = time.monotonic() + timeout
+    while True:
+        said = _run(["sacct", "-n", "-P", *options], cluster).stdout
+        if expect in said or time.monotonic() > deadline:
+            return said
+        time.sleep(0.5)
+
+
+def _written(path: Path, expect: str, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        text = path.read_text() if path.exists() else ""
+        if expect in text or time.monotonic() > deadline:
+            return text
+        time.sleep(0.2)
+
+
+def test_a_step_runs_on_every_node_and_sacct_records_it(cluster: Cluster) -> None:
+    done = _run(["srun", "-N2", "-l", "printenv", "SLURMD_NODENAME"], cluster)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.split()) == ["0:", "1:", "n1", "n2"]
+    listed = _accounted(cluster, ["-X", "-o", "JobName,State"], "printenv|COMPLETED")
+    assert "printenv|COMPLETED" in listed.splitlines(), listed
+
+
+def test_a_node_failure_requeues_the_job_and_its_output_goes_on(cluster: Cluster,
+                                                                 tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\necho \"attempt ${SLURM_RESTART_COUNT:-0}"
+                      " on $SLURMD_NODENAME\"\nsrun -N2 sleep 300\n")
+    out = tmp_path / "slurm-%j.out"
+    job = jobs.submit(str(script), ["-N2", "--requeue", "--open-mode=append", f"-o{out}"],
+                      cluster.env())
+    jobs.wait_for(job, lambda r: r["JobState"] == "RUNNING", 30, cluster.env(), "RUNNING")
+    killed = cluster.fail_node("n1")
+    assert len(killed) >= 3  # slurmd, the batch step's slurmstepd, its tasks
+    assert not cluster.node_pids("n1")
+    record = jobs.wait_for(job, lambda r: r.get("Restarts") == "1", 60, cluster.env(),
+                           "its requeue")
+    assert record["Requeue"] == "1"
+    cluster.restart_node("n1")
+    jobs.release(job, 60, cluster.env())
+    jobs.wait_for(job, lambda r: r["JobState"] == "RUNNING", 60, cluster.env(), "RUNNING")
+    written = _written(Path(str(out).replace("%j", str(job))), "attempt 1")
+    assert written.splitlines() == ["attempt 0 on n1", "attempt 1 on n1"]
+    failed = _accounted(cluster, ["-D", "-X", "-j", str(job), "-o", "State"], "NODE_FAIL")
+    assert failed.split()[0] == "NODE_FAIL", failed
+    jobs.cancel(job, cluster.env())
+    jobs.wait_ended(job, 30, cluster.env())
+
+
+def test_a_time_limit_signals_ahead_then_ends_the_job(cluster: Cluster, tmp_path: Path) -> None:
+    script = tmp_path / "limited.sh"
+    script.write_text("#!/bin/bash\ntrap 'echo got USR1' USR1\n"
+                      "for i in $(seq 1 3000); do sleep 0.1; done\n")
+    out = tmp_path / "limited.out"
+    job = jobs.submit(str(script), ["--time=1", "--signal=B:USR1@50", f"-o{out}"],
+                      cluster.env())
+    # the limit is a minute: USR1 comes 50 s before it, once slurmctld's check runs
+    states = jobs.wait_ended(job, 150, cluster.env())
+    assert states == ["TIMEOUT"]
+    text = _written(out, "DUE TO TIME LIMIT")  # slurmstepd's line, written as the job ends
+    assert "got USR1" in text and "*** JOB" in text, text
+
+
+def test_a_refused_job_is_a_usage_error_before_anything_is_queued(cluster: Cluster,
+                                                                   tmp_path: Path) -> None:
+    script = tmp_path / "big.sh"
+    script.write_text("#!/bin/bash\ntrue\n")
+    with pytest.raises(UsageError, match="Requested node configuration is not available"):
+        jobs.submit(str(script), ["--mem=100000G"], cluster.env())
+    with pytest.raises(UsageError, match="Invalid partition name"):
+        jobs.submit(str(script), ["--partition=nosuch"], cluster.env())
+    queued = _run(["squeue", "-h", "-n", "big.sh"], cluster)
+    assert queued.stdout.strip() == ""
+
+
+def test_a_stopped_cluster_leaves_no_process_folder_or_port() -> None:
+    cluster = Cluster.start(nodes=1)
+    ports = [cluster.layout.ports.controller, *cluster.layout.ports.nodes]
+    assert all(daemons.listening(p) for p in ports)
+    sleeper = subprocess.Popen(["srun", "sleep", "300"], env={**os.environ, **cluster.env()},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while len(cluster.node_pids("n1")) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    on_node = cluster.node_pids("n1")
+    assert cluster.stop() == []
+    sleeper.kill()  # the client, not the cluster's: srun retries a controller that is gone
+    sleeper.wait(timeout=30)
+    assert not any(procs.pid_alive(p) for p in on_node)
+    assert not cluster.layout.root.exists()
+    assert not any(daemons.listening(p) for p in ports)
+
+
+def test_a_killed_harness_leaves_no_cluster(tmp_path: Path) -> None:
+    """The harness owns its cluster through its lifeline: SIGKILL it, and the watcher
+    kills every daemon and the sweep removes the folder."""
+    starter = tmp_path / "starter.py"
+    starter.write_text(textwrap.dedent("""
+        import sys, time
+        from torchchaos.host.slurm.cluster import Cluster
+        cluster = Cluster.start(nodes=2)
+        print(cluster.cluster_id, cluster.layout.root, flush=True)
+        time.sleep(600)
+    """))
+    harness = subprocess.Popen([sys.executable, str(starter)], stdout=subprocess.PIPE,
+                               text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        cluster_id, root = harness.stdout.readline().split()
+    finally:
+        harness.send_signal(signal.SIGKILL)
+        harness.wait()
+    from torchchaos import env
+
+    def left() -> list[int]:
+        return [pid for pid, value in procs.env_values((env.CLUSTER,)).items()
+                if value == cluster_id]
+
+    deadline = time.monotonic() + 30
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left() == []
+    from torchchaos.host import lifeline
+
+    lifeline.sweep_stale(lambda _: None)
+    assert not Path(root).exists()
+
+
+def test_the_command_line_refuses_a_machine_without_slurm(tmp_path: Path) -> None:
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python").symlink_to(sys.executable)
+    done = subprocess.run([str(bare / "python"), "-m", "torchchaos.cli", "cluster", "up",
+                           "--dir", str(tmp_path / "c")], capture_output=True, text=True,
+                          env={**os.environ, "PATH": str(bare)}, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [done.stderr.strip()]
+    assert "Slurm is not installed here: munged" in done.stderr and "apt-get" in done.stderr
+    assert not (tmp_path / "c").exists()
