@@ -31,7 +31,8 @@ WORKFLOW = REPO / ".github" / "workflows" / "chaos.yml"
 SHARDED = REPO / ".github" / "workflows" / "chaos-sharded.yml"
 CRASH_STATES = REPO / ".github" / "workflows" / "crashstates-sharded.yml"
 KUBERNETES = sorted((REPO / "deploy" / "kubernetes").glob("*.yaml"))
-SLURM = sorted((REPO / "deploy" / "slurm").glob("*.sbatch"))
+SLURM = sorted((REPO / "deploy" / "slurm").glob("*.sbatch")) + sorted(
+    (REPO / "deploy" / "slurm").glob("*.sh"))
 FILES = [COMPOSE, WORKFLOW, SHARDED, CRASH_STATES, *KUBERNETES, *SLURM]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 # A script under these folders is the repository's and must exist; any other (train.py,
@@ -89,6 +90,7 @@ def command_lines(text: str) -> Iterator[list[str]]:
     text = re.sub(r"\$\{\{[^}]*\}\}", "x", text)  # GitHub expressions
     text = text.replace("$$", "$")  # compose's escaped dollar
     text = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text)
+    text = re.sub(r'"\$\{\w+\[@\]\}"', "", text)  # a bash array: its default is empty
     text = re.sub(r"\$\{?\w+\}?", "x", text)
     text = text.replace("\\\n", " ")
     for line in text.splitlines():
@@ -455,10 +457,11 @@ def test_the_crash_state_shards_judge_the_one_recording_the_record_job_made() ->
 
 
 def test_the_slurm_scripts_are_bash_and_the_merge_waits_for_the_array() -> None:
+    """bash -n on each; that they run is tests/e2e/test_slurm_recipes.py's, on a cluster."""
     for path in SLURM:
         done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
         assert done.returncode == 0, f"{path.name}: {done.stderr}"
-    array = (REPO / "deploy/slurm/campaign-array.sbatch").read_text()
-    assert "#SBATCH --array=0-3" in array and "--shard auto" in array
-    assert "--dependency=afterany:$jobid" in array  # the merge starts after every task
+    submit = (REPO / "deploy/slurm/submit.sh").read_text()
+    assert '--dependency="afterany:$array"' in submit  # the merge starts after every task
+    assert "--shard auto" in (REPO / "deploy/slurm/campaign-array.sbatch").read_text()
     assert "shard-*" in (REPO / "deploy/slurm/merge.sbatch").read_text()

@@ -4,7 +4,7 @@ source "${TORCHCHAOS_SETTINGS:?submit the nightly with deploy/slurm/submit.sh}"
 if [ -n "${TORCHCHAOS_VENV:-}" ]; then
     source "$TORCHCHAOS_VENV/bin/activate" || exit 2
 fi
-if ! command -v torchchaos >/dev/null; then
+if [ -z "$(command -v torchchaos)" ]; then
     echo "torchchaos: error: torchchaos is not on this node's PATH (set TORCHCHAOS_VENV in" \
          "$TORCHCHAOS_SETTINGS to the environment it is installed in)" >&2
     exit 2

@@ -134,7 +134,6 @@ def slurm_conf(layout: Layout) -> str:
         "JobRequeue=1",
         "PreemptType=preempt/partition_prio",
         "PreemptMode=REQUEUE",
-        "ScronParameters=enable",
         "InactiveLimit=0",
     ]
     if layout.accounting:
