@@ -165,8 +165,11 @@ def _run_quietly(command: list[str], item: Leftover) -> list[str]:
 
 def _processes() -> list[Leftover]:
     """This user's marked processes (procs.env_vars skips other users')."""
-    found = []
+    found = _cluster_processes()
+    seen = {int(x.name) for x in found}
     for pid, values in procs.env_vars((*MARKERS, env.LOCK)).items():
+        if pid in seen:
+            continue
         run = next((values[m] for m in MARKERS if m in values), None)
         if run is None:
             continue  # env.LOCK alone marks nothing
@@ -174,6 +177,19 @@ def _processes() -> list[Leftover]:
         state = "stopped; " if procs.pid_stopped(pid) else ""
         found.append(Leftover("process", str(pid), run, state + _command(Path(f"/proc/{pid}")),
                               lock if is_lock_path(lock) else ""))
+    return found
+
+
+def _cluster_processes() -> list[Leftover]:
+    """What runs on the nodes of an owned Slurm cluster: each slurmd's steps clear their
+    environment (no mark) and leave its tree, but hold its node's log open; their tasks
+    are in their trees."""
+    found = []
+    for folder, run in slurm_folders():
+        logs = sorted((Path(folder) / "log").glob("slurmd-*.log"))
+        holders = procs.holding(*logs) if logs else []
+        found += [Leftover("process", str(pid), run, _command(Path(f"/proc/{pid}")))
+                  for pid in procs.tree(holders)]
     return found
 
 

@@ -58,17 +58,17 @@ def env_vars(names: tuple[str, ...]) -> dict[int, dict[str, str]]:
     return found
 
 
-def holding(path: Path) -> list[int]:
-    """Live processes of this user that hold `path` open (a descriptor names it)."""
-    wanted = str(path)
+def holding(*paths: Path) -> list[int]:
+    """Live processes of this user that hold one of `paths` open (a descriptor names it)."""
+    wanted = {str(p) for p in paths}
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             if real_uid(entry) != os.getuid() or _is_zombie(entry):
                 continue
-            if any(os.readlink(fd) == wanted for fd in (entry / "fd").iterdir()):
+            if any(os.readlink(fd) in wanted for fd in (entry / "fd").iterdir()):
                 found.append(int(entry.name))
         except OSError:
             continue

@@ -208,7 +208,8 @@ def attribute(observations: list[Observation],
     for rank in {o.rank for o in everything if o.rank is not None} - set(ranks):
         ranks[rank] = RankStory(rank)  # seen only later: still a rank of the job
     finding = Finding()
-    for rule in (_oom, _crash, _abort, _exception, _dataloader, _node_said, _hang, _preempt,
+    for rule in (_oom, _crash, _abort, _exception, _dataloader, _node_said, _hang,
+                 _limit_ended_hang, _preempt,
                  _kill, _silent_peer, _node, _failed_without_a_traceback, _checkpoint_only):
         if rule(obs, stopped, ranks, finding):
             break
@@ -763,6 +764,57 @@ def _out_of_step(inside: list[Observation], f: Finding) -> None:
     f.sources.extend(str(o.source) for o in inside[:4])
 
 
+# a job ended at its time limit had hung, not run out of time, when its log had been
+# silent this many times its own step interval (and at least HUNG_SILENCE_MIN seconds)
+HUNG_SILENCE_STEPS = 20
+HUNG_SILENCE_MIN = 30.0
+
+
+def _limit_ended_hang(obs, stopped, ranks, f: Finding) -> bool:
+    """The scheduler ended the job at its time limit long after the log's last step: the
+    training had stopped, and the limit only ended the wait. A job still stepping when
+    its limit came ran out of time instead (`_preempt`: a SIGTERM, then a SIGKILL)."""
+    ends = [o for o in obs if o.what == "job_state" and o.reason == "TIMEOUT"
+            and o.time is not None]
+    if not ends:
+        return False
+    end = min(ends, key=lambda o: o.time or 0.0)
+    first_seen: dict[int, float] = {}
+    last_by_rank: dict[int | None, int] = {}
+    for o in obs:
+        if o.what == "step" and o.step is not None and o.time is not None \
+                and o.time <= (end.time or 0.0):
+            first_seen[o.step] = min(first_seen.get(o.step, o.time), o.time)
+            last_by_rank[o.rank] = max(last_by_rank.get(o.rank, o.step), o.step)
+    steps = sorted(first_seen)
+    if len(steps) < 3:
+        return False
+    intervals = sorted(first_seen[b] - first_seen[a] for a, b in zip(steps, steps[1:]))
+    interval = intervals[len(intervals) // 2]
+    silence = (end.time or 0.0) - first_seen[steps[-1]]
+    if silence < max(HUNG_SILENCE_MIN, HUNG_SILENCE_STEPS * interval):
+        return False
+    f.kind, f.how = "hang", "ended by the time limit"
+    last_step = next(o for o in obs if o.what == "step" and o.step == steps[-1])
+    _say(f, f"hang: the scheduler ended the job at its time limit ({end.source}) {silence:.0f} s"
+            f" after the last step the log shows (step {steps[-1]}, {last_step.source}), while"
+            f" steps had come every {interval:.2f} s: the training had stopped, and the limit"
+            " only ended the wait", end, last_step)
+    ranked = {r: s for r, s in last_by_rank.items() if r is not None}
+    behind = [r for r, s in ranked.items() if s < max(ranked.values())] if ranked else []
+    if len(ranked) == 1 and not any(o.rank not in (None, *ranked) for o in obs):
+        f.rank = next(iter(ranked))
+        f.rules.append(f"rank {f.rank} is the only rank the artefacts name")
+    elif len(behind) == 1:
+        f.rank = behind[0]
+        f.rules.append(f"rank {f.rank}'s last step is {ranked[f.rank]}, the others reached"
+                       f" {max(ranked.values())}: it stopped first")
+    else:
+        f.rules.append("every rank's log stops at the same step: which rank stopped first"
+                       " is not known (stacks or a flight-recorder dump would say)")
+    return True
+
+
 def _signal_death(obs, stopped, kinds: tuple[str, ...]) -> list[Observation]:
     return [o for o in obs if o.what == "exit" and o.pid not in stopped
             and o.reason != "stopped by the launcher"
@@ -921,13 +973,32 @@ def _node_said(obs, stopped, ranks, f: Finding) -> bool:
             and o.reason not in ("PREEMPTED", "PreemptionByScheduler")]
     if not said:
         return False
-    first = next((o for o in said if o.host), said[0])  # srun's line names the node
+    # srun's and slurmctld's lines name the node; sacct's NodeList is the whole allocation
+    first = next((o for o in said if o.host and not re.search(r"[\[,]", o.host)),
+                 next((o for o in said if o.host), said[0]))
     how = first.reason or "node lost"
     f.kind, f.node = "node", first.extra.get("node")
     f.how = f"{how} on {first.host}" if first.host else how
     f.alternatives = ["power_loss"] if first.reason == "NODE_FAIL" else []
     _say(f, f"node: {first.detail or first.reason} ({first.source})", first)
+    _rank_left_behind(obs, f)
     return True
+
+
+def _rank_left_behind(obs, f: Finding) -> None:
+    """The rank on a lost node stops where the node died; the others finish the step it
+    was in and wait for it: the one rank whose last logged step is behind all others'."""
+    last: dict[int, int] = {}
+    for o in obs:
+        if o.what == "step" and o.step is not None and o.rank is not None:
+            last[o.rank] = max(last.get(o.rank, o.step), o.step)
+    if len(last) < 2:
+        return
+    behind = [r for r, s in last.items() if s < max(last.values())]
+    if len(behind) == 1:
+        f.rank = behind[0]
+        f.rules.append(f"rank {f.rank}'s last step is {last[f.rank]}, the others reached"
+                       f" {max(last.values())}: it was on the lost node")
 
 
 def _node(obs, stopped, ranks, f: Finding) -> bool:

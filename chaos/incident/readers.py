@@ -48,6 +48,8 @@ BUILTIN: dict[str, str] = {
     "kubernetes": "torchchaos.incident.formats.kubernetes:KubernetesStatus",
     "slurm": "torchchaos.incident.formats.slurm:Sacct",
     "slurmout": "torchchaos.incident.formats.slurm:SlurmOutput",
+    "scontrol": "torchchaos.incident.formats.slurm:ScontrolJob",
+    "slurmctld": "torchchaos.incident.formats.slurm:SlurmctldLog",
     "flight": "torchchaos.incident.formats.flight:FlightRecorder",
     "torchchaos": "torchchaos.incident.formats.ours:OwnReport",
 }

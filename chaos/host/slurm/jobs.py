@@ -100,8 +100,11 @@ def release(job: int | str, timeout: float = 60.0,
     def held(record: dict[str, str]) -> bool:
         return record.get("JobState") == "PENDING" and record.get("Reason") == "BeginTime"
 
-    jobs_record = wait_for(job, lambda r: held(r) or r.get("JobState") == "RUNNING", timeout,
-                           environ, "PENDING after its requeue")
+    def started_again(record: dict[str, str]) -> bool:
+        return record.get("JobState") == "RUNNING" and record.get("Restarts", "0") != "0"
+
+    jobs_record = wait_for(job, lambda r: held(r) or started_again(r), timeout, environ,
+                           "PENDING after its requeue")
     while held(jobs_record):
         _client(["scontrol", "update", f"JobId={job}", "StartTime=now"], environ)
         time.sleep(0.5)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 
 from torchchaos.incident.formats import records, text
 from torchchaos.incident.observations import Observation, Source, worker_of
@@ -71,6 +72,10 @@ FINISHED = re.compile(r"^\W*(?:all\s+)?(?:done|finished)(?:\s+at\s+(?:step|iter\
                       r"|\bfinished training\b|\bexit(?:ing|ed)?\s+(?:cleanly|normally)\b"
                       r"|`?Trainer\.fit`? stopped\b|\bworker group successfully finished\b",
                       re.I)
+# the time `logging` (and most loggers) put first: "2026-12-02 03:24:00,409 ...",
+# "[2026-12-02T03:24:00.409Z] ..."; read as local time where it names no zone
+LEADING_TIME = re.compile(r"^\s*\[?(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)([.,]\d+)?"
+                          r"(?:Z|[+-]\d\d:?\d\d)?\]?\s+")
 # a line the script starts with its own rank (torch's "[rank1]:" tag is read first)
 OWN_RANK = re.compile(r"^\s*\[?rank[ _=#:]?(\d+)\]?(?=[\s:,\]]|$)", re.I)
 # where another rank's line starts glued to the end of one ("...step-0015.ptrank 1 resumed")
@@ -111,11 +116,14 @@ class TrainingLog(Reader):
                 continue  # an error's message may name a step; it is not the counter
             # two ranks' prints glued on one line (each print is two writes: its text,
             # then its newline) are read as the two lines they were
+            body, when = _without_time(body)
             pieces = [body] if rank is not None else GLUED.split(body)
             for piece in pieces:
                 own = OWN_RANK.match(piece) if rank is None else None
                 said = _observed(piece, int(own.group(1)) if own else rank,
                                  Source(name, number), attempt)
+                if when is not None:
+                    said = [dataclasses.replace(o, time=when) for o in said]
                 if number in counted:  # the step counted from the run's start
                     said = [dataclasses.replace(o, step=counted[number])
                             if o.step is not None else o for o in said]
@@ -141,6 +149,19 @@ def _steps_counted_per_epoch(lines: list[str]) -> dict[int, int]:
     first = min(epoch for _, epoch, _, _ in seen)  # printed from 0 or from 1
     return {number: (epoch - first) * length + step
             for number, epoch, step, length in seen}
+
+
+def _without_time(body: str) -> tuple[str, float | None]:
+    """A line without the time its logger put first, and that time (None: it has none)."""
+    m = LEADING_TIME.match(body)
+    if m is None:
+        return body, None
+    try:
+        seconds = time.mktime(time.strptime(f"{m.group(1)} {m.group(2)}", "%Y-%m-%d %H:%M:%S"))
+    except ValueError:
+        return body, None
+    fraction = float(m.group(3).replace(",", ".")) if m.group(3) else 0.0
+    return body[m.end():], seconds + fraction
 
 
 def _sentence(line: str) -> tuple[str, int | None]:

@@ -1,0 +1,209 @@
+"""Real Slurm artefacts of real failures, for `incident import`'s fixtures.
+
+    python bench/slurm_artefacts.py [--out tests/data/incidents/slurm_real]
+
+Starts a Slurm cluster on this machine (3 nodes: one spare, as a site has; accounting on), runs
+bench/targets/slurm_train.py as a lab runs it (srun starts the ranks), makes each
+failure happen for real, and keeps what an engineer would be handed afterwards, in one
+folder per case: the job's output file (`slurm-<id>.out`, or `slurm-<id>_<task>.out` for
+an array task), `scontrol show job <id>` (`scontrol.txt`), `sacct -D -P`
+(`sacct.txt`), and slurmctld's log lines about the job and its nodes (`slurmctld.log`).
+Each case's `expected.json` says what happened, as tests/incident/test_corpus.py reads it, in the words the import must find:
+
+- `time_limit_hang`: rank 1 stopped (SIGSTOP) at step 8; rank 0 waits in its
+  all_reduce (30 min timeout) until the 1-minute time limit ends the job;
+- `node_failure`: node n2 (rank 1) fails at step 12, every process on it killed; Slurm
+  requeues the job (`--requeue`, output appended), which resumes from its checkpoint on
+  n1 and the spare n3;
+- `preemption`: a job in the `urgent` partition takes both nodes at step 12; the
+  training job is preempted (SIGTERM, 5 s grace) and requeued;
+- `time_limit_saved`: `--signal=USR1@40`; the job saves on the signal and requeues
+  itself before its time limit;
+- `array_task_hang`: task 1 of a 2-task array, its one rank stopped at step 8, ended by
+  the time limit; task 0 completes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+from torchchaos.host import procs
+from torchchaos.host.slurm import jobs
+from torchchaos.host.slurm.cluster import Cluster
+
+REPO = Path(__file__).resolve().parent.parent
+TRAIN = REPO / "bench" / "targets" / "slurm_train.py"
+
+
+def batch_script(work: Path, steps: int, extra: str = "", nodes: int = 2) -> Path:
+    script = work / "train.sbatch"
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        export MASTER_ADDR=127.0.0.1   # the first node's address (one machine here)
+        export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+        echo "job $SLURM_JOB_ID attempt ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST"
+        srun -N{nodes} --ntasks-per-node=1 {sys.executable} {TRAIN} --steps {steps} \\
+            --ckpt-dir {work}/ckpt-$SLURM_JOB_ID {extra}
+        """))
+    return script
+
+
+def rank_pid(job: int, rank: int, array_task: str | None = None) -> int | None:
+    for pid, values in procs.env_vars(("SLURM_JOB_ID", "SLURM_PROCID",
+                                       "SLURM_ARRAY_TASK_ID")).items():
+        if values.get("SLURM_PROCID") != str(rank):
+            continue
+        if array_task is not None and values.get("SLURM_ARRAY_TASK_ID") != array_task:
+            continue
+        if array_task is None and values.get("SLURM_JOB_ID") != str(job):
+            continue
+        try:
+            if str(TRAIN) in Path(f"/proc/{pid}/cmdline").read_text():
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def wait_step(out: Path, step: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while f"step {step} loss" not in (out.read_text() if out.exists() else ""):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{out}: no step {step} within {timeout} s")
+        time.sleep(0.2)
+
+
+def keep(cluster: Cluster, job: int, out: Path, case: Path, what: dict) -> None:
+    case.mkdir(parents=True, exist_ok=True)
+    time.sleep(6)  # slurmctld hands the records to slurmdbd a few seconds after
+    env = {**os.environ, **cluster.env()}
+    shutil.copy(out, case / out.name)
+    (case / "scontrol.txt").write_text(subprocess.run(
+        ["scontrol", "show", "job", str(job)], capture_output=True, text=True, env=env).stdout)
+    (case / "sacct.txt").write_text(subprocess.run(
+        ["sacct", "-D", "-P", "-j", str(job), "-o",
+         "JobID,JobName,Partition,State,ExitCode,NodeList,Start,End,Elapsed"],
+        capture_output=True, text=True, env=env).stdout)
+    lines = cluster.layout.log("slurmctld").read_text().splitlines()
+    nodes = ("n1", "n2", "n3")
+    mine = [line for line in lines if f"JobId={job}" in line or f"JobId={job}_" in line
+            or f"job {job}" in line or any(f" {n} " in line or f"node {n}" in line
+                                           or f"Nodes {n}" in line for n in nodes)]
+    (case / "slurmctld.log").write_text("\n".join(mine) + "\n")
+    expected = {"injected": what.pop("what"), "rank": None, "node": None,
+                "phase": "unknown", "recovery": "not seen", **what}
+    (case / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
+    print(f"{case.name}: job {job}, {len(mine)} slurmctld lines", flush=True)
+
+
+def time_limit_hang(cluster: Cluster, work: Path, out_root: Path) -> None:
+    out = work / "slurm-%j.out"
+    job = jobs.submit(str(batch_script(work, 100000, "--step-sleep 0.2")),
+                      ["--time=1", "-N2", f"-o{out}", "-Jtrain"], cluster.env())
+    out = Path(str(out).replace("%j", str(job)))
+    wait_step(out, 8)
+    os.kill(rank_pid(job, 1), signal.SIGSTOP)
+    jobs.wait_ended(job, 200, cluster.env())
+    keep(cluster, job, out, out_root / "time_limit_hang",
+         {"kind": "hang", "rank": 1, "phase": "between_saves",
+          "what": "rank 1 stopped at step 8 (SIGSTOP); rank 0 waited in all_reduce"
+                  " until the 1-minute time limit"})
+
+
+def node_failure(cluster: Cluster, work: Path, out_root: Path) -> None:
+    out = work / "slurm-%j.out"
+    job = jobs.submit(str(batch_script(work, 30, "--step-sleep 0.2")),
+                      ["-N2", "--requeue", "--open-mode=append", f"-o{out}", "-Jtrain"],
+                      cluster.env())
+    out = Path(str(out).replace("%j", str(job)))
+    wait_step(out, 12)
+    cluster.fail_node("n2")
+    jobs.wait_for(job, lambda r: r.get("Restarts") == "1", 120, cluster.env(), "its requeue")
+    jobs.release(job, 120, cluster.env())  # onto n1 and the spare n3
+    jobs.wait_ended(job, 200, cluster.env())
+    cluster.restart_node("n2")
+    keep(cluster, job, out, out_root / "node_failure",
+         {"kind": "node", "recovery": "resumed",
+          "what": "node n2 (rank 1's) lost at step 12: slurmd, its steps and the rank"
+                  " SIGKILLed; Slurm requeued the job, which resumed from step 10 on n1"
+                  " and n3"})
+
+
+def preemption(cluster: Cluster, work: Path, out_root: Path) -> None:
+    out = work / "slurm-%j.out"
+    job = jobs.submit(str(batch_script(work, 100, "--step-sleep 0.2")),
+                      ["-N2", "--requeue", "--open-mode=append", f"-o{out}", "-Jtrain"],
+                      cluster.env())
+    out = Path(str(out).replace("%j", str(job)))
+    wait_step(out, 12)
+    urgent = jobs.submit("--wrap=sleep 3", ["-p", "urgent", "-N3", "--exclusive",
+                                             f"-o{work}/urgent-%j.out"], cluster.env())
+    jobs.wait_ended(urgent, 120, cluster.env())
+    jobs.release(job, 120, cluster.env())
+    jobs.wait_ended(job, 200, cluster.env())
+    keep(cluster, job, out, out_root / "preemption",
+         {"kind": "preempt", "recovery": "resumed",
+          "what": f"job {urgent} in partition urgent took all three nodes at step 12; the"
+                  " training job was preempted (SIGTERM, 5 s grace) and requeued"})
+
+
+def time_limit_saved(cluster: Cluster, work: Path, out_root: Path) -> None:
+    out = work / "slurm-%j.out"
+    job = jobs.submit(str(batch_script(work, 100000, "--step-sleep 0.2")),
+                      ["--time=1", "--signal=USR1@40", "-N2", "--requeue",
+                       "--open-mode=append", f"-o{out}", "-Jtrain"], cluster.env())
+    out = Path(str(out).replace("%j", str(job)))
+    jobs.wait_for(job, lambda r: r.get("Restarts") == "1", 200, cluster.env(), "its requeue")
+    jobs.cancel(job, cluster.env())
+    jobs.wait_ended(job, 60, cluster.env())
+    keep(cluster, job, out, out_root / "time_limit_saved",
+         {"kind": "preempt", "phase": "unknown",
+          "what": "USR1 40 s before the 1-minute limit; the job saved at the step it"
+                  " got it and requeued itself (then cancelled, pending)"})
+
+
+def array_task_hang(cluster: Cluster, work: Path, out_root: Path) -> None:
+    out = work / "slurm-%A_%a.out"
+    script = batch_script(work, 100000, "--step-sleep 0.2", nodes=1)
+    job = jobs.submit(str(script), ["--time=1", "--array=0-1", "-N1", f"-o{out}",
+                                    "-Jtrain"], cluster.env())
+    task = Path(str(out).replace("%A", str(job)).replace("%a", "1"))
+    wait_step(task, 8)
+    os.kill(rank_pid(job, 0, array_task="1"), signal.SIGSTOP)
+    jobs.wait_ended(job, 200, cluster.env())
+    keep(cluster, job, task, out_root / "array_task_hang",
+         {"kind": "hang", "rank": 0, "phase": "between_saves",
+          "what": "array task 1's one rank stopped at step 8 (SIGSTOP), ended by the"
+                  " time limit; task 0 ran on until its own limit"})
+
+
+CASES = {"time_limit_hang": time_limit_hang, "node_failure": node_failure,
+         "preemption": preemption, "time_limit_saved": time_limit_saved,
+         "array_task_hang": array_task_hang}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path,
+                        default=REPO / "tests" / "data" / "incidents" / "slurm_real")
+    parser.add_argument("--case", action="append", choices=sorted(CASES))
+    ns = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="slurm-artefacts-"))
+    with Cluster.start(nodes=3, accounting_too=True) as cluster:
+        for name in ns.case or CASES:
+            CASES[name](cluster, work, ns.out)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
