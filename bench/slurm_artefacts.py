@@ -8,7 +8,8 @@ failure happen for real, and keeps what an engineer would be handed afterwards, 
 folder per case: the job's output file (`slurm-<id>.out`, or `slurm-<id>_<task>.out` for
 an array task), `scontrol show job <id>` (`scontrol.txt`), `sacct -D -P`
 (`sacct.txt`), and slurmctld's log lines about the job and its nodes (`slurmctld.log`).
-Each case's `expected.json` says what happened, as tests/incident/test_corpus.py reads it, in the words the import must find:
+Each case's `expected.json` says what happened, as tests/incident/test_corpus.py reads
+it:
 
 - `time_limit_hang`: rank 1 stopped (SIGSTOP) at step 8; rank 0 waits in its
   all_reduce (30 min timeout) until the 1-minute time limit ends the job;
