@@ -16,12 +16,14 @@ it:
 - `node_failure`: node n2 (rank 1) fails at step 12, every process on it killed; Slurm
   requeues the job (`--requeue`, output appended), which resumes from its checkpoint on
   n1 and the spare n3;
-- `preemption`: a job in the `urgent` partition takes both nodes at step 12; the
-  training job is preempted (SIGTERM, 5 s grace) and requeued;
+- `preemption`: a job in the `urgent` partition takes all three nodes at step 12; the
+  training job's step gets SIGTERM (5 s grace) and its ranks die of it; a job that ends
+  within its grace time ends FAILED, and is not requeued;
 - `time_limit_saved`: `--signal=USR1@40`; the job saves on the signal and requeues
   itself before its time limit;
 - `array_task_hang`: task 1 of a 2-task array, its one rank stopped at step 8, ended by
-  the time limit; task 0 completes.
+  the time limit; and `array_task_out_of_time`: task 0 of the same array, still
+  stepping when the same limit came (no hang: it ran out of time).
 """
 
 from __future__ import annotations
@@ -53,8 +55,12 @@ def batch_script(work: Path, steps: int, extra: str = "", nodes: int = 2) -> Pat
         export MASTER_ADDR=127.0.0.1   # the first node's address (one machine here)
         export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
         echo "job $SLURM_JOB_ID attempt ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST"
+        # a preempted job that ends within its grace time is FAILED, not requeued: the
+        # batch script outlives the SIGTERM and waits for the ranks
+        trap 'echo "batch: SIGTERM, waiting for the ranks"' TERM
         srun -N{nodes} --ntasks-per-node=1 {sys.executable} {TRAIN} --steps {steps} \\
-            --ckpt-dir {work}/ckpt-$SLURM_JOB_ID {extra}
+            --ckpt-dir {work}/ckpt-$SLURM_JOB_ID {extra} &
+        wait $! || wait $!
         """))
     return script
 
@@ -68,11 +74,12 @@ def rank_pid(job: int, rank: int, array_task: str | None = None) -> int | None:
             continue
         if array_task is None and values.get("SLURM_JOB_ID") != str(job):
             continue
-        try:
-            if str(TRAIN) in Path(f"/proc/{pid}/cmdline").read_text():
-                return pid
+        try:  # the rank itself: not srun or the batch script, whose lines name it too
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
+        if words[:2] == [sys.executable.encode(), str(TRAIN).encode()]:
+            return pid
     return None
 
 
@@ -150,12 +157,13 @@ def preemption(cluster: Cluster, work: Path, out_root: Path) -> None:
     urgent = jobs.submit("--wrap=sleep 3", ["-p", "urgent", "-N3", "--exclusive",
                                              f"-o{work}/urgent-%j.out"], cluster.env())
     jobs.wait_ended(urgent, 120, cluster.env())
-    jobs.release(job, 120, cluster.env())
     jobs.wait_ended(job, 200, cluster.env())
     keep(cluster, job, out, out_root / "preemption",
-         {"kind": "preempt", "recovery": "resumed",
+         {"kind": "preempt", "phase": "between_saves",
           "what": f"job {urgent} in partition urgent took all three nodes at step 12; the"
-                  " training job was preempted (SIGTERM, 5 s grace) and requeued"})
+                  " training job's step got SIGTERM (5 s grace), its ranks died of it, and"
+                  " the job ended FAILED: a job that ends within its grace time is not"
+                  " requeued (Slurm 22.05)"})
 
 
 def time_limit_saved(cluster: Cluster, work: Path, out_root: Path) -> None:
@@ -168,7 +176,7 @@ def time_limit_saved(cluster: Cluster, work: Path, out_root: Path) -> None:
     jobs.cancel(job, cluster.env())
     jobs.wait_ended(job, 60, cluster.env())
     keep(cluster, job, out, out_root / "time_limit_saved",
-         {"kind": "preempt", "phase": "unknown",
+         {"kind": "preempt", "phase": "between_saves",
           "what": "USR1 40 s before the 1-minute limit; the job saved at the step it"
                   " got it and requeued itself (then cancelled, pending)"})
 
@@ -185,7 +193,12 @@ def array_task_hang(cluster: Cluster, work: Path, out_root: Path) -> None:
     keep(cluster, job, task, out_root / "array_task_hang",
          {"kind": "hang", "rank": 0, "phase": "between_saves",
           "what": "array task 1's one rank stopped at step 8 (SIGSTOP), ended by the"
-                  " time limit; task 0 ran on until its own limit"})
+                  " time limit"})
+    other = Path(str(out).replace("%A", str(job)).replace("%a", "0"))
+    keep(cluster, job, other, out_root / "array_task_out_of_time",
+         {"kind": "preempt", "phase": "between_saves",
+          "what": "array task 0, still stepping when its 1-minute time limit came:"
+                  " SIGTERM to its task, then SIGKILL; no hang"})
 
 
 CASES = {"time_limit_hang": time_limit_hang, "node_failure": node_failure,

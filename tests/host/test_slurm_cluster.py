@@ -222,3 +222,18 @@ def test_the_command_line_refuses_a_machine_without_slurm(tmp_path: Path) -> Non
     assert done.stderr.splitlines() == [done.stderr.strip()]
     assert "Slurm is not installed here: munged" in done.stderr and "apt-get" in done.stderr
     assert not (tmp_path / "c").exists()
+
+
+def test_a_controller_that_is_down_is_one_clear_error_and_nothing_queued(tmp_path: Path) -> None:
+    """slurmctld killed: sbatch's own words, as a UsageError (exit 2 on the command line),
+    within sbatch's retries (9 s here), never a hang."""
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\ntrue\n")
+    with Cluster.start(nodes=1) as cluster:
+        (controller,) = [p for p in cluster.processes if "slurmctld" in p.args[0]]
+        controller.kill()
+        controller.wait()
+        started = time.monotonic()
+        with pytest.raises(UsageError, match="Unable to contact slurm controller"):
+            jobs.submit(str(script), [], cluster.env())
+        assert time.monotonic() - started < 30

@@ -1,6 +1,7 @@
 """The import on real artefacts: tests/data/incidents/, made by bench/make_incident_corpus.py
 from real failing torchrun jobs (and, for Kubernetes, Slurm and NCCL, written from their
-documented formats in from_schemas/). Each case's expected.json says what was done; the
+documented formats in from_schemas/; Slurm's from real jobs on a local cluster in
+slurm_real/). Each case's expected.json says what was done; the
 import must find it, or say that it cannot tell, never guess another.
 
 harness/ holds runs of the harness's own faults as `bench/incident_attribution.py --make`
@@ -141,7 +142,11 @@ third's; 39 of 49 with the fourth's; 39 of 50 with a power loss told, whose phas
 nothing tells; 40 of 51 with that script's kill at the end of a save; 41 of 51
 once a save the restart resumed from is a step before the failure (Accelerate's first
 failure, placed between saves by rule); 42 of 52 with the DDP tutorial's power loss
-(a power loss names no rank: every process died). (An earlier
+(a power loss names no rank: every process died); 48 of 58 with six real Slurm jobs
+(slurm_real/, bench/slurm_artefacts.py: two hangs ended by the time limit, a node
+failure requeued, a preemption, a job that requeued itself on its signal, an array task
+that ran out of time), which replace the sacct written from docs for a node failure.
+(An earlier
     corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank
     and whose launcher line, racing, named the peer's SIGTERM.)"""
     missed = []

@@ -260,10 +260,11 @@ def test_pytorchjob_conditions():
     assert found[1].reason == "Failed"
 
 
-@pytest.mark.parametrize("name,state", [("slurm_node_fail", "NODE_FAIL"),
-                                        ("slurm_oom", "OUT_OF_MEMORY")])
-def test_sacct_parsable_and_in_columns(name, state):
-    found = read(Sacct(), DATA / "from_schemas" / name / "sacct.txt")
+@pytest.mark.parametrize("path,state", [
+    ("slurm_real/node_failure/sacct.txt", "NODE_FAIL"),  # a real job's, -D -P
+    ("from_schemas/slurm_oom/sacct.txt", "OUT_OF_MEMORY")])  # no memory limit here: docs'
+def test_sacct_parsable_and_in_columns(path, state):
+    found = read(Sacct(), DATA / path)
     assert found[0].reason == state
 
 
@@ -487,3 +488,39 @@ def test_a_step_counter_that_starts_again_each_epoch_is_counted_from_the_start(t
     assert steps == [100, 500, 600, 1000, 1100]
     log.write_text("Epoch[1] Iteration[10/20] Loss: 2.3\nEpoch[2] Iteration[11/20] Loss: 2.2\n")
     assert [o.step for o in read(TrainingLog(), log) if o.what == "step"] == [10, 11]
+
+
+SLURM_REAL = Path(__file__).resolve().parents[1] / "data" / "incidents" / "slurm_real"
+
+
+def test_scontrol_show_job_gives_the_state_the_reason_and_the_times_of_a_real_job() -> None:
+    from torchchaos.incident.formats.slurm import ScontrolJob
+
+    path = SLURM_REAL / "time_limit_hang" / "scontrol.txt"
+    reader = ScontrolJob()
+    assert reader.sniff(path.read_bytes(), path.name)
+    (said,) = reader.read(path.read_bytes(), path.name)
+    assert (said.what, said.reason, said.source.line) == ("job_state", "TIMEOUT", 4)
+    assert said.extra["scheduler_reason"] == "TimeLimit" and said.extra["time_limit"] == 60
+    assert said.time is not None and said.extra["start"] is not None
+    assert said.time - said.extra["start"] == said.extra["run_time"]  # 00:01:27
+
+
+def test_slurmctlds_log_says_which_node_failed_and_which_job_it_requeued() -> None:
+    from torchchaos.incident.formats.slurm import SlurmctldLog
+
+    path = SLURM_REAL / "node_failure" / "slurmctld.log"
+    said = SlurmctldLog().read(path.read_bytes(), path.name)
+    assert [(o.reason, o.host) for o in said] == [("NODE_FAIL", "n2"), ("NODE_DOWN", "n2")]
+    timed = SlurmctldLog().read(
+        (SLURM_REAL / "time_limit_hang" / "slurmctld.log").read_bytes(), "slurmctld.log")
+    assert [(o.what, o.reason) for o in timed] == [("job_state", "TIMEOUT")]
+
+
+def test_a_loggers_leading_time_is_read_and_its_rank_too() -> None:
+    from torchchaos.incident.formats.trainlog import TrainingLog
+
+    line = b"2026-12-02 03:24:00,642 [rank 1] INFO step 1 loss 0.04961\n"
+    (said,) = TrainingLog().read(line, "slurm-1.out")
+    assert (said.what, said.rank, said.step) == ("step", 1, 1)
+    assert said.time is not None and abs(said.time % 1 - 0.642) < 1e-6

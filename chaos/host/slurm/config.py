@@ -150,9 +150,9 @@ def slurm_conf(layout: Layout) -> str:
     nodes = ",".join(layout.nodes)
     lines += [
         f"PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP"
-        f" PriorityTier=1 OverSubscribe=FORCE:1 GraceTime={GRACE_SECONDS}",
+        f" PriorityTier=1 GraceTime={GRACE_SECONDS}",
         f"PartitionName={URGENT} Nodes={nodes} MaxTime=INFINITE State=UP PriorityTier=2"
-        " OverSubscribe=FORCE:1 PreemptMode=OFF",
+        " PreemptMode=OFF",
     ]
     return "\n".join(lines) + "\n"
 

@@ -90,6 +90,12 @@ CANCELLED = re.compile(r"\*\*\* (?:JOB|STEP) (\S+) ON (\S+) CANCELLED AT (\S+)"
 DUE_TO = {"NODE FAILURE": "NODE_FAIL", "PREEMPTION": "PREEMPTED", "TIME LIMIT": "TIMEOUT",
           None: "CANCELLED"}
 NODE_FAILURE = re.compile(r"srun: error: Node failure on (\S+)")
+# srun's word on each task that ended badly: "srun: error: n2: task 1: Terminated",
+# "srun: error: n1: task 0: Exited with exit code 1", "... task 3: Killed"
+TASK_ENDED = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (Terminated|Killed|"
+                        r"Exited with exit code (\d+)|Segmentation fault|Aborted)")
+TASK_SIGNALS = {"Terminated": "SIGTERM", "Killed": "SIGKILL",
+                "Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT"}
 # "Detected 1 oom_kill event in StepId=4242.0." (newer), "Detected 2 oom-kill event(s) in
 # step 4242.batch cgroup." (older)
 OOM_EVENTS = re.compile(r"slurmstepd: error: Detected \d+ oom[-_ ]kill event(?:s|\(s\))? in"
@@ -102,7 +108,7 @@ class SlurmOutput(Reader):
               " time limit, OOM kill)"
 
     def sniff(self, data: bytes, name: str) -> bool:
-        return text.says_any(data, CANCELLED, NODE_FAILURE, OOM_EVENTS)
+        return text.says_any(data, CANCELLED, NODE_FAILURE, OOM_EVENTS, TASK_ENDED)
 
     def read(self, data: bytes, name: str) -> list[Observation]:
         found = []
@@ -119,6 +125,14 @@ class SlurmOutput(Reader):
             elif m := OOM_EVENTS.search(line):
                 found.append(Observation("oom_kill", where, reason="OUT_OF_MEMORY",
                                          detail=f"{m.group(1)}: OOM killed"))
+            elif m := TASK_ENDED.search(line):
+                # a task is a rank where srun starts the ranks, a node's torchrun where
+                # it starts one per node: its number is no rank
+                code = int(m.group(4)) if m.group(4) else None
+                found.append(Observation("exit", where, host=m.group(1), exitcode=code,
+                                         signal=TASK_SIGNALS.get(m.group(3)),
+                                         extra={"task": int(m.group(2)), "by": "srun",
+                                                "line": line.strip()[:200]}))
         return found
 
 
@@ -238,8 +252,9 @@ class SlurmctldLog(Reader):
         body = text.text_of(data)
         if body is None:
             return False
-        return any(CTLD_LINE.match(line) and any(p.search(line) for p, _, _ in CTLD_EVENTS)
-                   for line in body.splitlines()[:20000])
+        # its lines about jobs, whichever they are ("sched: Allocate JobId=1 ...")
+        return any(CTLD_LINE.match(line) and ("JobId=" in line or any(
+            p.search(line) for p, _, _ in CTLD_EVENTS)) for line in body.splitlines()[:20000])
 
     def read(self, data: bytes, name: str) -> list[Observation]:
         found = []
