@@ -14,7 +14,7 @@ from torchchaos.errors import CannotJudge
 from torchchaos.host.slurm import daemons
 from torchchaos.host.slurm.config import Layout, dbd_conf
 
-PROGRAMS = ("mariadbd", "mariadb-install-db", "slurmdbd", "sacct")
+PROGRAMS = ("mariadbd", "mariadb-install-db", "slurmdbd", "sacct", "sacctmgr")
 
 
 def start(layout: Layout, marks: dict[str, str], timeout: float) -> list[subprocess.Popen]:
@@ -27,8 +27,12 @@ def start(layout: Layout, marks: dict[str, str], timeout: float) -> list[subproc
     layout.dbd_conf.chmod(0o600)  # slurmdbd refuses a configuration others can read
     dbd = daemons.start(["slurmdbd", "-D"], layout.log("slurmdbd-out"),
                         {**marks, "SLURM_CONF": str(layout.slurm_conf)})
-    daemons.wait_until(lambda: daemons.listening(layout.ports.accounting), "slurmdbd", dbd,
-                       layout.log("slurmdbd"), timeout)
+    # listening is not ready: slurmctld dies ("we have no TRES from it") if it asks
+    # before slurmdbd has made its tables; sacctmgr's answer says they are there
+    conf = {"SLURM_CONF": str(layout.slurm_conf)}
+    daemons.wait_until(lambda: daemons.answers(["sacctmgr", "-n", "-P", "show", "tres"], conf,
+                                               "cpu"), "slurmdbd", dbd, layout.log("slurmdbd"),
+                       timeout)
     return [database, dbd]
 
 
