@@ -40,8 +40,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -118,10 +120,13 @@ def default_run_id(faults: list[str], seed: int) -> str:
 
 
 def check_kinds(scenario: Scenario) -> None:
-    """Only faults the agent fires inside a rank: partitions and mounts need a harness
-    acting on every machine at once."""
+    """Only faults the agent fires inside a rank, and the scheduler's (made from outside
+    the job by `torchchaos cluster run`): partitions and mounts need a harness acting on
+    every machine at once."""
     for spec in scenario.faults:
         kind = get_kind(spec.kind)
+        if kind.side == "scheduler":
+            continue
         if kind.side != "agent" or type(kind).setup_job is not FaultKind.setup_job:
             raise UsageError(f"{spec.kind} faults are not supported across machines (the"
                              " harness would have to act on every machine at once); use the"
@@ -252,28 +257,79 @@ def run_node(scenario: Scenario, spec: NodeSpec, reference: Path | None,
     if not 0 <= spec.node_rank < spec.nnodes:
         raise UsageError(f"--node-rank must be between 0 and {spec.nnodes - 1}")
     marker = marker_file(spec.run_dir, spec.node_rank)
-    if marker.exists():
-        raise UsageError(f"node {spec.node_rank} already ran in {spec.run_dir}; choose a new"
-                         " --run-id")
+    restart = scheduler_restarts()
+    earlier = _earlier_tries(spec, restart)
     faults = schedule.resolve(scenario.faults, scenario.seed, scenario.nproc, scenario.nodes)
     reference = _node_reference(spec, reference, bool(faults))
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     _agree_on_schedule(faults, RunLayout(spec.run_dir).schedule_file)
     job = NodeJob(scenario, spec, faults, reference, progress)
+    job.first_launch = len(list(RunLayout(spec.run_dir).logs_dir.glob(
+        f"launch-*-node-{spec.node_rank}.log")))
     record: dict[str, Any] = {"node": spec.node_rank, "nnodes": spec.nnodes,
                               "run_id": spec.run_id, "clock": _clock(), "command": job.command(),
-                              "reference": str(reference or ""), "interrupted": True}
-    progress(f"node {spec.node_rank} of {spec.nnodes}: run {spec.run_dir},"
+                              "reference": str(reference or ""), "interrupted": True,
+                              "restart": restart, "tries": earlier}
+    again = f", the scheduler's restart {restart}" if restart else ""
+    progress(f"node {spec.node_rank} of {spec.nnodes}: run {spec.run_dir}{again},"
              f" {len(faults)} fault(s): {', '.join(f.spec for f in faults) or 'none'}")
     try:
-        outcome = job.run()
+        with _warnings_passed_on():
+            outcome = job.run()
         record.update(interrupted=False, completed=outcome.completed,
-                      deadline_hit=outcome.deadline_hit, exit_codes=outcome.exit_codes,
+                      deadline_hit=outcome.deadline_hit,
+                      exit_codes=[c for t in earlier for c in t["exit_codes"]]
+                      + outcome.exit_codes,
                       wall_seconds=outcome.wall_seconds, reaped=outcome.reaped,
                       leftovers=outcome.leftovers)
         return record
     finally:  # also on Ctrl-C: gather then says the node never finished its part
         _write_json(marker, record)
+
+
+def scheduler_restarts() -> int:
+    """How often the scheduler requeued the job this node runs in (Slurm's
+    SLURM_RESTART_COUNT; 0 outside a scheduler)."""
+    text = os.environ.get("SLURM_RESTART_COUNT", "0")
+    return int(text) if text.isdigit() else 0
+
+
+def _earlier_tries(spec: NodeSpec, restart: int) -> list[dict[str, Any]]:
+    """What this node did in the scheduler's earlier tries of the same job: a requeued
+    job runs the same command again, and the run goes on where they left it. A node
+    that already ran outside such a requeue is a run id used twice."""
+    marker = marker_file(spec.run_dir, spec.node_rank)
+    if not marker.exists():
+        return []
+    try:
+        last = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        last = {}
+    if restart <= int(last.get("restart", 0)):
+        raise UsageError(f"node {spec.node_rank} already ran in {spec.run_dir}; choose a new"
+                         " --run-id")
+    tries = last.pop("tries", [])
+    last.setdefault("exit_codes", [[None]])  # killed before its torchrun ended: no code
+    return [*tries, last]
+
+
+class _warnings_passed_on:
+    """Keep this harness and its torchrun alive through the warning signal a scheduler
+    sends every process of a job ahead of its time limit (`--signal=USR1@120`): slurmstepd
+    signals the whole step, workers included, and neither Python nor torchrun handles
+    SIGUSR1 or SIGUSR2, so either would die of it and take the node with it. Ignored
+    here, the signal stays ignored in the workers (an ignored signal survives exec) until
+    the training script installs its own handler, as a script that wants it does."""
+
+    SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+    def __enter__(self) -> None:
+        main = threading.current_thread() is threading.main_thread()  # tests run nodes in threads
+        self.before = [signal.signal(s, signal.SIG_IGN) for s in self.SIGNALS] if main else []
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in zip(self.SIGNALS, self.before):
+            signal.signal(sig, handler)
 
 
 # -- gather ------------------------------------------------------------------
@@ -362,6 +418,18 @@ def _check_finished(nodes: list[dict[str, Any]], run_dir: Path, what: str) -> No
                           " or failed in the harness before their part of the job ended")
 
 
+def _ended_by_scheduler(node: dict[str, Any], state: str) -> dict[str, Any]:
+    """A node's record as the scheduler left it: one its job ended mid-way (a time
+    limit, a cancel, a node failure not requeued) did not complete."""
+    tries = node.get("tries", [])
+    wall = sum(t.get("wall_seconds", 0.0) for t in tries)
+    if not node["interrupted"]:
+        return {**node, "wall_seconds": node["wall_seconds"] + wall}
+    return {**node, "interrupted": False, "completed": False, "deadline_hit": False,
+            "exit_codes": [c for t in tries for c in t["exit_codes"]] + [[None]],
+            "wall_seconds": wall, "reaped": [], "leftovers": [], "ended_by": state}
+
+
 def _reference_nodes(reference: Path, wait: float,
                      progress: Progress) -> list[dict[str, Any]]:
     if not reference.is_dir():
@@ -409,12 +477,19 @@ def _evidence(run_dir: Path, nodes: list[dict[str, Any]], reference: Path,
 
 
 def gather(run_dir: Path, reference: Path | None, checks: list[str] | None, wait: float,
-           progress: Progress, max_lost_steps: int | None = None) -> Report:
-    """Judge a finished multi-node run; writes report.json and report.html into it."""
+           progress: Progress, max_lost_steps: int | None = None,
+           ended_by: str | None = None) -> Report:
+    """Judge a finished multi-node run; writes report.json and report.html into it.
+    `ended_by`: the final state of the scheduler's job the run was (Slurm's JobState):
+    a node it ended before its part did is a node that did not complete, not a harness
+    that failed."""
     check_registry.validate(checks or [])
     run_dir = _run_dir(run_dir)
     nodes = wait_for_nodes(run_dir, wait, progress)
-    _check_finished(nodes, run_dir, "run")
+    if ended_by is None:
+        _check_finished(nodes, run_dir, "run")
+    else:
+        nodes = [_ended_by_scheduler(n, ended_by) for n in nodes]
     # the one the nodes looked restored states up in, else the shared directory's
     used = nodes[0].get("reference")
     reference = (reference or (Path(used) if used else run_dir.parent / REFERENCE_ID)).resolve()

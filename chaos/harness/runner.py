@@ -255,6 +255,9 @@ class Job:
             raise ValueError("a job seen at another path runs on the host's network")
         self._recording: Any = None  # the recording's mounts (storage.FaultFSMounts)
         self._final_step: int | None = None  # the reference's, read once it is asked for
+        # the number of this run's first launch: a job a scheduler requeued goes on
+        # counting from its earlier tries' launches (harness.multinode)
+        self.first_launch = 0
 
     def run(self) -> JobOutcome:
         lifeline.own(self.run_id, self.layout.run_dir)  # before anything of the run exists
@@ -284,10 +287,11 @@ class Job:
                     return outcome  # cancelled before its script started (reaped below)
                 t0 = time.monotonic()  # the recovery starts now: the wait is none of it
                 deadline = t0 + self.scenario.timeout
-            for launch in range(self.scenario.max_relaunches + 1):
+            last = self.first_launch + self.scenario.max_relaunches
+            for launch in range(self.first_launch, last + 1):
                 for resource in self.resources:
                     resource.settle()
-                if launch > 0 or self.gate is None:  # a held launch 0 is running already
+                if launch > self.first_launch or self.gate is None:  # a held one runs already
                     self._start(launch, t0)
                 self.hangs.launch_began()
                 log.record("launch", launch=launch, pids=[p.pid for p in self.nodes],
@@ -322,7 +326,7 @@ class Job:
                     outcome.completed = True
                     break
                 self.progress(f"job died (exit codes {codes}); requeueing"
-                              if launch < self.scenario.max_relaunches else
+                              if launch < last else
                               f"job died (exit codes {codes}); no relaunch left")
                 self._reap(log)
         finally:

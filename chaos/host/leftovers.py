@@ -47,10 +47,11 @@ from torchchaos.host.owners import (
     owners,
     read_live,
 )
-from torchchaos.host.slurm.folders import leftovers as slurm_folders
+from torchchaos.host.slurm import folders as slurm
 
 FSNAME = "torchchaos-faultfs"  # the fault filesystem's mounts show this source
-ORDER = ("process", "mount", "cgroup", "netns", "link", "shortcut", "cluster", "lock")
+ORDER = ("slurmjob", "process", "mount", "cgroup", "netns", "link", "shortcut", "cluster",
+         "lock")
 MARKERS = (env.RUN_ID, env.HELPER)
 REMOVERS = {"mount": ["fusermount3", "-u", "-z"], "netns": ["ip", "netns", "del"],
             "link": ["ip", "link", "del"]}
@@ -72,7 +73,8 @@ class Leftover:
 
 def inventory() -> list[Leftover]:
     """Everything of any torchchaos run that exists now, live or not."""
-    found = _processes() + _mounts() + _cgroups() + _network() + _shortcuts() + _clusters()
+    found = (_processes() + _mounts() + _cgroups() + _network() + _shortcuts() + _clusters()
+             + _slurm_jobs())
     return sorted(found, key=lambda x: (ORDER.index(x.kind), x.name))
 
 
@@ -126,6 +128,8 @@ def remove(items: list[Leftover], timeout: float = 10.0) -> list[str]:
             Path(item.name).unlink(missing_ok=True)
         elif item.kind == "cluster":
             shutil.rmtree(item.name, ignore_errors=True)
+        elif item.kind == "slurmjob":
+            failures += slurm.cancel_noted(item.name)
         elif item.kind in REMOVERS and _exists(item):
             failures += _run_quietly([*REMOVERS[item.kind], item.name], item)
     return failures
@@ -185,7 +189,7 @@ def _cluster_processes() -> list[Leftover]:
     environment (no mark) and leave its tree, but hold its node's log open; their tasks
     are in their trees."""
     found = []
-    for folder, run in slurm_folders():
+    for folder, run in slurm.leftovers():
         logs = sorted((Path(folder) / "log").glob("slurmd-*.log"))
         holders = procs.holding(*logs) if logs else []
         found += [Leftover("process", str(pid), run, _command(Path(f"/proc/{pid}")))
@@ -230,7 +234,12 @@ def _shortcuts() -> list[Leftover]:
 
 
 def _clusters() -> list[Leftover]:
-    return [Leftover("cluster", folder, run) for folder, run in slurm_folders()]
+    return [Leftover("cluster", folder, run) for folder, run in slurm.leftovers()]
+
+
+def _slurm_jobs() -> list[Leftover]:
+    """Slurm jobs a harness submitted and noted (`torchchaos.harness.scheduler`)."""
+    return [Leftover("slurmjob", note, run) for note, run in slurm.job_leftovers()]
 
 
 def _network() -> list[Leftover]:

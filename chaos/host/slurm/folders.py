@@ -1,11 +1,15 @@
-"""Where an owned cluster lives: `slurm-<id>` in the state folder, and finding them.
+"""Where an owned cluster lives (`slurm-<id>` in the state folder) and which Slurm jobs a
+harness has queued (`slurm-job-<run id>.json`), and finding them.
 
 Its own module so that `torchchaos.host.leftovers` can list them without importing
 the cluster (which imports the lifeline, which imports leftovers)."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
 from pathlib import Path
 
 from torchchaos.host.owners import RUN_ID, state_dir
@@ -25,3 +29,50 @@ def leftovers() -> list[tuple[str, str]]:
     except FileNotFoundError:
         return []
     return [(str(p), m.group(1)) for p in entries if (m := OURS.match(p.name)) and p.is_dir()]
+
+
+# -- jobs a harness submitted: cancelled if it dies before they end -------------
+
+JOB_PREFIX = "slurm-job-"
+JOB_FILE = re.compile(rf"^{JOB_PREFIX}({RUN_ID})\.json$")
+
+
+def job_file(run_id: str) -> Path:
+    """Where a harness notes the Slurm job of its run `run_id` while the job may still
+    be queued or running: the lifeline's watcher cancels what such a note names."""
+    return state_dir() / f"{JOB_PREFIX}{run_id}.json"
+
+
+def note_job(run_id: str, job: int, slurm_conf: str) -> None:
+    path = job_file(run_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"job": job, "slurm_conf": slurm_conf}))
+
+
+def job_leftovers() -> list[tuple[str, str]]:
+    """(note, run id) of every job note in this state folder."""
+    try:
+        entries = sorted(state_dir().iterdir())
+    except FileNotFoundError:
+        return []
+    return [(str(p), m.group(1)) for p in entries if (m := JOB_FILE.match(p.name))]
+
+
+def cancel_noted(note: str) -> list[str]:
+    """Cancel the job a note names and remove the note; what failed, in words."""
+    path = Path(note)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        path.unlink(missing_ok=True)
+        return []
+    environ = {**os.environ, **({"SLURM_CONF": data["slurm_conf"]} if data["slurm_conf"] else {})}
+    try:
+        done = subprocess.run(["scancel", str(data["job"])], capture_output=True, text=True,
+                              timeout=20, env=environ)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [f"slurm job {data['job']}: scancel failed ({exc})"]
+    if done.returncode != 0 and "Invalid job id" not in done.stderr:
+        return [f"slurm job {data['job']}: {done.stderr.strip() or 'scancel failed'}"]
+    path.unlink(missing_ok=True)
+    return []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -40,6 +41,21 @@ def submit(script: str, options: list[str], environ: Mapping[str, str] | None = 
     if done.returncode != 0:
         raise UsageError(f"the cluster refused the job: {_said(done)}")
     return int(done.stdout.strip().split(";")[0])
+
+
+def submit_command(command: list[str], options: list[str],
+                   environ: Mapping[str, str] | None = None) -> int:
+    """The job id of `sbatch OPTIONS --wrap COMMAND`."""
+    done = _client(["sbatch", "--parsable", *options, "--wrap", shlex.join(command)], environ)
+    if done.returncode != 0:
+        raise UsageError(f"the cluster refused the job: {_said(done)}")
+    return int(done.stdout.strip().split(";")[0])
+
+
+def hostnames(nodelist: str, environ: Mapping[str, str] | None = None) -> list[str]:
+    """A node list (`n[1,3]`) as its host names, in Slurm's order."""
+    done = _client(["scontrol", "show", "hostnames", nodelist], environ)
+    return done.stdout.split() if done.returncode == 0 else []
 
 
 def show(job: int | str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -113,8 +129,11 @@ def release(job: int | str, timeout: float = 60.0,
 
 
 def cancel(job: int | str, environ: Mapping[str, str] | None = None,
-           signal: str | None = None) -> None:
-    command = ["scancel", *([f"--signal={signal}", "--full"] if signal else []), str(job)]
+           signal: str | None = None, steps_only: bool = False) -> None:
+    """scancel: end the job, or send it `signal` (to its batch shell and steps, or to its
+    steps only, as `--signal=SIG@SECONDS` without `B:` does ahead of a time limit)."""
+    where = [] if steps_only else ["--full"]
+    command = ["scancel", *([f"--signal={signal}", *where] if signal else []), str(job)]
     _client(command, environ)
 
 

@@ -1,0 +1,68 @@
+"""slurm: the scheduler's own failures, made through Slurm itself, on a job it runs.
+
+A training job on a cluster goes through what its scheduler does to it, and a lab's
+resume path is mostly the scheduler's: its requeue, its signals, its limits. These
+faults act on the Slurm job that `torchchaos cluster run` submitted
+(`torchchaos.harness.scheduler`); the rank that reaches the trigger asks for the
+fault as for any harness fault, and the job's harness outside the job makes it:
+
+- `event=node_fail`: node `node=K` of the job's allocation (in Slurm's host-name
+  order) dies: its slurmd and every process of the job on it are SIGKILLed and the
+  node stops answering; slurmctld marks it DOWN, the job NODE_FAIL, and a job
+  submitted with `--requeue` (the harness does) runs again on the nodes left. Only
+  on a cluster the harness started (`torchchaos cluster up`): it cannot kill a
+  site's nodes.
+- `event=time_limit`: the job's time limit comes due. First the warning a job
+  asks for with `--signal=USR1@LEAD` (`signal=`, default USR1; `lead=` seconds,
+  default 10), delivered by slurmstepd to every process of the job's steps; `lead`
+  seconds later, unless the job requeued itself by then (`scontrol requeue`, the lab
+  habit), the job is ended as its limit ends it (SIGTERM, KillWait, SIGKILL; Slurm
+  does not requeue a job that ran out of time). slurmctld enforces a limit only in
+  whole minutes, checked every 30 s, so the harness ends the job itself with
+  `scancel` at the moment the limit would: its state says CANCELLED, not TIMEOUT.
+- `event=preempt`: a job of the cluster's higher-priority partition (`urgent`)
+  takes the job's nodes; Slurm sends SIGTERM, waits the partition's GraceTime, then
+  SIGKILL, and requeues the job.
+"""
+
+from __future__ import annotations
+
+import os
+
+from torchchaos.errors import UsageError
+from torchchaos.faults.contract import (
+    ClusterJob,
+    ClusterMapping,
+    HarnessKind,
+    NotExported,
+    ResolvedFault,
+)
+from torchchaos.faults.params import choice, seconds
+
+EVENTS = ("node_fail", "time_limit", "preempt")
+SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP")
+JOB_MARK = "TORCHCHAOS_SLURM_HARNESS"  # set in the jobs `torchchaos cluster run` submits
+
+
+class Slurm(HarnessKind):
+    name = "slurm"
+    side = "scheduler"  # made by the harness outside the Slurm job, not by a runner's nemesis
+    summary = ("the scheduler's failures on a Slurm job: a node's failure (requeue), its time"
+               " limit with a signal ahead, a preemption with grace time")
+    params = {"event": choice(EVENTS), "lead": seconds, "signal": choice(SIGNALS)}
+    choices = {"event": EVENTS, "signal": SIGNALS}
+
+    def validate(self, params: dict[str, object]) -> None:
+        event = params.get("event")
+        if event is None:
+            raise UsageError(f"slurm needs event= (one of {', '.join(EVENTS)})")
+        if event != "time_limit" and ("lead" in params or "signal" in params):
+            raise UsageError("slurm: lead= and signal= belong to event=time_limit")
+
+    def check_job(self, params: dict[str, object], nodes: int, network: str) -> None:
+        if JOB_MARK not in os.environ:
+            raise UsageError("slurm faults act on a Slurm job: run them with `torchchaos"
+                             " cluster run` (it submits the job and makes the fault)")
+
+    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
+        raise NotExported("a Slurm scheduler's own failure; Kubernetes has no Slurm job")
