@@ -33,6 +33,7 @@ BUILTIN: dict[str, str] = {
     "partition": "torchchaos.faults.partition:Partition",
     "raise": "torchchaos.faults.exception:Raise",
     "storage": "torchchaos.faults.storage:Storage",
+    "slurm": "torchchaos.faults.slurm:Slurm",
     "straggler": "torchchaos.faults.straggler:Straggler",
     "toxic": "torchchaos.faults.toxic:Toxic",
 }

@@ -51,6 +51,13 @@ class Slurm(HarnessKind):
                " limit with a signal ahead, a preemption with grace time")
     params = {"event": choice(EVENTS), "lead": seconds, "signal": choice(SIGNALS)}
     choices = {"event": EVENTS, "signal": SIGNALS}
+    # fired once Slurm acted, not when the rank asked: a preemption whose job ended
+    # before the scheduler took its nodes tested nothing
+    effect_event = "slurm_fault"
+    marks = ("slurm_fault",)
+
+    def said(self, event: dict[str, object]) -> str:
+        return str(event.get("said", ""))
 
     def validate(self, params: dict[str, object]) -> None:
         event = params.get("event")

@@ -34,6 +34,7 @@ import json
 import shlex
 import sys
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,7 +179,11 @@ def _node_command(spec: SlurmRun) -> list[str]:
     return [*command, "--", str(Path(spec.script).resolve()), *spec.args]
 
 
-def _submit(spec: SlurmRun, cluster: Cluster | None, environ: Mapping[str, str]) -> int:
+def _submit(spec: SlurmRun, cluster: Cluster | None, environ: Mapping[str, str],
+            mark: str) -> int:
+    """Queue the job; `mark`: the id the lifeline knows the job by (it cancels a job
+    whose harness died: registered before the job exists)."""
+    lifeline.own(mark)
     run_dir = spec.shared / spec.run_id()
     layout = RunLayout(run_dir)
     if run_dir.exists():
@@ -193,16 +198,16 @@ def _submit(spec: SlurmRun, cluster: Cluster | None, environ: Mapping[str, str])
                f"--output={layout.logs_dir}/slurm-%j.out", f"--job-name=torchchaos-{spec.run_id()}",
                f"--export=ALL,{JOB_MARK}=1" + "".join(f",{k}={v}" for k, v in port.items()),
                *spec.options]
-    lifeline.own(spec.run_id())  # before the job exists: a killed harness cancels it
     job = jobs.submit(str(job_script), options, environ)
-    folders.note_job(spec.run_id(), job, environ.get("SLURM_CONF", ""))
+    folders.note_job(mark, job, environ.get("SLURM_CONF", ""))
     return job
 
 
 def _run_job(spec: SlurmRun, cluster: Cluster | None, environ: Mapping[str, str],
              progress: Progress) -> str:
     """Submit the job, make its faults, release its requeues; its final state."""
-    job = _submit(spec, cluster, environ)
+    mark = uuid.uuid4().hex[:12]
+    job = _submit(spec, cluster, environ, mark)
     run_dir = spec.shared / spec.run_id()
     what = "the fault-free job" if not spec.faults else f"the job with {', '.join(spec.faults)}"
     progress(f"{what}: Slurm job {job}, run {run_dir}")
@@ -212,7 +217,7 @@ def _run_job(spec: SlurmRun, cluster: Cluster | None, environ: Mapping[str, str]
     finally:
         jobs.cancel(job, environ)  # a no-op once it ended; else nothing is left queued
         scheduler.close()
-        folders.job_file(spec.run_id()).unlink(missing_ok=True)
+        folders.job_file(mark).unlink(missing_ok=True)
 
 
 def _follow(spec: SlurmRun, job: int, scheduler: SchedulerNemesis,
@@ -265,6 +270,7 @@ class SchedulerNemesis:
         self.done: set[str] = set()
         self.failed_nodes: list[str] = []
         self.urgent: list[int] = []  # the jobs a preemption submitted
+        self.preempting: tuple[Any, int, int] | None = None  # (fault, restarts, urgent job)
         self.limit_at: float | None = None  # when the time limit ends the job
         self.limit_restarts = 0
         self.log = HistoryWriter(self.layout.history_dir / STREAM, source="harness")
@@ -274,6 +280,11 @@ class SchedulerNemesis:
             self._make(fault, record)
             self.done.add(fault.id)
             (self.layout.requests_dir / f"{fault.id}.done").touch()
+        if self.preempting is not None and _preempted(record, self.preempting[1]):
+            fault, _, urgent = self.preempting
+            self.preempting = None
+            self._acted(fault, {"urgent_job": urgent},
+                        f"job {urgent} of partition {URGENT} took the job's nodes")
         if self.limit_at is not None and time.monotonic() >= self.limit_at:
             self.limit_at = None
             if record.get("JobState") == "RUNNING" and \
@@ -291,17 +302,27 @@ class SchedulerNemesis:
         return [f for f in schedule.load(self.layout.schedule_file)
                 if f.id in asked and f.kind == "slurm"]
 
-    def _make(self, fault: Any, record: dict[str, str]) -> None:
-        event = fault.params["event"]
+    def _asked_at(self, fault: Any) -> int | None:
         try:
-            details = getattr(self, f"_{event}")(fault, record)
+            asked = json.loads((self.layout.requests_dir / f"{fault.id}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return asked.get("step")
+
+    def _make(self, fault: Any, record: dict[str, str]) -> None:
+        try:
+            getattr(self, f"_{fault.params['event']}")(fault, record)
         except (UsageError, CannotJudge) as exc:
             self.log.record("fault_error", id=fault.id, error=str(exc))
-            return
-        self.log.record("slurm_fault", id=fault.id, event=event, **details)
-        self.progress(f"Slurm job {self.job}: {fault.spec} made ({details})")
 
-    def _node_fail(self, fault: Any, record: dict[str, str]) -> dict[str, Any]:
+    def _acted(self, fault: Any, details: dict[str, Any], said: str) -> None:
+        """The fault took effect: the event that makes it count as fired (at the step its
+        rank asked at)."""
+        self.log.record("slurm_fault", id=fault.id, event=fault.params["event"], said=said,
+                        step=self._asked_at(fault), **details)
+        self.progress(f"Slurm job {self.job}: {fault.spec}: {said}")
+
+    def _node_fail(self, fault: Any, record: dict[str, str]) -> None:
         assert self.cluster is not None  # refused before the job was queued
         names = _hostnames(record.get("NodeList", ""), self.environ)
         if fault.index >= len(names):
@@ -309,28 +330,34 @@ class SchedulerNemesis:
         node = names[fault.index]
         killed = self.cluster.fail_node(node)
         self.failed_nodes.append(node)
-        return {"node": node, "killed": len(killed)}
+        self._acted(fault, {"node": node, "killed": len(killed)},
+                    f"node {node} failed: its slurmd and {len(killed) - 1} process(es) killed")
 
-    def _time_limit(self, fault: Any, record: dict[str, str]) -> dict[str, Any]:
+    def _time_limit(self, fault: Any, record: dict[str, str]) -> None:
         signal = str(fault.params.get("signal", "USR1"))
         lead = float(fault.params.get("lead", 10.0))  # type: ignore[arg-type]
         jobs.cancel(self.job, self.environ, signal=signal, steps_only=True)
         self.limit_at = time.monotonic() + lead
         self.limit_restarts = int(record.get("Restarts", "0"))
-        return {"signal": signal, "lead": lead}
+        self._acted(fault, {"signal": signal, "lead": lead},
+                    f"SIG{signal} to every task, {lead:g} s before the limit")
 
-    def _preempt(self, fault: Any, record: dict[str, str]) -> dict[str, Any]:
+    def _preempt(self, fault: Any, record: dict[str, str]) -> None:
         nodes = record.get("NodeList", "")
         count = len(_hostnames(nodes, self.environ))
         urgent = jobs.submit_command(["sleep", "5"], [
-            "-p", URGENT, "-w", nodes, "-N", str(count), "--job-name=torchchaos-urgent",
-            f"--output={self.layout.logs_dir}/urgent-%j.out"], self.environ)
+            "-p", URGENT, "-w", nodes, "-N", str(count), "--exclusive",  # it needs them whole
+            "--job-name=torchchaos-urgent", f"--output={self.layout.logs_dir}/urgent-%j.out"],
+            self.environ)
         self.urgent.append(urgent)
-        return {"urgent_job": urgent, "nodes": nodes}
+        self.preempting = (fault, int(record.get("Restarts", "0")), urgent)
 
     def close(self) -> None:
         """Bring back the nodes a node failure took, once the job is over (a node brought
         back while the job still runs takes its requeue and hangs it: Slurm 22.05)."""
+        if self.preempting is not None:
+            self.log.record("fault_error", id=self.preempting[0].id,
+                            error="the job ended before the scheduler preempted it")
         for urgent in self.urgent:
             jobs.cancel(urgent, self.environ)
         for node in self.failed_nodes:
@@ -338,6 +365,11 @@ class SchedulerNemesis:
                 self.cluster.restart_node(node)
         self.failed_nodes = []
         self.log.close()
+
+
+def _preempted(record: dict[str, str], restarts: int) -> bool:
+    return int(record.get("Restarts", "0")) > restarts or record.get("JobState") in (
+        "PREEMPTED", "REQUEUED")
 
 
 def _hostnames(nodelist: str, environ: Mapping[str, str]) -> list[str]:

@@ -9,8 +9,8 @@ when the cluster starts, each slurmd told its node name (`slurmd -N n1`).
 The settings that differ from a site's are chosen for tests, and each says why:
 a node that stops answering is marked down within seconds, not minutes; a job
 asked to end gets 5 s between SIGTERM and SIGKILL; two partitions on the same
-nodes, so that a job in `urgent` preempts one in `chaos` (requeue after a grace
-time), as a site's scavenger queue does.
+nodes, so that a job in `urgent` preempts one in `chaos` (SIGTERM, KillWait,
+SIGKILL, requeue), as a site's scavenger queue does.
 """
 
 from __future__ import annotations
@@ -21,7 +21,11 @@ from pathlib import Path
 
 PARTITION = "chaos"  # the default partition; its jobs can be preempted
 URGENT = "urgent"  # a partition on the same nodes whose jobs preempt those of PARTITION
-GRACE_SECONDS = 5  # a preempted job's time between SIGTERM and its requeue
+# A preempted job's GraceTime. Not 5: with a grace time, Slurm 22.05 here cancelled the
+# job's steps at once and never requeued the job, which was FAILED as soon as its batch
+# script ended and still unrequeued 14 s after the grace when the script slept on. With
+# none, the job is signalled, given KillWait and requeued ("DUE TO PREEMPTION").
+GRACE_SECONDS = 0
 KILL_WAIT_SECONDS = 5  # a cancelled or timed-out job's time between SIGTERM and SIGKILL
 NODE_TIMEOUT_SECONDS = 5  # SlurmdTimeout: a node silent this long is down
 
