@@ -55,6 +55,8 @@ fault specs (KIND:key=value,...):
   toxic:step=6,type=latency,latency=500,for=4
                                          500 ms more on the rendezvous store's TCP path
                                          for 4 s (Toxiproxy; --nodes 2+, --network host)
+  slurm:event=node_fail,node=1,step=12   a Slurm node dies, Slurm requeues the job
+                                         (time_limit|preempt; `torchchaos cluster run`)
   targets: rank=N | node=N | rank=one; triggers: step= | phase= | time= | p=
 """
 

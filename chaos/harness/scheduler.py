@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+import shutil
 import sys
 import time
 import uuid
@@ -57,6 +58,7 @@ from torchchaos.scenario.spec import parse_fault_spec
 
 POLL_SECONDS = 0.5
 SETTLE_SECONDS = 3.0  # an ended state held this long is the end (a requeue follows within it)
+JOB_FILE = "slurm-job.sh"  # the job script, in the run's _chaos/
 STREAM = "harness-slurm.jsonl"  # what this harness did to the job, beside the nodes' streams
 
 # One try of the job: Slurm runs this script again when it requeues the job. The
@@ -116,6 +118,9 @@ def run(spec: SlurmRun, cluster: Cluster | None, environ: Mapping[str, str],
     names it, e.g. SLURM_CONF); node failures need the local one."""
     _check(spec, cluster)
     reference = spec.reference_dir()
+    if not _all_done(reference) and (RunLayout(reference).chaos_dir / JOB_FILE).is_file():
+        progress(f"the fault-free job in {reference} never finished: it runs again")
+        shutil.rmtree(reference)  # a folder this harness made (its job script is in it)
     if not _all_done(reference):
         state = _run_job(SlurmRun(**{**spec.__dict__, "faults": []}), cluster, environ,
                          progress)
@@ -190,7 +195,7 @@ def _submit(spec: SlurmRun, cluster: Cluster | None, environ: Mapping[str, str],
         raise UsageError(f"{run_dir} exists: a run of these faults already ran there (remove"
                          " it, or change --seed)")
     layout.logs_dir.mkdir(parents=True)
-    job_script = layout.chaos_dir / "slurm-job.sh"
+    job_script = layout.chaos_dir / JOB_FILE
     job_script.write_text(JOB_SCRIPT.format(node=shlex.join(_node_command(spec))))
     # the port: where the nodes share this machine, one free here; on a site, from the id
     port = {"TORCHCHAOS_RDZV_PORT": str(netns.free_port())} if cluster is not None else {}

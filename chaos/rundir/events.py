@@ -99,6 +99,9 @@ EVENTS: dict[str, EventSpec] = {
     "nemesis_begin": _e("harness", "a harness fault was put in force",
                         "id, kind, window, seconds, and what the kind says of the cut"),
     "nemesis_end": _e("harness", "a harness fault was healed", "id, kind, window"),
+    "slurm_fault": _e("harness", "Slurm acted on a slurm fault (torchchaos.harness.scheduler)",
+                      "id, event, said, step, and what Slurm did (node, signal, urgent_job)"),
+    "slurm_time_limit_end": _e("harness", "the job's time limit ended it, unrequeued", "job"),
     # -- the fault filesystem (torchchaos.faults.faultfs)
     "fs_mount": _e("faultfs", "the fault filesystem is mounted", "pid"),
     "fs_unmount": _e("faultfs", "the fault filesystem is unmounted", "status"),
