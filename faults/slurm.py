@@ -21,8 +21,16 @@ fault as for any harness fault, and the job's harness outside the job makes it:
   whole minutes, checked every 30 s, so the harness ends the job itself with
   `scancel` at the moment the limit would: its state says CANCELLED, not TIMEOUT.
 - `event=preempt`: a job of the cluster's higher-priority partition (`urgent`)
-  takes the job's nodes; Slurm sends SIGTERM, waits the partition's GraceTime, then
-  SIGKILL, and requeues the job.
+  takes the job's nodes; Slurm sends SIGTERM, waits KillWait, then SIGKILL, and
+  requeues the job.
+
+`power=lost` (node_fail, time_limit): the machines lose power too, so what the job
+had not made durable under `dir=` (default `ckpt`, in the run directory) is gone:
+the harness mounts the fault filesystem there (`torchchaos.faults.storage`'s
+model). With a node failure the node's processes die in the power loss; after a time
+limit the power goes once the job's try has ended (the site's maintenance that the
+time limit made room for), before Slurm runs it again. A kill keeps the page cache
+and so hides a missing fsync; this does not.
 """
 
 from __future__ import annotations
@@ -37,11 +45,14 @@ from torchchaos.faults.contract import (
     NotExported,
     ResolvedFault,
 )
-from torchchaos.faults.params import choice, seconds
+from torchchaos.faults.params import choice, run_relative_dir, seconds
+from torchchaos.faults.storage import Storage
 
 EVENTS = ("node_fail", "time_limit", "preempt")
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP")
+POWER = ("kept", "lost")
 JOB_MARK = "TORCHCHAOS_SLURM_HARNESS"  # set in the jobs `torchchaos cluster run` submits
+
 
 
 class Slurm(HarnessKind):
@@ -49,8 +60,9 @@ class Slurm(HarnessKind):
     side = "scheduler"  # made by the harness outside the Slurm job, not by a runner's nemesis
     summary = ("the scheduler's failures on a Slurm job: a node's failure (requeue), its time"
                " limit with a signal ahead, a preemption with grace time")
-    params = {"event": choice(EVENTS), "lead": seconds, "signal": choice(SIGNALS)}
-    choices = {"event": EVENTS, "signal": SIGNALS}
+    params = {"event": choice(EVENTS), "lead": seconds, "signal": choice(SIGNALS),
+              "power": choice(POWER), "dir": run_relative_dir}
+    choices = {"event": EVENTS, "signal": SIGNALS, "power": POWER}
     # fired once Slurm acted, not when the rank asked: a preemption whose job ended
     # before the scheduler took its nodes tested nothing
     effect_event = "slurm_fault"
@@ -65,8 +77,16 @@ class Slurm(HarnessKind):
             raise UsageError(f"slurm needs event= (one of {', '.join(EVENTS)})")
         if event != "time_limit" and ("lead" in params or "signal" in params):
             raise UsageError("slurm: lead= and signal= belong to event=time_limit")
+        if event == "preempt" and ("power" in params or "dir" in params):
+            raise UsageError("slurm: power= and dir= belong to event=node_fail or time_limit")
+        if "dir" in params and params.get("power") != "lost":
+            raise UsageError("slurm: dir= is where power=lost drops what was not durable")
 
     def check_job(self, params: dict[str, object], nodes: int, network: str) -> None:
+        if params.get("power") == "lost":
+            reason = Storage.unavailable_reason()
+            if reason:
+                raise UsageError(f"slurm power=lost needs the fault filesystem: {reason}")
         if JOB_MARK not in os.environ:
             raise UsageError("slurm faults act on a Slurm job: run them with `torchchaos"
                              " cluster run` (it submits the job and makes the fault)")

@@ -2,9 +2,10 @@
 
 srun starts the ranks itself, one task each (RANK from SLURM_PROCID, the rendezvous at
 MASTER_ADDR:MASTER_PORT, which the batch script sets to its first node), as Lightning's
-Slurm integration does. A log line per step through `logging` with the time, a
-checkpoint every few steps (torch.save to a temporary file, fsync, rename), and the
-lab's time-limit habit: the job is submitted with `--signal=USR1@SECONDS`, which Slurm
+Slurm integration does; under torchrun it takes torchrun's RANK. A log line per step
+through `logging` with the time, a checkpoint every few steps (torch.save to a
+temporary file, fsync, rename, fsync of the folder), and the lab's time-limit habit:
+the job is submitted with `--signal=USR1@SECONDS`, which Slurm
 sends every task that long before the limit; the handler asks for a stop, the ranks
 agree on the step, rank 0 saves and asks Slurm to requeue the job (`scontrol requeue
 $SLURM_JOB_ID`). A requeued job resumes from the newest checkpoint. Nothing here
@@ -51,6 +52,12 @@ def save(model: nn.Module, opt: torch.optim.Optimizer, step: int, folder: Path,
             out.flush()
             os.fsync(out.fileno())
     os.replace(tmp, final)
+    if fsync:  # the rename is durable once its folder is
+        folder_fd = os.open(folder, os.O_DIRECTORY)
+        try:
+            os.fsync(folder_fd)
+        finally:
+            os.close(folder_fd)
     log.info("saved checkpoint %s", final)
 
 
@@ -105,7 +112,8 @@ def main() -> None:
         stop = torch.tensor([1 if asked_to_stop else 0])
         dist.all_reduce(stop)  # every rank stops at the same step
         if rank == 0 and (step % a.ckpt_every == 0 or stop.item()):
-            save(model.module, opt, step, a.ckpt_dir, fsync=not a.no_fsync)
+            # the bug of --no-fsync: the save on the signal, in a hurry, skips the fsyncs
+            save(model.module, opt, step, a.ckpt_dir, fsync=not (a.no_fsync and stop.item()))
         if stop.item():
             dist.barrier()
             if rank == 0:

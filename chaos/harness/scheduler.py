@@ -16,9 +16,10 @@ This harness stays outside the job, on the machine that submits it (a login node
   a `slurm` fault (`torchchaos.faults.slurm`) is asked for by the rank that reaches
   its trigger and made here, through Slurm: a node's failure, a time limit with its
   warning signal, a preemption;
-- a requeued job waits for its begin time (Slurm 22.05 holds it 121 s; not a
-  setting): `release_requeued` starts it at once, as tests want; a site's
-  nightly leaves Slurm's hold as it is (`--keep-hold`);
+- a requeued job waits for its begin time (Slurm holds it until its last try's
+  credentials expired: `AuthInfo=cred_expire` + 1 s, 121 s by default):
+  `release_requeued` starts it at once, as tests want; `--keep-hold` leaves
+  Slurm's hold as it is;
 - once the job ended for good, `torchchaos gather` judges it against the reference
   (the same checks as everywhere), a job the scheduler ended without its nodes
   finishing counting as a job that did not complete.
@@ -42,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from torchchaos.errors import CannotJudge, UsageError
+from torchchaos.faults.faultfs.client import request
+from torchchaos.faults.faultfs.mount import Mount
 from torchchaos.faults.registry import get_kind
 from torchchaos.faults.slurm import JOB_MARK
 from torchchaos.harness.multinode import REFERENCE_ID, finished_nodes, gather
@@ -146,6 +149,9 @@ def _check(spec: SlurmRun, cluster: Cluster | None) -> None:
                 and cluster is None:
             raise UsageError("slurm:event=node_fail kills a node's slurmd and processes: only"
                              " on a cluster torchchaos started (`torchchaos cluster up`)")
+        if fault.kind == "slurm" and fault.params.get("power") == "lost" and cluster is None:
+            raise UsageError("slurm power=lost mounts the fault filesystem over the run's"
+                             " folder on this machine: only on a cluster torchchaos started")
         if fault.kind == "slurm" and fault.params.get("event") == "preempt" \
                 and cluster is None:
             raise UsageError(f"slurm:event=preempt submits to a partition that preempts the"
@@ -184,19 +190,50 @@ def _node_command(spec: SlurmRun) -> list[str]:
     return [*command, "--", str(Path(spec.script).resolve()), *spec.args]
 
 
-def _submit(spec: SlurmRun, cluster: Cluster | None, environ: Mapping[str, str],
-            mark: str) -> int:
-    """Queue the job; `mark`: the id the lifeline knows the job by (it cancels a job
-    whose harness died: registered before the job exists)."""
-    lifeline.own(mark)
+def _prepare(spec: SlurmRun, mark: str) -> tuple[Path, list[Mount]]:
+    """The run directory, its job script and, for a fault whose power goes, the fault
+    filesystem over the folders it drops unsynced data of. `mark`: the id the lifeline
+    knows this harness's job and mounts by (registered before either exists)."""
     run_dir = spec.shared / spec.run_id()
     layout = RunLayout(run_dir)
-    if run_dir.exists():
+    storage = spec.shared / f"{run_dir.name}.storage"
+    if run_dir.exists() or storage.exists():
         raise UsageError(f"{run_dir} exists: a run of these faults already ran there (remove"
                          " it, or change --seed)")
+    lifeline.own(mark, run_dir)
+    lifeline.own(mark, storage)
     layout.logs_dir.mkdir(parents=True)
     job_script = layout.chaos_dir / JOB_FILE
     job_script.write_text(JOB_SCRIPT.format(node=shlex.join(_node_command(spec))))
+    mounts: list[Mount] = []
+    try:
+        for number, folder in enumerate(_power_lost_dirs(spec)):
+            # beside the run directory, linked into it: every node harness reaps the
+            # mounts under the run directory when its try ends, and this one must last
+            # through the scheduler's tries
+            mountpoint = spec.shared / f"{run_dir.name}.storage" / folder
+            (run_dir / folder).parent.mkdir(parents=True, exist_ok=True)
+            (run_dir / folder).symlink_to(mountpoint, target_is_directory=True)
+            state = layout.chaos_dir / "faultfs" / f"{number}-power"
+            mounts.append(Mount(mountpoint, state,
+                                layout.history_dir / f"faultfs-{number}-power.jsonl").start())
+    except BaseException:
+        for mount in mounts:
+            mount.close()
+        raise
+    return job_script, mounts
+
+
+def _power_lost_dirs(spec: SlurmRun) -> list[str]:
+    found = [parse_fault_spec(text) for text in spec.faults]
+    return sorted({str(f.params.get("dir", "ckpt")) for f in found
+                   if f.kind == "slurm" and f.params.get("power") == "lost"})
+
+
+def _submit(spec: SlurmRun, job_script: Path, cluster: Cluster | None,
+            environ: Mapping[str, str], mark: str) -> int:
+    """Queue the job, and note it for the lifeline (a harness that dies cancels it)."""
+    layout = RunLayout(job_script.parent.parent)
     # the port: where the nodes share this machine, one free here; on a site, from the id
     port = {"TORCHCHAOS_RDZV_PORT": str(netns.free_port())} if cluster is not None else {}
     options = ["-N", str(spec.nodes), "--ntasks-per-node=1", "--requeue", "--open-mode=append",
@@ -212,11 +249,17 @@ def _run_job(spec: SlurmRun, cluster: Cluster | None, environ: Mapping[str, str]
              progress: Progress) -> str:
     """Submit the job, make its faults, release its requeues; its final state."""
     mark = uuid.uuid4().hex[:12]
-    job = _submit(spec, cluster, environ, mark)
+    job_script, mounts = _prepare(spec, mark)
+    try:
+        job = _submit(spec, job_script, cluster, environ, mark)
+    except BaseException:
+        for mount in mounts:
+            mount.close()
+        raise
     run_dir = spec.shared / spec.run_id()
     what = "the fault-free job" if not spec.faults else f"the job with {', '.join(spec.faults)}"
     progress(f"{what}: Slurm job {job}, run {run_dir}")
-    scheduler = SchedulerNemesis(job, run_dir, cluster, environ, progress)
+    scheduler = SchedulerNemesis(job, run_dir, cluster, environ, progress, mounts)
     try:
         return _follow(spec, job, scheduler, environ, progress)
     finally:
@@ -246,6 +289,10 @@ def _follow(spec: SlurmRun, job: int, scheduler: SchedulerNemesis,
         if int(record.get("Restarts", "0")) > restarts:
             restarts = int(record["Restarts"])
             progress(f"Slurm requeued job {job} (restart {restarts})")
+            if scheduler.power_goes:  # once every process of the try is gone
+                jobs.wait_for(job, lambda r: r.get("JobState") == "PENDING", 60.0, environ,
+                              "PENDING after its requeue")
+                scheduler.between_tries()
             if spec.release_requeued:
                 jobs.release(job, 60.0, environ)
             running, started, ended_since = False, time.monotonic(), None
@@ -265,8 +312,11 @@ class SchedulerNemesis:
     and heals what it broke (a failed node's slurmd) once the job is over."""
 
     def __init__(self, job: int, run_dir: Path, cluster: Cluster | None,
-                 environ: Mapping[str, str], progress: Progress) -> None:
+                 environ: Mapping[str, str], progress: Progress,
+                 mounts: list[Mount] | None = None) -> None:
         self.job = job
+        self.mounts = {m.mountpoint: m for m in mounts or []}
+        self.power_goes: list[Any] = []  # time limits whose power goes once the try ended
         self.run_dir = run_dir
         self.cluster = cluster
         self.environ = environ
@@ -333,10 +383,36 @@ class SchedulerNemesis:
         if fault.index >= len(names):
             raise UsageError(f"the job runs on {len(names)} node(s), no node {fault.index}")
         node = names[fault.index]
+        lost = ""
+        if fault.params.get("power") == "lost":  # its processes die in the power loss
+            dropped = self._power_loss(fault, self.cluster.node_pids(node))
+            lost = f"; the power loss dropped {dropped}"
         killed = self.cluster.fail_node(node)
         self.failed_nodes.append(node)
         self._acted(fault, {"node": node, "killed": len(killed)},
-                    f"node {node} failed: its slurmd and {len(killed) - 1} process(es) killed")
+                    f"node {node} failed: its slurmd and its processes killed{lost}")
+
+    def _power_loss(self, fault: Any, pids: list[int] | None, at_firing: bool = True) -> str:
+        """What the machines had not made durable under the fault's folder is gone (and
+        `pids` die first); in words, what went. `at_firing`: the loss is the fault's
+        firing (a node failure); else it comes later, and the checks date it by its own
+        event (a time limit's power loss once the try ended)."""
+        # resolved: the link in the run directory leads to the mountpoint
+        mount = self.mounts[(self.run_dir / str(fault.params.get("dir", "ckpt"))).resolve()]
+        reply = request(mount.socket_path, {"cmd": "crash", "lose_unsynced": True,
+                                            "pids": pids,
+                                            "fault_id": fault.id if at_firing else ""})
+        gone = [*reply.get("removed", []), *reply.get("reverted_files", [])]
+        return f"{len(gone)} unsynced entr(ies)" if gone else "nothing"
+
+    def between_tries(self) -> None:
+        """The job's try ended and Slurm will run it again: a time limit's power loss
+        happens now (the maintenance the limit made room for)."""
+        for fault in self.power_goes:
+            dropped = self._power_loss(fault, None, at_firing=False)
+            self.log.record("slurm_power_loss", id=fault.id, dropped=dropped)
+            self.progress(f"Slurm job {self.job}: the nodes lost power; it dropped {dropped}")
+        self.power_goes = []
 
     def _time_limit(self, fault: Any, record: dict[str, str]) -> None:
         signal = str(fault.params.get("signal", "USR1"))
@@ -344,6 +420,8 @@ class SchedulerNemesis:
         jobs.cancel(self.job, self.environ, signal=signal, steps_only=True)
         self.limit_at = time.monotonic() + lead
         self.limit_restarts = int(record.get("Restarts", "0"))
+        if fault.params.get("power") == "lost":
+            self.power_goes.append(fault)
         self._acted(fault, {"signal": signal, "lead": lead},
                     f"SIG{signal} to every task, {lead:g} s before the limit")
 
@@ -369,6 +447,8 @@ class SchedulerNemesis:
             if self.cluster is not None:
                 self.cluster.restart_node(node)
         self.failed_nodes = []
+        for mount in self.mounts.values():
+            mount.close()
         self.log.close()
 
 

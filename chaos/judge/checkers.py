@@ -598,9 +598,10 @@ def _bound_text(limit: int, bound: int) -> str:
 
 
 # How a save ended when the rank was done with it (torchchaos.rank.agent._end_save): it went on
-# to train, or its writer thread moved on to the next save. A save cut short by an
-# exception or a death is no finished checkpoint, nor is one open at exit.
-FINISHED = ("step", "next_save")
+# to train or to a clean teardown of its process group, or its writer thread moved on to
+# the next save. A save cut short by an exception or a death is no finished checkpoint,
+# nor is one open at exit.
+FINISHED = ("step", "teardown", "next_save")
 
 
 def _finished_checkpoints(ev: Evidence, before: float) -> list[int]:

@@ -339,6 +339,10 @@ class Agent:
                 clean = sys.exc_info()[0] is None and not agent.raised
                 doing = TEARDOWN if clean else "teardown after an error"
                 agent.history.record("teardown", step=agent.global_step(), clean=clean)
+                if clean and threading.current_thread() is threading.main_thread():
+                    # the script's own save returned before it tore down (a save on a
+                    # scheduler's signal, then exit): the rank went on, as to a step
+                    agent._end_save(agent.save_tracker.step_begins(), "teardown")
                 agent.heartbeat.progress(doing, agent.global_step())
                 agent.heartbeat.write()
             return real_destroy(*args, **kwargs)
@@ -539,7 +543,8 @@ class Agent:
 
     def _end_save(self, save: Save | None, ended: str) -> None:
         """Record the end of `save`: `ended` says how ("step": the rank went on to
-        train; "next_save": its writer thread began the next one; "exit", "exception")."""
+        train; "teardown": it went on to destroy its process group; "next_save": its
+        writer thread began the next one; "exit", "exception")."""
         if save is not None:
             self.history.record("save_end", save=save.number, events=save.events,
                                 last_step=save.last_step, last_t=save.last_t, ended=ended)

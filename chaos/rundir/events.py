@@ -102,6 +102,8 @@ EVENTS: dict[str, EventSpec] = {
     "slurm_fault": _e("harness", "Slurm acted on a slurm fault (torchchaos.harness.scheduler)",
                       "id, event, said, step, and what Slurm did (node, signal, urgent_job)"),
     "slurm_time_limit_end": _e("harness", "the job's time limit ended it, unrequeued", "job"),
+    "slurm_power_loss": _e("harness", "the machines lost power between two tries of the job",
+                           "id, dropped"),
     # -- the fault filesystem (torchchaos.faults.faultfs)
     "fs_mount": _e("faultfs", "the fault filesystem is mounted", "pid"),
     "fs_unmount": _e("faultfs", "the fault filesystem is unmounted", "status"),

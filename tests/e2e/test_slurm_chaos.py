@@ -90,21 +90,27 @@ def test_a_preemption_is_requeued_and_the_bundled_target_resumes_bitwise(
     assert _nothing_queued(cluster)
 
 
-@pytest.mark.parametrize(("variant", "verdict", "failing"), [
-    ([], 0, None),  # saves on the signal, requeues itself, resumes: nothing lost
-    (["--on-usr1", "ignore"], 1, "completes"),  # the limit ends it, nothing requeues it
-    (["--no-resume"], 1, "bounded_lost_work"),  # requeued, starts again from step 0
+LIMIT = "slurm:event=time_limit,step=12,lead=3"
+
+
+@pytest.mark.parametrize(("fault", "variant", "verdict", "failing"), [
+    (LIMIT, [], 0, None),  # saves on the signal, requeues itself, resumes: nothing lost
+    (LIMIT, ["--on-usr1", "ignore"], 1, "completes"),  # the limit ends it, unrequeued
+    (LIMIT, ["--no-resume"], 1, "bounded_lost_work"),  # requeued, starts again from step 0
+    # the nodes lose power once the job left them (the maintenance the limit was for):
+    (LIMIT + ",power=lost", [], 0, None),  # its save was fsynced, file and folder
+    (LIMIT + ",power=lost", ["--no-fsync"], 1, "durable_checkpoints"),  # it was not
 ])
 def test_a_time_limit_signal_judges_the_lab_script_and_its_planted_bugs(
-        cluster: Cluster, shared: Path, variant: list[str], verdict: int,
+        cluster: Cluster, shared: Path, fault: str, variant: list[str], verdict: int,
         failing: str | None) -> None:
-    code, report, said = _cluster_run(cluster, shared, "slurm:event=time_limit,step=12,lead=3",
-                                      LAB + variant)
+    code, report, said = _cluster_run(cluster, shared, fault, LAB + variant)
     assert code == verdict, said
     verdicts = _verdicts(report)
     if failing is None:
         assert set(verdicts.values()) <= {"pass", "skip"}, verdicts
         assert verdicts["bounded_lost_work"] == "pass" and report["restarts"] == 1
+        assert verdicts["durable_checkpoints"] == ("pass" if "power" in fault else "skip")
     else:
         assert verdicts[failing] == "fail", (verdicts, said)
         assert f"cause: {failing}:" in said, said

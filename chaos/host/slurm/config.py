@@ -27,6 +27,7 @@ URGENT = "urgent"  # a partition on the same nodes whose jobs preempt those of P
 # none, the job is signalled, given KillWait and requeued ("DUE TO PREEMPTION").
 GRACE_SECONDS = 0
 KILL_WAIT_SECONDS = 5  # a cancelled or timed-out job's time between SIGTERM and SIGKILL
+CREDENTIAL_SECONDS = 10  # AuthInfo=cred_expire: also a requeued job's hold (+ 1 s)
 NODE_TIMEOUT_SECONDS = 5  # SlurmdTimeout: a node silent this long is down
 
 
@@ -116,7 +117,8 @@ def slurm_conf(layout: Layout) -> str:
         "SlurmdUser=root",
         "AuthType=auth/munge",
         "CredType=cred/munge",
-        f"AuthInfo=socket={layout.munge_socket}",
+        # a requeued job waits for its last credentials to expire: 11 s here, not 121
+        f"AuthInfo=socket={layout.munge_socket},cred_expire={CREDENTIAL_SECONDS}",
         f"StateSaveLocation={root / 'state'}",
         f"SlurmdSpoolDir={root / 'spool' / '%n'}",
         f"SlurmctldPidFile={layout.pid_file('slurmctld')}",

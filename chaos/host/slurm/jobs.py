@@ -19,6 +19,7 @@ from torchchaos.errors import CannotJudge, UsageError
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
          "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+REVOKED_SECONDS = 2.0  # a requeued job started sooner may meet its own revoked credential
 FIELD = re.compile(r"(?:^|\s)([A-Za-z][\w:/]*)=(\S*)")
 
 
@@ -110,9 +111,10 @@ def wait_ended(job: int | str, timeout: float, environ: Mapping[str, str] | None
 def release(job: int | str, timeout: float = 60.0,
             environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Start a requeued job now, once its requeue is done (PENDING again): Slurm holds a
-    requeued batch job for about two minutes (its EligibleTime: the requeue's time + 121 s
-    in 22.05, not a setting). A test does not wait for that; a site's job does. Returns
-    the job's record once it no longer waits for its begin time."""
+    requeued batch job until the credentials of its last try expired (its EligibleTime:
+    the requeue's time + `AuthInfo=cred_expire` + 1 s; 121 s by default, 11 s on the local
+    cluster). A test does not wait for that; a site's job does. Returns the job's record
+    once it no longer waits for its begin time."""
     def held(record: dict[str, str]) -> bool:
         return record.get("JobState") == "PENDING" and record.get("Reason") == "BeginTime"
 
@@ -121,6 +123,9 @@ def release(job: int | str, timeout: float = 60.0,
 
     jobs_record = wait_for(job, lambda r: held(r) or started_again(r), timeout, environ,
                            "PENDING after its requeue")
+    # started in the second its credential was revoked (at the requeue), the job dies at
+    # once: "Killing non-startable batch job ... Job credential revoked" (seen here, 22.05)
+    time.sleep(REVOKED_SECONDS)
     while held(jobs_record):
         _client(["scontrol", "update", f"JobId={job}", "StartTime=now"], environ)
         time.sleep(0.5)
