@@ -67,6 +67,9 @@ def _add_run(actions: Any, count: Callable[[str], int]) -> Any:
     run.add_argument("--seed", type=count, default=0, metavar="N")
     run.add_argument("--timeout", type=float, default=300.0, metavar="SEC",
                      help="deadline of each try of the job (default 300)")
+    run.add_argument("--queue-wait", type=float, default=600.0, metavar="SEC",
+                     help="how long a job may wait for its nodes before it is cancelled"
+                     " (default 600)")
     run.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
                      help="one more sbatch option, e.g. --sbatch=--partition=gpu (repeatable)")
     run.add_argument("--keep-hold", action="store_true",
@@ -100,7 +103,7 @@ def _cmd_run(ns: argparse.Namespace, root: Path) -> int:
                          " pass --site to use the Slurm this environment names")
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
     spec = scheduler.SlurmRun(ns.script, args, ns.shared.resolve(), ns.nodes, ns.nproc,
-                              ns.fault, ns.seed, ns.timeout, options=ns.sbatch,
+                              ns.fault, ns.seed, ns.timeout, ns.queue_wait, ns.sbatch,
                               release_requeued=not ns.keep_hold, checks=ns.check)
     report = scheduler.run(spec, cluster, environ, progress_printer(ns.quiet))
     return print_report(report, ns.shared.resolve() / spec.run_id())

@@ -273,6 +273,7 @@ def run_node(scenario: Scenario, spec: NodeSpec, reference: Path | None,
     again = f", the scheduler's restart {restart}" if restart else ""
     progress(f"node {spec.node_rank} of {spec.nnodes}: run {spec.run_dir}{again},"
              f" {len(faults)} fault(s): {', '.join(f.spec for f in faults) or 'none'}")
+    started = time.monotonic()
     try:
         with _warnings_passed_on():
             outcome = job.run()
@@ -284,6 +285,8 @@ def run_node(scenario: Scenario, spec: NodeSpec, reference: Path | None,
                       leftovers=outcome.leftovers)
         return record
     finally:  # also on Ctrl-C: gather then says the node never finished its part
+        # (and a scheduler's later try counts this one's time)
+        record.setdefault("wall_seconds", time.monotonic() - started)
         _write_json(marker, record)
 
 

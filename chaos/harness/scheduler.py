@@ -250,13 +250,15 @@ def _run_job(spec: SlurmRun, cluster: Cluster | None, environ: Mapping[str, str]
     """Submit the job, make its faults, release its requeues; its final state."""
     mark = uuid.uuid4().hex[:12]
     job_script, mounts = _prepare(spec, mark)
+    run_dir = spec.shared / spec.run_id()
     try:
         job = _submit(spec, job_script, cluster, environ, mark)
-    except BaseException:
+    except BaseException:  # refused, or slurmctld did not answer: nothing ran
         for mount in mounts:
             mount.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(spec.shared / f"{run_dir.name}.storage", ignore_errors=True)
         raise
-    run_dir = spec.shared / spec.run_id()
     what = "the fault-free job" if not spec.faults else f"the job with {', '.join(spec.faults)}"
     progress(f"{what}: Slurm job {job}, run {run_dir}")
     scheduler = SchedulerNemesis(job, run_dir, cluster, environ, progress, mounts)
@@ -301,6 +303,7 @@ def _follow(spec: SlurmRun, job: int, scheduler: SchedulerNemesis,
             ended_since = ended_since or now
             if now - ended_since >= SETTLE_SECONDS:
                 progress(f"Slurm job {job} ended {state} after {restarts} requeue(s)")
+                scheduler.ended(state, restarts)
                 return state
         else:
             ended_since = None
@@ -328,6 +331,7 @@ class SchedulerNemesis:
         self.preempting: tuple[Any, int, int] | None = None  # (fault, restarts, urgent job)
         self.limit_at: float | None = None  # when the time limit ends the job
         self.limit_restarts = 0
+        self.limit_ended = False  # the time limit ended the job (no requeue follows)
         self.log = HistoryWriter(self.layout.history_dir / STREAM, source="harness")
 
     def poll(self, record: dict[str, str]) -> None:
@@ -345,8 +349,7 @@ class SchedulerNemesis:
             if record.get("JobState") == "RUNNING" and \
                     int(record.get("Restarts", "0")) == self.limit_restarts:
                 jobs.cancel(self.job, self.environ)  # SIGTERM, KillWait, SIGKILL: the limit
-                self.log.record("slurm_time_limit_end",
-                                job=self.job)
+                self.limit_ended = True
                 self.progress(f"Slurm job {self.job}: its time limit ended it")
 
     def _requested(self) -> list[Any]:
@@ -434,6 +437,16 @@ class SchedulerNemesis:
             self.environ)
         self.urgent.append(urgent)
         self.preempting = (fault, int(record.get("Restarts", "0")), urgent)
+
+    def ended(self, state: str, restarts: int) -> None:
+        """The job is over: how, for the checks (a job the scheduler ended is no job
+        that failed on its own)."""
+        if state == "COMPLETED":
+            return
+        why = ("its time limit ended it (SIGTERM, KillWait, SIGKILL), and Slurm requeues no"
+               " job that ran out of time" if self.limit_ended else f"it ended {state}")
+        self.log.record("scheduler_end", state=state, restarts=restarts,
+                        said=f"Slurm job {self.job}: {why}")
 
     def close(self) -> None:
         """Bring back the nodes a node failure took, once the job is over (a node brought

@@ -44,6 +44,9 @@ def completes(ev: Evidence) -> CheckResult:
     if gave_up := ev.chaos.of("gave_up"):
         return CheckResult(False, f"job failed at step {reached} of {target} after {launches}"
                                   f" launch(es): {gave_up[-1]['reason']}")
+    if not ev.completed and (ended := ev.chaos.of("scheduler_end")):
+        return CheckResult(False, f"job ended at step {reached} of {target} after {launches}"
+                                  f" launch(es): {ended[-1]['said']}")
     if not ev.completed:
         tail = f"; last output: {ev.log_tail}" if ev.log_tail else ""
         return CheckResult(False, f"job failed at step {reached} of {target} after {launches}"

@@ -101,7 +101,8 @@ EVENTS: dict[str, EventSpec] = {
     "nemesis_end": _e("harness", "a harness fault was healed", "id, kind, window"),
     "slurm_fault": _e("harness", "Slurm acted on a slurm fault (torchchaos.harness.scheduler)",
                       "id, event, said, step, and what Slurm did (node, signal, urgent_job)"),
-    "slurm_time_limit_end": _e("harness", "the job's time limit ended it, unrequeued", "job"),
+    "scheduler_end": _e("harness", "the scheduler ended the job without it completing",
+                        "state, restarts, said"),
     "slurm_power_loss": _e("harness", "the machines lost power between two tries of the job",
                            "id, dropped"),
     # -- the fault filesystem (torchchaos.faults.faultfs)

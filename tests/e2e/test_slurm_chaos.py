@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from torchchaos.host.slurm import jobs
 from torchchaos.host.slurm.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -158,7 +157,10 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_queued(
         (["--site", "--fault=slurm:event=node_fail,node=1,step=3"], "only on a cluster"),
         (["--fault=slurm:event=reboot,step=3"], "reboot"),
         (["--fault=slurm:event=node_fail,step=3,lead=4"], "lead= and signal= belong"),
+        (["--sbatch=--partition=nowhere", "--fault=slurm:event=preempt,step=3"],
+         "the cluster refused the job"),
     ]
+    before = set(shared.iterdir())
     for more, words in cases:
         command = [sys.executable, "-m", "torchchaos.cli", "cluster", "run", "--dir",
                    str(cluster.layout.root), "--shared", str(shared), *more, "--", *BUNDLED]
@@ -171,7 +173,7 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_queued(
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "no cluster in" in done.stderr, done.stderr
     assert _nothing_queued(cluster)
-    assert not jobs.states("999999", cluster.env())
+    assert set(shared.iterdir()) == before  # a refused job leaves no run behind
 
 
 def _wait_idle(cluster: Cluster, timeout: float = 60) -> bool:
