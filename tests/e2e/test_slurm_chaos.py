@@ -92,6 +92,17 @@ def test_a_preemption_is_requeued_and_the_bundled_target_resumes_bitwise(
 LIMIT = "slurm:event=time_limit,step=12,lead=3"
 
 
+def test_the_bundled_target_has_no_answer_to_a_time_limit_and_the_verdict_says_why(
+        cluster: Cluster, shared: Path) -> None:
+    """It installs no handler for the warning (ignored, as torchchaos node leaves it),
+    so the limit ends it mid-way and Slurm requeues no job that ran out of time."""
+    code, report, said = _cluster_run(cluster, shared, LIMIT, BUNDLED)
+    assert code == 1, said
+    assert _verdicts(report)["completes"] == "fail" and report["restarts"] == 0
+    assert "Slurm requeues no job that ran out of time" in report["checks"]["completes"][
+        "detail"], said
+
+
 @pytest.mark.parametrize(("fault", "variant", "verdict", "failing"), [
     (LIMIT, [], 0, None),  # saves on the signal, requeues itself, resumes: nothing lost
     (LIMIT, ["--on-usr1", "ignore"], 1, "completes"),  # the limit ends it, unrequeued
