@@ -133,7 +133,7 @@ def run(spec: SlurmRun, cluster: Cluster | None, environ: Mapping[str, str],
     elif not spec.faults:
         progress(f"the fault-free job already ran in {reference}")
     if not spec.faults:
-        return gather(reference, None, spec.checks, 0.0, progress)
+        return gather(reference, reference, spec.checks, 0.0, progress)
     ended = _run_job(spec, cluster, environ, progress)
     return gather(spec.shared / spec.run_id(), reference, spec.checks, SETTLE_SECONDS,
                   progress, ended_by=ended)

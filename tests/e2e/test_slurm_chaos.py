@@ -79,6 +79,15 @@ def test_a_node_failure_is_requeued_by_slurm_and_the_bundled_target_resumes_bitw
     assert _nothing_queued(cluster)
 
 
+def test_without_faults_the_fault_free_job_is_judged(cluster: Cluster, shared: Path) -> None:
+    """The reference of the job: run once per shared directory, then judged again from
+    what it left (it completes and leaves nothing)."""
+    for _ in range(2):
+        code, _, said = _cluster_run(cluster, shared, None, BUNDLED)
+        assert code == 0 and "verdict: PASS" in said, said
+    assert "already ran" in said
+
+
 def test_a_preemption_is_requeued_and_the_bundled_target_resumes_bitwise(
         cluster: Cluster, shared: Path) -> None:
     code, report, said = _cluster_run(cluster, shared, "slurm:event=preempt,step=12", BUNDLED)
