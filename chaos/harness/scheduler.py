@@ -38,7 +38,7 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,14 @@ from torchchaos.scenario import schedule
 from torchchaos.scenario.spec import parse_fault_spec
 
 POLL_SECONDS = 0.5
+DEADLINE_SLACK = 120.0  # beyond a try's --timeout: the node harnesses' own teardown
 SETTLE_SECONDS = 3.0  # an ended state held this long is the end (a requeue follows within it)
+# what only the local cluster lets the harness do, and why
+LOCAL_ONLY = {
+    ("event", "node_fail"): "kills a node's slurmd and processes",
+    ("event", "preempt"): f"submits to a partition that preempts the job's ({URGENT})",
+    ("power", "lost"): "mounts the fault filesystem over the run's folder on this machine",
+}
 JOB_FILE = "slurm-job.sh"  # the job script, in the run's _chaos/
 STREAM = "harness-slurm.jsonl"  # what this harness did to the job, beside the nodes' streams
 
@@ -125,8 +132,7 @@ def run(spec: SlurmRun, cluster: Cluster | None, environ: Mapping[str, str],
         progress(f"the fault-free job in {reference} never finished: it runs again")
         shutil.rmtree(reference)  # a folder this harness made (its job script is in it)
     if not _all_done(reference):
-        state = _run_job(SlurmRun(**{**spec.__dict__, "faults": []}), cluster, environ,
-                         progress)
+        state = _run_job(replace(spec, faults=[]), cluster, environ, progress)
         if not _all_done(reference):
             raise CannotJudge(f"the target fails without faults: the fault-free job ended"
                               f" {state}, its nodes did not complete ({_last_words(reference)})")
@@ -145,17 +151,10 @@ def _check(spec: SlurmRun, cluster: Cluster | None) -> None:
         raise UsageError("--nodes and --nproc must be at least 1")
     for text in spec.faults:
         fault = parse_fault_spec(text)
-        if fault.kind == "slurm" and fault.params.get("event") == "node_fail" \
-                and cluster is None:
-            raise UsageError("slurm:event=node_fail kills a node's slurmd and processes: only"
-                             " on a cluster torchchaos started (`torchchaos cluster up`)")
-        if fault.kind == "slurm" and fault.params.get("power") == "lost" and cluster is None:
-            raise UsageError("slurm power=lost mounts the fault filesystem over the run's"
-                             " folder on this machine: only on a cluster torchchaos started")
-        if fault.kind == "slurm" and fault.params.get("event") == "preempt" \
-                and cluster is None:
-            raise UsageError(f"slurm:event=preempt submits to a partition that preempts the"
-                             f" job's: the cluster torchchaos starts has one ({URGENT})")
+        for (key, value), why in LOCAL_ONLY.items():
+            if cluster is None and fault.kind == "slurm" and fault.params.get(key) == value:
+                raise UsageError(f"slurm {key}={value} {why}: only on a cluster torchchaos"
+                                 " started (`torchchaos cluster up`)")
         get_kind(fault.kind)
     if not Path(spec.script).is_file():
         raise UsageError(f"no training script {spec.script}")
@@ -285,8 +284,9 @@ def _follow(spec: SlurmRun, job: int, scheduler: SchedulerNemesis,
         if not running and now - started > spec.queue_wait:
             raise CannotJudge(f"Slurm job {job} did not start within {spec.queue_wait:g} s"
                               f" ({state or 'no record'}: {record.get('Reason', '')})")
-        if running and now - started > spec.timeout * (restarts + 1) + 120:
-            raise CannotJudge(f"Slurm job {job} ran past its deadline: cancelled")
+        if running and now - started > spec.timeout + DEADLINE_SLACK:  # a try's deadline
+            raise CannotJudge(f"Slurm job {job} ran past its deadline ({spec.timeout:g} s a"
+                              " try, which its nodes should have kept): cancelled")
         scheduler.poll(record)
         if int(record.get("Restarts", "0")) > restarts:
             restarts = int(record["Restarts"])

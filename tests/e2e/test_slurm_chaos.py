@@ -174,7 +174,7 @@ def test_a_killed_harness_cancels_its_job(cluster: Cluster, shared: Path) -> Non
 def test_bad_input_is_one_line_and_exit_2_before_anything_is_queued(
         cluster: Cluster, shared: Path, tmp_path: Path) -> None:
     cases = [
-        (["--site", "--fault=slurm:event=node_fail,node=1,step=3"], "only on a cluster"),
+        (["--site", "--fault=slurm:event=node_fail,node=1,step=3"], "only on a cluster torch"),
         (["--fault=slurm:event=reboot,step=3"], "reboot"),
         (["--fault=slurm:event=node_fail,step=3,lead=4"], "lead= and signal= belong"),
         (["--sbatch=--partition=nowhere", "--fault=slurm:event=preempt,step=3"],
