@@ -136,6 +136,34 @@ def test_a_time_limit_signal_judges_the_lab_script_and_its_planted_bugs(
     assert _nothing_queued(cluster)
 
 
+@pytest.mark.parametrize("fault", ["slurm:event=node_fail,node=0,step=12",
+                                   "slurm:event=preempt,step=12"])
+def test_the_lab_script_resumes_bitwise_after_a_node_failure_or_a_preemption(
+        cluster: Cluster, shared: Path, fault: str) -> None:
+    """No signal to answer: its ranks die (SIGKILL with the node, SIGTERM, KillWait and
+    SIGKILL in a preemption), Slurm requeues the job, and it resumes from its newest
+    checkpoint."""
+    code, report, said = _cluster_run(cluster, shared, fault, LAB)
+    assert code == 0, said
+    verdicts = _verdicts(report)
+    assert verdicts["deterministic_resume"] == verdicts["bounded_lost_work"] == "pass", said
+    assert report["restarts"] == 1
+    assert _nothing_queued(cluster)
+
+
+def test_a_job_that_never_starts_is_cancelled_within_the_wait(cluster: Cluster,
+                                                              shared: Path) -> None:
+    command = [sys.executable, "-m", "torchchaos.cli", "cluster", "run", "--dir",
+               str(cluster.layout.root), "--shared", str(shared / "never"), "--queue-wait",
+               "5", "--sbatch=--begin=now+1hour", "--", *LAB, "--steps", "7"]
+    (shared / "never").mkdir()
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "did not start within 5 s" in done.stderr, done.stderr
+    assert time.monotonic() - started < 60
+    assert _nothing_queued(cluster)
+
+
 def test_a_slurm_fault_counts_as_fired_only_once_slurm_acted(cluster: Cluster,
                                                               shared: Path) -> None:
     """A preemption asked for at the job's last step races the job's end: where Slurm

@@ -148,7 +148,9 @@ def _left(tmp: Path, killed_pid: int) -> list[str]:
     mine = {f.path for f in owners.owners().live if f.pid == os.getpid()}
     others = [x for x in leftovers.inventory()
               if not any(leftovers.of_lock([x], owners.LockFile.read(p)) for p in mine)]
-    found += [x.describe() for x in others if x.kind != "process"]  # networks (all ours)
+    # networks are all ours; Slurm clusters and their jobs are other tests' (a module's
+    # cluster lives between its tests, while this one holds the host): no case starts one
+    found += [x.describe() for x in others if x.kind not in ("process", "cluster", "slurmjob")]
     found += [f"lock {p}" for p in owners.lock_files() if p.name.startswith(f"{killed_pid}-")]
     found += [f"watcher {p.pid}" for p in psutil.process_iter(["cmdline"])
               if "torchchaos.host.lifeline" in (p.info["cmdline"] or [])

@@ -14,26 +14,50 @@ from torchchaos.errors import CannotJudge
 from torchchaos.host.slurm import daemons
 from torchchaos.host.slurm.config import Layout, dbd_conf
 
-PROGRAMS = ("mariadbd", "mariadb-install-db", "slurmdbd", "sacct", "sacctmgr")
+PROGRAMS = ("mariadbd", "mariadb-install-db", "mariadb", "slurmdbd", "sacct", "sacctmgr")
 
 
 def start(layout: Layout, marks: dict[str, str], timeout: float) -> list[subprocess.Popen]:
     """The database, then slurmdbd, each waited for: their processes."""
     _install_database(layout)
     database = daemons.start(_server(layout), layout.log("mariadb"), marks)
-    daemons.wait_until(lambda: daemons.listening(layout.ports.database), "the database",
-                       database, layout.log("mariadb"), timeout)
+    # listening is not answering: under CI's load slurmdbd, started once the port was
+    # open, died with "Unable to initialize accounting_storage/mysql"; a query says
+    daemons.wait_until(lambda: daemons.answers(_query(layout, "SELECT 'up'"), {}, "up"),
+                       "the database", database, layout.log("mariadb"), timeout)
     layout.dbd_conf.write_text(dbd_conf(layout))
     layout.dbd_conf.chmod(0o600)  # slurmdbd refuses a configuration others can read
-    dbd = daemons.start(["slurmdbd", "-D"], layout.log("slurmdbd-out"),
-                        {**marks, "SLURM_CONF": str(layout.slurm_conf)})
+    return [database, _start_dbd(layout, marks, timeout)]
+
+
+def _start_dbd(layout: Layout, marks: dict[str, str], timeout: float) -> subprocess.Popen:
+    """slurmdbd, once its tables are made; started again once if it died while starting
+    (its first connection to a database under load can fail)."""
+    conf = {"SLURM_CONF": str(layout.slurm_conf)}
+    dbd = daemons.start(["slurmdbd", "-D"], layout.log("slurmdbd-out"), {**marks, **conf})
+    try:
+        _wait_for_tables(layout, dbd, conf, timeout)
+    except CannotJudge:
+        if dbd.poll() is None:  # alive and not ready: no second start would help
+            raise
+        dbd = daemons.start(["slurmdbd", "-D"], layout.log("slurmdbd-out"), {**marks, **conf})
+        _wait_for_tables(layout, dbd, conf, timeout)
+    return dbd
+
+
+def _wait_for_tables(layout: Layout, dbd: subprocess.Popen, conf: dict[str, str],
+                     timeout: float) -> None:
     # listening is not ready: slurmctld dies ("we have no TRES from it") if it asks
     # before slurmdbd has made its tables; sacctmgr's answer says they are there
-    conf = {"SLURM_CONF": str(layout.slurm_conf)}
     daemons.wait_until(lambda: daemons.answers(["sacctmgr", "-n", "-P", "show", "tres"], conf,
                                                "cpu"), "slurmdbd", dbd, layout.log("slurmdbd"),
                        timeout)
-    return [database, dbd]
+
+
+def _query(layout: Layout, sql: str) -> list[str]:
+    """The mariadb client's command for one query as slurmdbd connects (TCP, root)."""
+    return ["mariadb", "--no-defaults", "-h", "127.0.0.1", "-P", str(layout.ports.database),
+            "-u", "root", "-N", "-e", sql]
 
 
 def _install_database(layout: Layout) -> None:
