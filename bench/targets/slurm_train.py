@@ -123,6 +123,7 @@ def main() -> None:
             dist.destroy_process_group()
             return
     log.info("done at step %d", a.steps)
+    dist.barrier()  # rank 0 hosts the store: it leaves last, not while others tear down
     dist.destroy_process_group()
 
 

@@ -430,7 +430,8 @@ def _ended_by_scheduler(node: dict[str, Any], state: str) -> dict[str, Any]:
         return {**node, "wall_seconds": node["wall_seconds"] + wall}
     return {**node, "interrupted": False, "completed": False, "deadline_hit": False,
             "exit_codes": [c for t in tries for c in t["exit_codes"]] + [[None]],
-            "wall_seconds": wall, "reaped": [], "leftovers": [], "ended_by": state}
+            "wall_seconds": wall + node.get("wall_seconds", 0.0), "reaped": [],
+            "leftovers": [], "ended_by": state}
 
 
 def _reference_nodes(reference: Path, wait: float,

@@ -24,6 +24,9 @@ from torchchaos.host.slurm.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 
+# one cluster for the module: its tests on one worker (`--dist loadgroup`)
+pytestmark = pytest.mark.xdist_group("slurm-cluster")
+
 
 @pytest.fixture(scope="module")
 def cluster():

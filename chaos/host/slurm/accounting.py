@@ -64,11 +64,17 @@ def _install_database(layout: Layout) -> None:
     layout.database.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
         ["mariadb-install-db", "--no-defaults", f"--datadir={layout.database}",
-         "--auth-root-authentication-method=normal", "--skip-test-db", "--user=root"],
+         "--auth-root-authentication-method=normal", "--skip-test-db", "--user=root",
+         # its bootstrap server's files in the folder, not the machine's defaults: two
+         # clusters made at once (two pytest workers) aborted on them
+         f"--socket={layout.root / 'run' / 'mariadb-install.sock'}",
+         f"--pid-file={layout.root / 'run' / 'mariadb-install.pid'}"],
         capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         said = (done.stderr or done.stdout).strip().splitlines()
-        raise CannotJudge(f"mariadb-install-db failed: {said[-1] if said else done.returncode}")
+        errors = [line for line in said if "[ERROR]" in line and "Aborting" not in line]
+        raise CannotJudge("mariadb-install-db failed: "
+                          f"{(errors or said or [str(done.returncode)])[0]}")
 
 
 def _server(layout: Layout) -> list[str]:
