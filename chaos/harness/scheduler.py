@@ -45,7 +45,6 @@ from typing import Any
 from torchchaos.errors import CannotJudge, UsageError
 from torchchaos.faults.faultfs.client import request
 from torchchaos.faults.faultfs.mount import Mount
-from torchchaos.faults.registry import get_kind
 from torchchaos.faults.slurm import JOB_MARK
 from torchchaos.harness.multinode import REFERENCE_ID, finished_nodes, gather
 from torchchaos.harness.runner import Progress
@@ -113,6 +112,10 @@ class SlurmRun:
     def reference_dir(self) -> Path:
         return self.shared / f"{REFERENCE_ID}-{self.job_key()}"
 
+    def storage_dir(self) -> Path:
+        """Beside the run directory: the fault filesystems of its power losses."""
+        return self.shared / f"{self.run_id()}.storage"
+
     def run_id(self) -> str:
         if not self.faults:
             return self.reference_dir().name
@@ -155,7 +158,6 @@ def _check(spec: SlurmRun, cluster: Cluster | None) -> None:
             if cluster is None and fault.kind == "slurm" and fault.params.get(key) == value:
                 raise UsageError(f"slurm {key}={value} {why}: only on a cluster torchchaos"
                                  " started (`torchchaos cluster up`)")
-        get_kind(fault.kind)
     if not Path(spec.script).is_file():
         raise UsageError(f"no training script {spec.script}")
 
@@ -195,7 +197,7 @@ def _prepare(spec: SlurmRun, mark: str) -> tuple[Path, list[Mount]]:
     knows this harness's job and mounts by (registered before either exists)."""
     run_dir = spec.shared / spec.run_id()
     layout = RunLayout(run_dir)
-    storage = spec.shared / f"{run_dir.name}.storage"
+    storage = spec.storage_dir()
     if run_dir.exists() or storage.exists():
         raise UsageError(f"{run_dir} exists: a run of these faults already ran there (remove"
                          " it, or change --seed)")
@@ -210,7 +212,7 @@ def _prepare(spec: SlurmRun, mark: str) -> tuple[Path, list[Mount]]:
             # beside the run directory, linked into it: every node harness reaps the
             # mounts under the run directory when its try ends, and this one must last
             # through the scheduler's tries
-            mountpoint = spec.shared / f"{run_dir.name}.storage" / folder
+            mountpoint = storage / folder
             (run_dir / folder).parent.mkdir(parents=True, exist_ok=True)
             (run_dir / folder).symlink_to(mountpoint, target_is_directory=True)
             state = layout.chaos_dir / "faultfs" / f"{number}-power"
@@ -256,7 +258,7 @@ def _run_job(spec: SlurmRun, cluster: Cluster | None, environ: Mapping[str, str]
         for mount in mounts:
             mount.close()
         shutil.rmtree(run_dir, ignore_errors=True)
-        shutil.rmtree(spec.shared / f"{run_dir.name}.storage", ignore_errors=True)
+        shutil.rmtree(spec.storage_dir(), ignore_errors=True)
         raise
     what = "the fault-free job" if not spec.faults else f"the job with {', '.join(spec.faults)}"
     progress(f"{what}: Slurm job {job}, run {run_dir}")

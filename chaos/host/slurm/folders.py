@@ -24,11 +24,16 @@ def owned_root(cluster_id: str) -> Path:
 
 def leftovers() -> list[tuple[str, str]]:
     """(folder, cluster id) of every owned cluster's folder in this state folder."""
+    return [(str(p), run) for p, run in _named(OURS) if p.is_dir()]
+
+
+def _named(pattern: re.Pattern[str]) -> list[tuple[Path, str]]:
+    """(entry, its id) of every entry of the state folder whose name `pattern` matches."""
     try:
         entries = sorted(state_dir().iterdir())
     except FileNotFoundError:
         return []
-    return [(str(p), m.group(1)) for p in entries if (m := OURS.match(p.name)) and p.is_dir()]
+    return [(p, m.group(1)) for p in entries if (m := pattern.match(p.name))]
 
 
 # -- jobs a harness submitted: cancelled if it dies before they end -------------
@@ -51,11 +56,7 @@ def note_job(run_id: str, job: int, slurm_conf: str) -> None:
 
 def job_leftovers() -> list[tuple[str, str]]:
     """(note, run id) of every job note in this state folder."""
-    try:
-        entries = sorted(state_dir().iterdir())
-    except FileNotFoundError:
-        return []
-    return [(str(p), m.group(1)) for p in entries if (m := JOB_FILE.match(p.name))]
+    return [(str(p), run) for p, run in _named(JOB_FILE)]
 
 
 def cancel_noted(note: str) -> list[str]:

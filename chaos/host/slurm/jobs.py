@@ -38,16 +38,17 @@ def _client(command: list[str], environ: Mapping[str, str] | None,
 def submit(script: str, options: list[str], environ: Mapping[str, str] | None = None,
            arguments: list[str] | None = None) -> int:
     """The job id of `sbatch OPTIONS SCRIPT ARGUMENTS`; a refusal is a UsageError."""
-    done = _client(["sbatch", "--parsable", *options, script, *(arguments or [])], environ)
-    if done.returncode != 0:
-        raise UsageError(f"the cluster refused the job: {_said(done)}")
-    return int(done.stdout.strip().split(";")[0])
+    return _sbatch([*options, script, *(arguments or [])], environ)
 
 
 def submit_command(command: list[str], options: list[str],
                    environ: Mapping[str, str] | None = None) -> int:
-    """The job id of `sbatch OPTIONS --wrap COMMAND`."""
-    done = _client(["sbatch", "--parsable", *options, "--wrap", shlex.join(command)], environ)
+    """The job id of `sbatch OPTIONS --wrap COMMAND`; a refusal is a UsageError."""
+    return _sbatch([*options, "--wrap", shlex.join(command)], environ)
+
+
+def _sbatch(arguments: list[str], environ: Mapping[str, str] | None) -> int:
+    done = _client(["sbatch", "--parsable", *arguments], environ)
     if done.returncode != 0:
         raise UsageError(f"the cluster refused the job: {_said(done)}")
     return int(done.stdout.strip().split(";")[0])
