@@ -9,6 +9,7 @@ when it starts, so slurmdbd must answer first.
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 from torchchaos.errors import CannotJudge
 from torchchaos.host.slurm import daemons
@@ -68,7 +69,8 @@ def _install_database(layout: Layout) -> None:
          # its bootstrap server's files in the folder, not the machine's defaults: two
          # clusters made at once (two pytest workers) aborted on them
          f"--socket={layout.root / 'run' / 'mariadb-install.sock'}",
-         f"--pid-file={layout.root / 'run' / 'mariadb-install.pid'}"],
+         f"--pid-file={layout.root / 'run' / 'mariadb-install.pid'}",
+         f"--tmpdir={_tmpdir(layout)}"],
         capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         said = (done.stderr or done.stdout).strip().splitlines()
@@ -77,8 +79,17 @@ def _install_database(layout: Layout) -> None:
                           f"{(errors or said or [str(done.returncode)])[0]}")
 
 
+def _tmpdir(layout: Layout) -> Path:
+    """The database's temporary tables in the cluster's folder, not in TMPDIR: a deep job
+    TMPDIR another test emptied failed the install ("Could not remove temporary table")."""
+    folder = layout.root / "run" / "mariadb-tmp"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def _server(layout: Layout) -> list[str]:
     return ["mariadbd", "--no-defaults", f"--datadir={layout.database}",
+            f"--tmpdir={_tmpdir(layout)}",
             f"--socket={layout.root / 'run' / 'mariadb.sock'}",
             f"--port={layout.ports.database}", "--bind-address=127.0.0.1",
             f"--pid-file={layout.pid_file('mariadb')}", "--user=root",
