@@ -188,6 +188,13 @@ def test_at_most_twelve_modules_directly_in_chaos() -> None:
     assert len(direct) <= 12, direct
 
 
+def test_no_module_of_the_incident_import_is_over_600_lines() -> None:
+    """One idea a module: the rules grew to 1,650 lines in one file once (issue 61)."""
+    long = {str(p.relative_to(REPO)): n for p in (REPO / "chaos" / "incident").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 600}
+    assert long == {}
+
+
 def test_judging_imports_no_torch() -> None:
     """The checks are pure functions over histories: what they need from tensors (the
     SDC check's weight drift) the agent measured while the run was alive."""

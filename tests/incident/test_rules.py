@@ -570,11 +570,11 @@ def test_only_the_restart_right_after_a_failure_bounds_its_step(tmp_path):
 
 
 def test_another_ranks_log_of_the_same_launch_is_no_relaunch():
-    from torchchaos.incident.attribute import _relaunch_of
+    from torchchaos.incident.launches import relaunch_of
 
-    assert not _relaunch_of("logs/rank-0.log", "logs/rank-1.log")
-    assert not _relaunch_of("logs/launch-0-node-0.log", "logs/launch-0-node-1.log")
-    assert _relaunch_of("logs/slurm-41.out", "logs/slurm-42.out")
+    assert not relaunch_of("logs/rank-0.log", "logs/rank-1.log")
+    assert not relaunch_of("logs/launch-0-node-0.log", "logs/launch-0-node-1.log")
+    assert relaunch_of("logs/slurm-41.out", "logs/slurm-42.out")
 
 
 def test_a_later_restarts_resume_places_no_death_at_a_saves_end(tmp_path):
@@ -605,7 +605,7 @@ def test_a_slurm_arrays_other_task_is_no_relaunch(tmp_path):
     """Two tasks of one Slurm array (sbatch's default slurm-%A_%a.out) run side by side:
     task 1 training from step 1 is no relaunch that lost task 0's save. Read before as a
     power loss that dropped the save of step 4."""
-    from torchchaos.incident.attribute import _relaunch_of
+    from torchchaos.incident.launches import relaunch_of
 
     def steps(last: int, saves: tuple[int, ...]) -> str:
         return "".join(f"step {n} loss 2.{n:02d}\n" + (
@@ -617,7 +617,7 @@ def test_a_slurm_arrays_other_task_is_no_relaunch(tmp_path):
     gathered = gather([tmp_path])
     found = attribute(gathered.observations, gathered.sources).finding
     assert found.kind == "unknown", found.rules
-    assert _relaunch_of("logs/slurm-41_0.out", "logs/slurm-57_0.out")  # resubmitted
+    assert relaunch_of("logs/slurm-41_0.out", "logs/slurm-57_0.out")  # resubmitted
 
 
 def _summary(*entries: tuple[int, str]) -> str:

@@ -1,0 +1,147 @@
+"""Failure rules for a job that stopped making progress: a collective that timed out,
+stacks taken before a kill, a time limit that ended a silence."""
+
+from __future__ import annotations
+
+from torchchaos.incident.evidence import FATAL, own_errors
+from torchchaos.incident.finding import LOADER_WAIT, Finding, FirstFailure, say
+from torchchaos.incident.observations import (
+    Observation,
+    function_of,
+)
+from torchchaos.incident.rules.deaths import process_of, who_of
+
+
+def hang(c: FirstFailure) -> bool:
+    obs, ranks, f = c.obs, c.ranks, c.finding
+    timeouts = [o for o in obs if o.what == "collective_timeout"]
+    # a stack names its rank, or at least its process (py-spy's "Process 48212:")
+    stacks = [o for o in obs if o.what == "stack" and (o.rank is not None or o.pid)]
+    killed_all = stacks and not own_errors(obs) and not any(
+        o.what == "exit" and o.signal in FATAL for o in obs)
+    if not timeouts and not (killed_all and len({process_of(o) for o in stacks}) > 1):
+        return False
+    f.kind, f.how = "hang", "collective timeout" if timeouts else "stacks taken, job killed"
+    waiting = {o.rank for o in timeouts if o.rank is not None}
+    for o in timeouts[:3]:
+        say(f, f"hang: rank {o.rank} {o.detail} ({o.source})", o)
+    flights = [o for o in obs if o.what == "flight" and o.rank is not None and o.seq is not None]
+    if len(flights) > 1 and len({o.seq for o in flights}) > 1:
+        behind = min(flights, key=lambda o: o.seq or 0)
+        f.rank, f.collective = behind.rank, behind.collective
+        say(f, f"rank {behind.rank} is behind in the flight recorder: its last collective is"
+                f" #{behind.seq}, the others reached #{max(o.seq or 0 for o in flights)}",
+             behind)
+        return True
+    outside = [o for o in stacks if o.phase != "collective"]
+    inside = [o for o in stacks if o.phase == "collective"]
+    if inside and len({process_of(o) for o in outside}) == 1:
+        f.rank = outside[0].rank
+        if outside[0].phase == "data":
+            f.how = LOADER_WAIT
+        f.collective = next((o.collective for o in inside if o.collective), None)
+        where = outside[0].frames[-1] if outside[0].frames else "no frame"
+        say(f, f"{who_of(outside[0])}'s stack is outside every collective (in {where}) while"
+                " the others wait in one", outside[0])
+        if f.rank is None:
+            f.rules.append("no artefact ties that pid to a rank: the rank is not known")
+        return True
+    if inside and not outside and len({_waits_in(o) for o in inside}) > 1:
+        _out_of_step(inside, f)
+        return True
+    alive = sorted({o.rank for o in obs if o.reason == "stopped by the launcher"
+                    and o.rank is not None} - waiting)
+    if len(alive) == 1:
+        f.rank = alive[0]
+        f.rules.append(f"rank {f.rank} was still running when the launcher stopped the job"
+                       " after the timeout: it is the one waited for")
+        return True
+    known = set(ranks) | waiting
+    if waiting and len(known - waiting) == 1 and len(known) > 2:
+        f.rank = (known - waiting).pop()
+        f.rules.append(f"rank {f.rank} is the only rank of the job ({len(known)} seen) whose"
+                       " collective did not time out: the others waited for it")
+        return True
+    if len(known) == 2 and len(waiting) == 1:
+        f.rank = (known - waiting).pop()
+        f.rules.append(f"rank {f.rank}: the only other rank of a job of two waited for")
+        return True
+    f.rules.append("the rank waited for is not known: no flight-recorder dump or stack"
+                   " tells it")
+    return True
+
+
+def _waits_in(stack: Observation) -> str:
+    """The collective a stack waits in: its name, or the innermost frame (a backward's
+    all-reduce runs under autograd, with no collective's name on the stack)."""
+    return stack.collective or (function_of(stack.frames[-1]) if stack.frames else "")
+
+
+def _out_of_step(inside: list[Observation], f: Finding) -> None:
+    """Every rank waits in a collective, not all in the same one: each waits for a peer
+    that has gone past or not come to it, so no stack says which rank began it."""
+    where = ", ".join(f"rank {o.rank} in {_waits_in(o)}" for o in inside[:4])
+    f.how = "ranks wait in different collectives"
+    f.alternatives = ["abort"]
+    f.alternatives_why = ("a rank whose collective failed and that went on (a framework that"
+                          " catches the error, as Lightning does around its broadcast of a"
+                          " SIGTERM flag) is out of step with its peers just as a rank that"
+                          " took its own path is; no line says which")
+    f.rules.append(f"hang: every rank waits in a collective, not the same one ({where}): the"
+                   " ranks' collectives went out of step; the rank that skipped one is not"
+                   " known")
+    f.sources.extend(str(o.source) for o in inside[:4])
+
+
+# a job ended at its time limit had hung, not run out of time, when its log had been
+# silent this many times its own step interval (and at least HUNG_SILENCE_MIN seconds)
+HUNG_SILENCE_STEPS = 20
+
+
+HUNG_SILENCE_MIN = 30.0
+
+
+def limit_ended_hang(c: FirstFailure) -> bool:
+    """The scheduler ended the job at its time limit long after the log's last step: the
+    training had stopped, and the limit only ended the wait. A job still stepping when
+    its limit came ran out of time instead (`preempt`: a SIGTERM, then a SIGKILL)."""
+    obs, f = c.obs, c.finding
+    ends = [o for o in obs if o.what == "job_state" and o.reason == "TIMEOUT"
+            and o.time is not None]
+    if not ends:
+        return False
+    end = min(ends, key=lambda o: o.time or 0.0)
+    first_seen: dict[int, float] = {}
+    last_by_rank: dict[int | None, int] = {}
+    for o in obs:
+        if o.what == "step" and o.step is not None and o.time is not None \
+                and o.time <= (end.time or 0.0):
+            first_seen[o.step] = min(first_seen.get(o.step, o.time), o.time)
+            last_by_rank[o.rank] = max(last_by_rank.get(o.rank, o.step), o.step)
+    steps = sorted(first_seen)
+    if len(steps) < 3:
+        return False
+    intervals = sorted(first_seen[b] - first_seen[a] for a, b in zip(steps, steps[1:]))
+    interval = intervals[len(intervals) // 2]
+    silence = (end.time or 0.0) - first_seen[steps[-1]]
+    if silence < max(HUNG_SILENCE_MIN, HUNG_SILENCE_STEPS * interval):
+        return False
+    f.kind, f.how = "hang", "ended by the time limit"
+    last_step = next(o for o in obs if o.what == "step" and o.step == steps[-1])
+    say(f, f"hang: the scheduler ended the job at its time limit ({end.source}) {silence:.0f} s"
+            f" after the last step the log shows (step {steps[-1]}, {last_step.source}), while"
+            f" steps had come every {interval:.2f} s: the training had stopped, and the limit"
+            " only ended the wait", end, last_step)
+    ranked = {r: s for r, s in last_by_rank.items() if r is not None}
+    behind = [r for r, s in ranked.items() if s < max(ranked.values())] if ranked else []
+    if len(ranked) == 1 and not any(o.rank not in (None, *ranked) for o in obs):
+        f.rank = next(iter(ranked))
+        f.rules.append(f"rank {f.rank} is the only rank the artefacts name")
+    elif len(behind) == 1:
+        f.rank = behind[0]
+        f.rules.append(f"rank {f.rank}'s last step is {ranked[f.rank]}, the others reached"
+                       f" {max(ranked.values())}: it stopped first")
+    else:
+        f.rules.append("every rank's log stops at the same step: which rank stopped first"
+                       " is not known (stacks or a flight-recorder dump would say)")
+    return True
