@@ -72,8 +72,8 @@ def _print(imported: Imported, out: Path) -> None:
                                                                    if more > 0 else ""))
     for note in imported.gathered.notes:
         print(f"note: {note}")
-    where = "its own steps (the same script)" if imported.same_script else \
-        "the replay script's fault-free reference run"
+    where = "its own steps (the same script)" if imported.file.incident.get("steps_kept") \
+        else "the replay script's fault-free reference run"
     print(f"faults placed from {where}; replaying on {imported.file.scenario.script}")
     print(f"wrote {out}")
     print(f"replay it: torchchaos replay {out}")

@@ -55,12 +55,16 @@ def attribute(observations: list[Observation],
     for rank in {o.rank for o in everything if o.rank is not None} - set(ranks):
         ranks[rank] = RankStory(rank)  # seen only later: still a rank of the job
     finding = Finding()
-    first_rule_that_applies(FirstFailure(obs, stopped, ranks, finding))
+    failure = FirstFailure(obs, stopped, ranks, finding)
+    first_rule_that_applies(failure)
     incident = Incident(finding, ranks)
     ended = next((src[:-4] for src in finding.sources if src.endswith(":end")), None)
     if ended is not None:  # a launch that vanished: what came after is the next launch's
         later = [o for o in everything if launch_order(o.source.file) > launch_order(ended)
                  and same_folder(o.source.file, ended)]
+    if failure.consequence is not None:  # the launch it failed in is the restart
+        log = failure.consequence.source.file
+        later = [o for o in obs if o.source.file == log] + later
     incident.recovery, incident.restart_failure = _recovery(later, stopped)
     incident.restarts = restart_count(everything)
     incident.resumed = [f"{o.detail} ({o.source})" for o in everything if o.what == "resume"]

@@ -8,9 +8,7 @@ import math
 import re
 
 from torchchaos.incident.formats.collectives import PEER_LOST
-from torchchaos.incident.observations import (
-    Observation,
-)
+from torchchaos.incident.observations import Observation
 
 FATAL = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL")
 

@@ -126,3 +126,6 @@ class FirstFailure:
     stopped: set[int | None]
     ranks: dict[int, RankStory]
     finding: Finding
+    # an error the rule found to be the first failure's consequence, not a failure of its
+    # own (a resume that died loading the file a save cut short): the restart's failure
+    consequence: Observation | None = None

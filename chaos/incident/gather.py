@@ -72,6 +72,7 @@ def gather(paths: list[Path], script: Path | None = None) -> Gathered:
         raise UsageError(f"nothing torchchaos can read in {', '.join(map(str, paths))}"
                          f" (it reads: {', '.join(r.name for r in readers)}, and checkpoint"
                          " folders)")
+    found.observations = checkpoints.compare_with_siblings(found.observations)
     codes = [c for o in found.observations for c in o.extra.get("code", ())]
     found.sources = script_source.read_sources(codes, script)
     return found
@@ -89,12 +90,19 @@ def _walk(root: Path, found: Gathered) -> list[tuple[Path, str]]:
         if checkpoints.is_checkpoint_folder(here):
             found.observations += checkpoints.read_folder(here, shown)
             found.read[shown + "/"] = ["checkpoints"]
+        elif any(checkpoints.is_checkpoint_folder(here / d) for d in dirs):
+            # a folder of step folders may hold the pointer to the newest (`latest`)
+            found.observations += checkpoints.pointers(here, shown)
+        pointers = {o.source.file for o in found.observations if o.what == "pointer"}
         for name in sorted(names):
             path = here / name
             if not path.is_file():
                 continue  # a socket, a pipe or a dangling link: nothing a job left to read
             if checkpoints.looks_like_checkpoint(path):
                 continue  # the folder's observations cover it
+            if f"{shown}/{name}" in pointers:
+                found.read[f"{shown}/{name}"] = ["checkpoints (a pointer)"]
+                continue
             files.append((path, f"{shown}/{name}"))
     return files
 

@@ -70,7 +70,7 @@ def judge_replay(incident: dict, out_dir: Path, name: str, verdict: str,
     if got.role == "unknown":
         got = dataclasses.replace(got, role=_role_from_record(out_dir / "report.json"))
     want = Signature.from_dict(incident.get("signature", {}))
-    differences = want.differences(got)
+    differences = want.differences(got, steps_kept=bool(incident.get("steps_kept")))
     if want.kind == "unknown":  # nothing was told, so nothing can be reproduced
         differences = ["kind: the incident's artefacts name no fault"]
     path = page.write(out_dir, name, incident, got, told, differences, verdict, failing)

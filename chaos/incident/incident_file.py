@@ -32,12 +32,16 @@ def build(incident: Incident, gathered: Gathered, scenario: Scenario, place: Pla
                                + ", ".join(sorted(gathered.read)[:8])
                                + (" ..." if len(gathered.read) > 8 else ""),
                         notes=[note for _, note in faults], expect=Expectation("pass"),
-                        incident=section(incident, gathered, signature))
+                        incident=section(incident, gathered, signature,
+                                         steps_kept=same_script and not place.from_reference))
 
 
-def section(incident: Incident, gathered: Gathered, signature: Signature) -> dict[str, Any]:
+def section(incident: Incident, gathered: Gathered, signature: Signature,
+            steps_kept: bool = False) -> dict[str, Any]:
     doc = incident.to_dict()
     doc["signature"] = signature.to_dict()
+    # the replay runs the script the incident came from, at its steps: rank and step count
+    doc["steps_kept"] = steps_kept
     doc["artefacts"] = {name: readers for name, readers in sorted(gathered.read.items())}
     if gathered.passed_over:
         doc["passed_over"] = gathered.passed_over[:50]

@@ -45,6 +45,10 @@ class Placement:
     power_loss: str | None = None
     source: str = "the incident's own steps"
 
+    @property
+    def from_reference(self) -> bool:
+        return self.source != Placement.source
+
 
 def placement_from_reference(history: History, scenario: Scenario) -> Placement:
     """Placed as the battery places its rows on this script's reference run."""

@@ -31,6 +31,7 @@ WHATS = (
     "job_state",     # a scheduler's or operator's final word on the job
     "flight",        # a flight-recorder dump: a rank's last collectives
     "checkpoint",    # the checkpoint folder as found: a file that loads or does not
+    "pointer",       # a file or link there that names the newest checkpoint (latest.txt)
     "log_file",      # a log was given (detail "empty" when it holds nothing)
     "rank_line",     # a rank printed something: it was a rank of the job
     "signal",        # a rank said it got a signal (its handler's own line): signal

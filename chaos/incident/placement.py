@@ -32,6 +32,7 @@ def place(obs: list[Observation], incident: Incident, later: list[Observation],
            sources: dict[str, list[str]]) -> None:
     """The phase, the step window and the role of the finding, each with its rule."""
     f = incident.finding
+    told = f.step_window  # read off an artefact by the rule (a torn file's step)
     story = incident.ranks.get(f.rank) if f.rank is not None else None
     steps = sorted({o.step for o in obs if o.what == "step" and o.step is not None})
     last = story.last_step if story and story.last_step is not None else \
@@ -49,6 +50,8 @@ def place(obs: list[Observation], incident: Incident, later: list[Observation],
     f.step_window = (last, next_steps[0] if next_steps else None)
     if f.kind == "unknown" and len({o.source.file for o in obs if o.what == "step"}) > 1:
         f.step_window = (None, None)  # no failure told: which launch's steps it followed
+    if told[0] is not None:
+        f.step_window = told
     logged = f.step_window[0]  # the last step the failure's own log reached
     # (an abort shows where the rank next used its group, which may be past the save the
     # restart resumed from: that save bounds the symptom, not when the group went)

@@ -345,9 +345,10 @@ def _incident(value: Any) -> dict[str, Any] | None:
         return None
     _mapping(value, "incident", ("signature", "finding", "ranks", "restarts", "recovery",
                                  "restart_failure", "resumed", "checkpoints", "unknowns",
-                                 "artefacts", "passed_over", "world_size", "script"))
+                                 "artefacts", "passed_over", "world_size", "script",
+                                 "steps_kept"))
     _mapping(value.get("signature", {}), "incident.signature",
-             ("kind", "role", "phase", "how", "collective", "recovery"))
+             ("kind", "role", "phase", "how", "collective", "recovery", "fits", "rank", "step"))
     return value
 
 

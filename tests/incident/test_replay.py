@@ -32,7 +32,7 @@ def test_the_imported_torn_checkpoint_is_the_shipped_incidents_fault(shared_cach
         [f.text for f in shipped.scenario.faults]
     assert imported.file.incident["signature"] == {
         "kind": "kill", "role": "writer", "phase": "mid_save", "how": "SIGKILL",
-        "recovery": "failed while loading"}
+        "recovery": "failed while loading", "rank": 0, "step": 8}
 
 
 def test_on_the_bug_it_had_the_replay_reproduces_it_and_fails_atomic_recovery(

@@ -14,11 +14,22 @@ whose launcher named only some ranks still shows how many it had. A model- or
 pipeline-parallel index (`mp_rank_01`) is not a global rank and is not taken.
 A file's step is the one its name calls a step, else its step folder's
 (`step-000010/__1_0.distcp`), never a rank's or a shard's number.
+
+What the bytes say is read three more ways, for the checkpoints users resume from
+first: a DCP shard shorter than the extent its folder's `.metadata` gives it (the
+metadata read by an unpickler that builds no object of the file's: every class it
+names is a stand-in); a file of a format with no trailer to check much shorter than
+its siblings of other steps (`compare_with_siblings`, across the job's folders); and
+the pointer a writer keeps to its newest checkpoint (a small text file or a link
+that names an entry of the folder: `latest.txt`, DeepSpeed's `latest`), so a torn
+file the pointer names is the one a resume read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pickle
 import re
 import struct
 import zipfile
@@ -52,10 +63,11 @@ def is_checkpoint_folder(folder: Path) -> bool:
 
 
 def read_folder(folder: Path, shown: str) -> list[Observation]:
-    """One observation per checkpoint-like file (does it load, is it a leftover) and
-    one for a DCP folder that never committed."""
+    """One observation per checkpoint-like file (does it load, is it a leftover), one for
+    a DCP folder that never committed, and one per pointer to a checkpoint."""
     found = []
     files = sorted(p for p in folder.iterdir() if p.is_file() and looks_like_checkpoint(p))
+    extents = _dcp_extents(folder / ".metadata")
     for path in files:
         name = f"{shown}/{path.name}"
         if TEMP.search(path.name):
@@ -63,15 +75,108 @@ def read_folder(folder: Path, shown: str) -> list[Observation]:
                                      " a save that never finished", step=step_of(path),
                                      extra={"temp": True, "loads": None}))
             continue
-        problem = _problem(path)
+        problem, checked = _problem(path)
+        size = _size(path)
+        if problem is None and path.name in extents and size is not None \
+                and size < extents[path.name]:
+            problem, checked = (f"cut short: {size:,} bytes, where .metadata gives it"
+                                f" {extents[path.name]:,}"), True
         found.append(Observation("checkpoint", Source(name), step=step_of(path),
                                  detail=problem or "loads", rank=rank_of(path.name),
-                                 extra={"temp": False, "loads": problem is None}))
+                                 extra={"temp": False, "loads": problem is None,
+                                        "size": size, "checked": checked}))
     if any(p.suffix == ".distcp" for p in files) and not (folder / ".metadata").exists():
         found.append(Observation("checkpoint", Source(shown), detail="DCP shards without"
                                  " .metadata: a save that never committed",
                                  extra={"temp": True, "loads": False}))
+    return found + pointers(folder, shown)
+
+
+# what a pointer to the newest checkpoint is called, where it holds only a step number
+# (Megatron's latest_checkpointed_iteration.txt: "1000" for iter_0001000/)
+POINTER_NAME = re.compile(r"latest|last|newest|current|iteration|checkpoint", re.I)
+POINTER_MAX = 4096  # bytes: a pointer is one short line
+
+
+def pointers(folder: Path, shown: str) -> list[Observation]:
+    """The files and links in `folder` that name one of its entries: a link to it, or a
+    short text file whose one line is its name (or a path ending in it), or, in a file
+    named as a pointer is, the step number of exactly one entry."""
+    entries = {p.name: p for p in folder.iterdir()}
+    found = []
+    for name, path in sorted(entries.items()):
+        target = _pointed_at(path, entries)
+        if target is not None and target != name:
+            found.append(Observation("pointer", Source(f"{shown}/{name}"),
+                                     detail=f"names {target}", step=step_of(entries[target]),
+                                     extra={"target": f"{shown}/{target}"}))
     return found
+
+
+def _pointed_at(path: Path, entries: dict[str, Path]) -> str | None:
+    if path.is_symlink():
+        target = Path(str(path.readlink())).name
+        return target if target in entries else None
+    if not path.is_file() or looks_like_checkpoint(path) or path.stat().st_size > POINTER_MAX:
+        return None
+    try:
+        words = path.read_text().split()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if len(words) != 1:
+        return None
+    word = words[0].rstrip("/").rsplit("/", 1)[-1]
+    if word in entries:
+        return word
+    if word.isdigit() and POINTER_NAME.search(path.name):
+        stepped = [n for n, p in entries.items() if p != path and step_of(p) == int(word)]
+        return stepped[0] if len(stepped) == 1 else None
+    return None
+
+
+def is_pointer(path: Path) -> bool:
+    """Whether a file of a checkpoint folder is a pointer `read_folder` took."""
+    entries = {p.name: p for p in path.parent.iterdir()}
+    target = _pointed_at(path, entries)
+    return target is not None and target != path.name
+
+
+# a file at most this part of its siblings' size is cut short, where its format has no
+# trailer to tell (DCP's shards, a legacy pickle): saves of one model differ by bytes
+SHORT = 0.5
+
+
+def compare_with_siblings(observations: list[Observation]) -> list[Observation]:
+    """`observations`, with each checkpoint file whose format could not be checked and
+    that is of the newest step among its siblings (the files named as it is, numbers
+    aside, of the same rank, in other steps) and under SHORT of the smallest of them
+    told as cut short."""
+    files = [o for o in observations if o.what == "checkpoint" and o.extra.get("loads")
+             and o.extra.get("size") is not None and o.step is not None]
+    groups: dict[tuple[str, int | None], list[Observation]] = {}
+    for o in files:
+        groups.setdefault((re.sub(r"\d+", "#", o.source.file), o.rank), []).append(o)
+    short = {}
+    for group in groups.values():
+        newest = max(group, key=lambda o: o.step or 0)
+        others = [o for o in group if o.step != newest.step]
+        if newest.extra.get("checked") or not others:
+            continue
+        smallest = min(others, key=lambda o: o.extra["size"])
+        if newest.extra["size"] < SHORT * smallest.extra["size"]:
+            short[id(newest)] = (f"much shorter than its siblings of other steps:"
+                                 f" {newest.extra['size']:,} bytes, where"
+                                 f" {smallest.source.file.rsplit('/', 1)[-1]} of step"
+                                 f" {smallest.step} is {smallest.extra['size']:,}: cut short")
+    return [dataclasses.replace(o, detail=short[id(o)], extra={**o.extra, "loads": False})
+            if id(o) in short else o for o in observations]
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 def step_of(path: Path) -> int | None:
@@ -101,29 +206,70 @@ def rank_of(name: str) -> int | None:
     return int(m.group(2))
 
 
-def _problem(path: Path) -> str | None:
-    """Why the file would not load, or None."""
+def _problem(path: Path) -> tuple[str | None, bool]:
+    """(why the file would not load or None, whether its format let that be checked)."""
     try:
         size = path.stat().st_size
         if size == 0:
-            return "empty"
+            return "empty", True
         with path.open("rb") as f:
             head = f.read(8)
         if path.suffix == ".safetensors":
-            return _safetensors_problem(path, size, head)
+            return _safetensors_problem(path, size, head), True
         if head[:2] == b"PK":  # torch.save's zip format
             with zipfile.ZipFile(path) as z:
                 z.infolist()
-            return None
+            return None, True
         if path.suffix in (".distcp", ".bin", ".tar") or path.name == ".metadata":
-            return None  # formats without a trailer to check: taken as they are
+            return None, False  # formats without a trailer to check: taken as they are
         if head[:1] == b"\x80":  # torch.save's legacy (pickle) format
-            return None
-        return "neither a zip (torch.save) nor a pickle: not a checkpoint torch.load reads"
+            return None, False
+        return "neither a zip (torch.save) nor a pickle: not a checkpoint torch.load reads", True
     except zipfile.BadZipFile:
-        return "cut short or overwritten: its zip directory is missing (torch.load fails)"
+        return "cut short or overwritten: its zip directory is missing (torch.load fails)", True
     except OSError as exc:
-        return f"unreadable: {exc.strerror or exc}"
+        return f"unreadable: {exc.strerror or exc}", True
+
+
+class _StandIn:
+    """Any class a DCP `.metadata` pickle names: it takes the arguments and state it is
+    given and runs nothing of the class it stands in for."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.args = args
+
+    def __setstate__(self, state: object) -> None:
+        if isinstance(state, tuple) and len(state) == 2:  # (dict, slots) of a slotted class
+            state = {**(state[0] or {}), **(state[1] or {})}
+        if isinstance(state, dict):
+            self.__dict__.update(state)
+
+
+class _MetadataReader(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> type:
+        return type(name, (_StandIn,), {})
+
+
+METADATA_MAX = 64 << 20
+
+
+def _dcp_extents(metadata: Path) -> dict[str, int]:
+    """{shard file name: the bytes `.metadata` says it holds (its items' furthest end)};
+    {} where there is no metadata or it cannot be read this way."""
+    try:
+        if not metadata.is_file() or metadata.stat().st_size > METADATA_MAX:
+            return {}
+        with metadata.open("rb") as f:
+            root = _MetadataReader(f).load()
+    except Exception:  # a pickle this reader cannot build: the extents are not known
+        return {}
+    extents: dict[str, int] = {}
+    for info in (getattr(root, "storage_data", None) or {}).values():
+        path, offset, length = (getattr(info, k, None) for k in ("relative_path", "offset",
+                                                                 "length"))
+        if isinstance(path, str) and isinstance(offset, int) and isinstance(length, int):
+            extents[path] = max(extents.get(path, 0), offset + length)
+    return extents
 
 
 def _safetensors_problem(path: Path, size: int, head: bytes) -> str | None:

@@ -25,6 +25,10 @@ FAILURE_RULES: tuple[tuple[Rule, str], ...] = (
                    " timeout or a peer's exit is left to the rules of those"),
     (errors.abort, "a process group gone under a rank is an error line the exception rule"
                    " would take as the rank's own"),
+    (checkpoints.torn_checkpoint_read, "a resume that died loading a file the folder"
+                                       " shows cut short: the load's error is the torn"
+                                       " save's consequence, which the exception rule"
+                                       " would take as a fault of its own"),
     (errors.exception, "an error of a rank's own, not an echo of another's failure; it"
                        " leaves a DataLoader worker's death, and what that death left its"
                        " rank's data pipeline, to the dataloader rule after it"),
