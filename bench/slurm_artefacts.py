@@ -24,6 +24,18 @@ it:
 - `array_task_hang`: task 1 of a 2-task array, its one rank stopped at step 8, ended by
   the time limit; and `array_task_out_of_time`: task 0 of the same array, still
   stepping when the same limit came (no hang: it ran out of time).
+
+Three more as a new user's job leaves them (issue 61): torchrun run straight from the
+batch script on one node (tests/scripts/stopping_trainer.py, whose rank 1 stops itself),
+kept as the user has them: the job's output file and `scontrol show job` saved as
+`job-<id>.txt`, no sacct and no slurmctld log.
+
+- `user_stopped_rank_pyspy`: rank 1 stops after step 30; `py-spy dump` of both ranks
+  (`stacks/rank<N>.txt`, stdout and stderr, as an engineer runs it: the stopped rank's
+  dump fails) while rank 0 waits in its barrier-less all_reduce, then the time limit;
+- `user_stopped_rank`: rank 1 stops after step 15, no dumps, no timestamps;
+- `user_stopped_rank_timestamps`: the same with `logging`'s time on each line, a step
+  every 0.5 s, then the silence until the time limit.
 """
 
 from __future__ import annotations
@@ -201,9 +213,82 @@ def array_task_hang(cluster: Cluster, work: Path, out_root: Path) -> None:
                   " SIGTERM to its task, then SIGKILL; no hang"})
 
 
+STOPPING = REPO / "tests" / "scripts" / "stopping_trainer.py"
+
+
+def torchrun_script(work: Path, extra: str) -> Path:
+    """A new user's batch script: torchrun on the one node, the script's output folder."""
+    script = work / "user.sbatch"
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        cd {work}
+        {Path(sys.executable).parent / "torchrun"} --standalone --nproc_per_node 2 \\
+            {STOPPING} {work}/out-$SLURM_JOB_ID --steps 400 {extra}
+        """))
+    return script
+
+
+def worker_pids(job: int) -> dict[int, int]:
+    """{rank: pid} of the job's torchrun workers (they, not torchrun, have RANK set)."""
+    found = {}
+    for pid, values in procs.env_vars(("SLURM_JOB_ID", "RANK")).items():
+        if values.get("SLURM_JOB_ID") == str(job) and values.get("RANK") is not None:
+            found[int(values["RANK"])] = pid
+    return found
+
+
+def keep_as_a_user(cluster: Cluster, job: int, out: Path, case: Path, what: dict) -> None:
+    case.mkdir(parents=True, exist_ok=True)
+    shutil.copy(out, case / out.name)
+    (case / f"job-{job}.txt").write_text(subprocess.run(
+        ["scontrol", "show", "job", str(job)], capture_output=True, text=True,
+        env={**os.environ, **cluster.env()}).stdout)
+    expected = {"injected": what.pop("what"), "node": None, "recovery": "not seen", **what}
+    (case / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
+    print(f"{case.name}: job {job}", flush=True)
+
+
+def _user_stopped_rank(cluster: Cluster, work: Path, case: Path, stop_at: int, extra: str,
+                       dumps: bool) -> None:
+    out = work / "slurm-%j.out"
+    job = jobs.submit(str(torchrun_script(work, f"--stop-rank 1 --stop-at {stop_at} {extra}")),
+                      ["--time=1", "-N1", f"-o{out}", "-Jtrain"], cluster.env())
+    out = Path(str(out).replace("%j", str(job)))
+    wait_step(out, stop_at)
+    time.sleep(3)  # rank 0 is in its next step's all_reduce, waiting for rank 1
+    if dumps:
+        (case / "stacks").mkdir(parents=True, exist_ok=True)
+        for rank, pid in sorted(worker_pids(job).items()):
+            dump = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True,
+                                  text=True)
+            (case / "stacks" / f"rank{rank}.txt").write_text(dump.stdout + dump.stderr)
+    jobs.wait_ended(job, 200, cluster.env())
+    keep_as_a_user(cluster, job, out, case,
+                   {"kind": "hang", "rank": 1, "phase": "between_saves",
+                    "script": str(STOPPING.relative_to(REPO)),
+                    "what": f"rank 1 stopped itself (SIGSTOP) after step {stop_at}; rank 0"
+                            " waited in its all_reduce (1 h timeout) until the 1-minute time"
+                            " limit ended the job"})
+
+
+def user_stopped_rank_pyspy(cluster: Cluster, work: Path, out_root: Path) -> None:
+    _user_stopped_rank(cluster, work, out_root / "user_stopped_rank_pyspy", 30, "", True)
+
+
+def user_stopped_rank(cluster: Cluster, work: Path, out_root: Path) -> None:
+    _user_stopped_rank(cluster, work, out_root / "user_stopped_rank", 15, "", False)
+
+
+def user_stopped_rank_timestamps(cluster: Cluster, work: Path, out_root: Path) -> None:
+    _user_stopped_rank(cluster, work, out_root / "user_stopped_rank_timestamps", 15,
+                       "--timestamps --step-sleep 0.5", False)
+
+
 CASES = {"time_limit_hang": time_limit_hang, "node_failure": node_failure,
          "preemption": preemption, "time_limit_saved": time_limit_saved,
-         "array_task_hang": array_task_hang}
+         "array_task_hang": array_task_hang, "user_stopped_rank_pyspy": user_stopped_rank_pyspy,
+         "user_stopped_rank": user_stopped_rank,
+         "user_stopped_rank_timestamps": user_stopped_rank_timestamps}
 
 
 def main() -> None:

@@ -352,9 +352,11 @@ def _add_incident_command(sub: Any) -> None:
                      metavar="FILE", help="the incident file to write (a new file; default"
                      " ./incident.chaos.yaml; name it *.chaos.yaml for pytest to collect it)")
     imp.add_argument("--script", type=Path, default=None, metavar="SCRIPT",
-                     help="the training script to replay on (default: the bundled target);"
-                     " on the script the incident came from, the incident's own steps place"
-                     " the faults, on another its fault-free reference run does")
+                     help="the training script to replay on (default: the one the artefacts"
+                     " name, with their arguments, where it is on this machine; else the"
+                     " bundled target); on the script the incident came from, the incident's"
+                     " own steps place the faults, on another its fault-free reference run"
+                     " does")
     imp.add_argument("--args", default=None, metavar="'ARGS'",
                      help="the script's arguments, as one quoted string")
     imp.add_argument("--nproc", type=_positive_int, default=None, metavar="N",

@@ -143,3 +143,11 @@ def save_interval(obs: list[Observation]) -> int | None:
 # torch's destroy_process_group when the default group is already gone: a group aborted
 # under a rank that trained on (DDP keeps its own handle) is found missing at the end
 TEARDOWN_FOUND_NONE = re.compile(r"Process group cannot be None")
+
+
+def stepped_first(candidates: list[Observation], obs: list[Observation]) -> list[Observation]:
+    """`candidates`, those in a log with step lines first: of two records of one event
+    (slurmstepd's line in the job's output, `scontrol show job`'s JobState), the one among
+    the steps places it after them."""
+    stepped = {o.source.file for o in obs if o.what == "step"}
+    return sorted(candidates, key=lambda o: o.source.file not in stepped)

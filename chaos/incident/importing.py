@@ -10,6 +10,7 @@ from pathlib import Path
 
 from torchchaos.errors import UsageError
 from torchchaos.incident.attribute import Incident, attribute
+from torchchaos.incident.command import NamedCommand, named_command
 from torchchaos.incident.gather import Gathered, gather
 from torchchaos.incident.incident_file import build
 from torchchaos.incident.mapping import Placement, placement_from_reference
@@ -24,27 +25,38 @@ class Imported:
     gathered: Gathered
     file: ScenarioFile
     same_script: bool
+    said: list[str] = dataclasses.field(default_factory=list)  # which script, and why
 
 
-def import_artefacts(paths: list[Path], scenario: Scenario, cache_dir: Path | None,
-                     progress: Callable[[str], None]) -> Imported:
-    """Read `paths`, attribute, and map the incident onto `scenario`'s script and ranks.
+# the scenario a replay runs, for the command the artefacts name (None: they name none),
+# and the lines that say which script it is and why
+ScenarioFor = Callable[[NamedCommand | None], tuple[Scenario, list[str]]]
+
+
+def import_artefacts(paths: list[Path], scenario: Scenario | ScenarioFor,
+                     cache_dir: Path | None, progress: Callable[[str], None]) -> Imported:
+    """Read `paths`, attribute, and map the incident onto a scenario's script and ranks:
+    `scenario` itself, or the one it gives for the command the artefacts name.
     The script's fault-free reference run (made if the cache dir does not hold it) places
     the faults as the battery places its rows; on the script the incident came from (the
     name its logs give), a step the logs show is kept as it was, with no reference run."""
-    gathered = gather(paths, script=Path(scenario.script))
+    given = scenario if isinstance(scenario, Scenario) else None
+    gathered = gather(paths, script=Path(given.script) if given else None)
     progress(f"read {len(gathered.read)} artefact(s): {len(gathered.observations)}"
              " observation(s)")
     incident = attribute(gathered.observations, gathered.sources)
-    same_script = incident.script is not None and Path(scenario.script).name == incident.script
-    place = Placement(last_rank=scenario.world_size - 1)
+    said: list[str] = []
+    if given is None:
+        given, said = scenario(named_command(gathered.observations))  # type: ignore[operator]
+    same_script = incident.script is not None and Path(given.script).name == incident.script
+    place = Placement(last_rank=given.world_size - 1)
     if cache_dir is not None and _needs_reference(incident, same_script):
         from torchchaos.harness.reference import get_reference
 
-        history = get_reference(scenario, cache_dir, progress).history()
-        place = placement_from_reference(history, scenario)
-    return Imported(incident, gathered, build(incident, gathered, scenario, place, same_script),
-                    same_script)
+        history = get_reference(given, cache_dir, progress).history()
+        place = placement_from_reference(history, given)
+    return Imported(incident, gathered, build(incident, gathered, given, place, same_script),
+                    same_script, said)
 
 
 def _needs_reference(incident: Incident, same_script: bool) -> bool:

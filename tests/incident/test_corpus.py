@@ -65,7 +65,17 @@ launch's "step 5 ... saved" again, word for word. `barrier_inside_the_save` is a
 the end of the same script's 3rd save: its restart resumed from a save the log never said
 done, past every line of it. `ddp_tutorial_power_loss_started_over` ran pytorch/examples'
 DDP tutorial (bench/ddp_tutorial_prepare.sh): no step line, a "Training snapshot saved"
-line per epoch, and a relaunch that printed the first launch's save lines again."""
+line per epoch, and a relaunch that printed the first launch's save lines again.
+torn/ (bench/torn_checkpoint_corpus.py) is tests/scripts/pointer_trainer.py's
+pointer-first save cut short by a SIGKILL of the whole job, and a relaunch that died
+loading the file the pointer names: with the relaunch's log alone (the torn file is the
+incident: its bytes and the pointer tell it), and with both logs (a launch that
+vanished inside a save, the torn write among the kinds it fits). slurm_real/user_* are
+tests/scripts/stopping_trainer.py, whose rank 1 stops itself, run by torchrun straight
+from a batch script and ended by the time limit: with py-spy dumps (the stopped rank's
+fails: "Failed to suspend process"), with neither dumps nor timestamps (a time limit on
+a job that hung or on one still training: both said), and with timestamps (the
+silence before the limit tells a hang; the rank, not)."""
 
 from __future__ import annotations
 
@@ -145,7 +155,11 @@ failure, placed between saves by rule); 42 of 52 with the DDP tutorial's power l
 (a power loss names no rank: every process died); 48 of 58 with six real Slurm jobs
 (slurm_real/, bench/slurm_artefacts.py: two hangs ended by the time limit, a node
 failure requeued, a preemption, a job that requeued itself on its signal, an array task
-that ran out of time), which replace the sacct written from docs for a node failure.
+that ran out of time), which replace the sacct written from docs for a node failure;
+50 of 63 with issue 61's five: a torn checkpoint a resume died on, from its bytes
+(torn/), and three jobs of a new user's on a real Slurm (slurm_real/user_*), two of
+them said unknown in part (no timestamp or stack says which rank stopped, or whether
+it stopped at all).
 (An earlier
     corpus had one miss, said as unknown: a SIGSEGV whose faulthandler dump names no rank
     and whose launcher line, racing, named the peer's SIGTERM.)"""

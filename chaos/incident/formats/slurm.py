@@ -222,7 +222,11 @@ def _job_record(record: dict[str, str], lines: dict[str, int], name: str) -> Obs
         extra={"job": job, "restarts": restarts, "scheduler_reason": record.get("Reason"),
                "start": slurm_time(record.get("StartTime")),
                "time_limit": duration(record.get("TimeLimit")),
-               "run_time": duration(record.get("RunTime"))})
+               "run_time": duration(record.get("RunTime")),
+               # the batch script the job ran, and where: the script it names is the
+               # one a replay runs
+               **({"batch_script": record["Command"]} if record.get("Command") else {}),
+               **({"workdir": record["WorkDir"]} if record.get("WorkDir") else {})})
 
 
 # slurmctld's log lines about a job's end, as a site's admin hands them over:

@@ -16,6 +16,11 @@ faulthandler (a fatal signal, or `faulthandler.dump_traceback`):
     Current thread 0x00007f... (most recent call first):
       File "/tmp/t.py", line 14 in main
 
+A dump py-spy could not take is read too: its "Error: Failed to get stack traces"
+(with "Failed to suspend process ... unexpected waitpid result ... SIGSTOP" where the
+process was stopped) is a stack with no frame, of a rank that was outside every
+collective: a stopped process, or one py-spy could not read.
+
 The rank is the lines' tag, the file name's (`rank-1...`, `rank1`, `stacks_1.txt`) or,
 in torchrun's `--log-dir` layout (`attempt_0/1/stderr.log`), its folder's local rank.
 """
@@ -37,6 +42,9 @@ from torchchaos.incident.readers import Reader
 PYSPY_PROCESS = re.compile(r"^Process (\d+): (.*)$")
 PYSPY_THREAD = re.compile(r'^Thread (?:0x)?[0-9a-fA-F]+ \((\w+)[^)]*\): "([^"]*)"')
 PYSPY_FRAME = re.compile(r"^\s+(\S+) \(([^)]+)\)\s*$")
+# py-spy's own failure: its error, and the causes it lists under it
+PYSPY_FAILED = re.compile(r"^Error: (.+)$(?:\s*\n\s*Caused by:\s*\n((?:\s+\d+: .*\n?)+))?",
+                          re.M)
 # anywhere in a line: another process's output may run into it ("loss 0.03Fatal Python
 # error: " with the reason on the next line, as seen in a real log here)
 FATAL = re.compile(r"Fatal Python error: ?(.*)$")
@@ -62,7 +70,7 @@ class Stacks(Reader):
             return False
         return bool(re.search(r"^Process \d+: .*\nPython v", body, re.M)
                     or re.search(r"\(most recent call first\):", body)
-                    or "Fatal Python error" in body)
+                    or "Fatal Python error" in body or PYSPY_FAILED.search(body))
 
     def read(self, data: bytes, name: str) -> list[Observation]:
         base = name.rsplit("/", 1)[-1]
@@ -84,7 +92,8 @@ class Stacks(Reader):
 
 
 def _pyspy(stream: list[tuple[int, str]], rank: int | None, name: str) -> list[Observation]:
-    """Each process's main thread's stack (or its first thread's, where none is named so)."""
+    """Each process's main thread's stack (or its first thread's, where none is named so),
+    and each process py-spy could not dump."""
     chosen: dict[int | None, Observation] = {}
     pid, command, i = None, "", 0
     while i < len(stream):
@@ -92,6 +101,9 @@ def _pyspy(stream: list[tuple[int, str]], rank: int | None, name: str) -> list[O
         i += 1
         if m := PYSPY_PROCESS.match(line):
             pid, command = int(m.group(1)), m.group(2)
+            continue
+        if line.startswith("Error: ") and pid not in chosen:
+            chosen[pid] = _failed_dump(stream, i - 1, rank, pid, command, name)
             continue
         thread = PYSPY_THREAD.match(line)
         if not thread:
@@ -111,6 +123,24 @@ def _pyspy(stream: list[tuple[int, str]], rank: int | None, name: str) -> list[O
                                          f" ({thread.group(1)})",
                                   extra={"command": command})
     return list(chosen.values())
+
+
+def _failed_dump(stream: list[tuple[int, str]], at: int, rank: int | None, pid: int | None,
+                 command: str, name: str) -> Observation:
+    """A process py-spy could not dump: its error and causes; "stopped" where they say it
+    could not suspend a process already stopped (SIGSTOP)."""
+    number = stream[at][0]
+    said = [stream[at][1].removeprefix("Error: ").strip()]
+    for _n, line in stream[at + 1:at + 12]:
+        if m := re.match(r"^\s+\d+: (.*)$", line):
+            said.append(m.group(1).strip())
+        elif line.strip().startswith("Stack backtrace"):
+            break
+    why = "; ".join(said)
+    stopped = "suspend" in why and "SIGSTOP" in why
+    return Observation("stack", Source(name, number), rank=rank, pid=pid, frames=(),
+                       detail=f"py-spy could not dump it: {why[:200]}",
+                       extra={"command": command, "dump_failed": True, "stopped": stopped})
 
 
 def _faulthandler(stream: list[tuple[int, str]], rank: int | None,

@@ -3,7 +3,9 @@ stacks taken before a kill, a time limit that ended a silence."""
 
 from __future__ import annotations
 
-from torchchaos.incident.evidence import FATAL, own_errors
+from dataclasses import dataclass
+
+from torchchaos.incident.evidence import FATAL, own_errors, stepped_first
 from torchchaos.incident.finding import LOADER_WAIT, Finding, FirstFailure, say
 from torchchaos.incident.observations import (
     Observation,
@@ -40,9 +42,9 @@ def hang(c: FirstFailure) -> bool:
         if outside[0].phase == "data":
             f.how = LOADER_WAIT
         f.collective = next((o.collective for o in inside if o.collective), None)
-        where = outside[0].frames[-1] if outside[0].frames else "no frame"
-        say(f, f"{who_of(outside[0])}'s stack is outside every collective (in {where}) while"
-                " the others wait in one", outside[0])
+        say(f, f"{who_of(outside[0])}'s stack is outside every collective"
+               f" ({_where(outside[0])}) while the others wait in one", outside[0])
+        _ended_by_the_scheduler(obs, f)
         if f.rank is None:
             f.rules.append("no artefact ties that pid to a rank: the rank is not known")
         return True
@@ -71,6 +73,27 @@ def hang(c: FirstFailure) -> bool:
     return True
 
 
+def _where(stack: Observation) -> str:
+    """Where a stack outside every collective was, or why py-spy could not tell."""
+    if stack.frames:
+        return f"in {stack.frames[-1]}"
+    if stack.extra.get("stopped"):
+        return ("py-spy could not suspend it, as it cannot a process already stopped:"
+                " it was stopped (SIGSTOP), outside any collective")
+    return f"no frame: {stack.detail}"
+
+
+def _ended_by_the_scheduler(obs: list[Observation], f: Finding) -> None:
+    """A hang the scheduler's time limit or a cancel ended: said, as how it ended."""
+    end = next((o for o in obs if o.what == "job_state" and o.reason in ("TIMEOUT",
+                                                                       "CANCELLED")), None)
+    if end is not None and not any(o.what == "collective_timeout" for o in obs):
+        f.how = "stacks taken, ended by the time limit" if end.reason == "TIMEOUT" else \
+            "stacks taken, ended by a cancel"
+        say(f, f"the scheduler ended the job ({end.detail}, {end.source}): the end of the"
+               " wait, not its cause", end)
+
+
 def _waits_in(stack: Observation) -> str:
     """The collective a stack waits in: its name, or the innermost frame (a backward's
     all-reduce runs under autograd, with no collective's name on the stack)."""
@@ -96,20 +119,31 @@ def _out_of_step(inside: list[Observation], f: Finding) -> None:
 # a job ended at its time limit had hung, not run out of time, when its log had been
 # silent this many times its own step interval (and at least HUNG_SILENCE_MIN seconds)
 HUNG_SILENCE_STEPS = 20
-
-
 HUNG_SILENCE_MIN = 30.0
 
 
-def limit_ended_hang(c: FirstFailure) -> bool:
-    """The scheduler ended the job at its time limit long after the log's last step: the
-    training had stopped, and the limit only ended the wait. A job still stepping when
-    its limit came ran out of time instead (`preempt`: a SIGTERM, then a SIGKILL)."""
-    obs, f = c.obs, c.finding
+@dataclass
+class Silence:
+    """How long the log had been silent when the scheduler's time limit ended the job."""
+
+    end: Observation              # the scheduler's word, with its time
+    seconds: float                # from the last step line to the end
+    interval: float               # the median time between the first sightings of steps
+    last_step: int
+    last_by_rank: dict[int | None, int]
+
+    @property
+    def hung(self) -> bool:
+        return self.seconds >= max(HUNG_SILENCE_MIN, HUNG_SILENCE_STEPS * self.interval)
+
+
+def silence_before_the_time_limit(obs: list[Observation]) -> Silence | None:
+    """The silence before a time limit, where the artefacts time both: the scheduler's
+    end and at least three step lines before it; None where they do not."""
     ends = [o for o in obs if o.what == "job_state" and o.reason == "TIMEOUT"
             and o.time is not None]
     if not ends:
-        return False
+        return None
     end = min(ends, key=lambda o: o.time or 0.0)
     first_seen: dict[int, float] = {}
     last_by_rank: dict[int | None, int] = {}
@@ -120,19 +154,29 @@ def limit_ended_hang(c: FirstFailure) -> bool:
             last_by_rank[o.rank] = max(last_by_rank.get(o.rank, o.step), o.step)
     steps = sorted(first_seen)
     if len(steps) < 3:
-        return False
+        return None
     intervals = sorted(first_seen[b] - first_seen[a] for a, b in zip(steps, steps[1:]))
-    interval = intervals[len(intervals) // 2]
-    silence = (end.time or 0.0) - first_seen[steps[-1]]
-    if silence < max(HUNG_SILENCE_MIN, HUNG_SILENCE_STEPS * interval):
+    return Silence(end, (end.time or 0.0) - first_seen[steps[-1]],
+                   intervals[len(intervals) // 2], steps[-1], last_by_rank)
+
+
+def limit_ended_hang(c: FirstFailure) -> bool:
+    """The scheduler ended the job at its time limit long after the log's last step: the
+    training had stopped, and the limit only ended the wait. A job still stepping when
+    its limit came ran out of time instead (`preempt`: a SIGTERM, then a SIGKILL)."""
+    obs, f = c.obs, c.finding
+    quiet = silence_before_the_time_limit(obs)
+    if quiet is None or not quiet.hung:
         return False
     f.kind, f.how = "hang", "ended by the time limit"
-    last_step = next(o for o in obs if o.what == "step" and o.step == steps[-1])
-    say(f, f"hang: the scheduler ended the job at its time limit ({end.source}) {silence:.0f} s"
-            f" after the last step the log shows (step {steps[-1]}, {last_step.source}), while"
-            f" steps had come every {interval:.2f} s: the training had stopped, and the limit"
-            " only ended the wait", end, last_step)
-    ranked = {r: s for r, s in last_by_rank.items() if r is not None}
+    last_step = next(o for o in obs if o.what == "step" and o.step == quiet.last_step)
+    end = stepped_first([o for o in obs if o.what == "job_state" and o.reason == "TIMEOUT"],
+                        obs)[0]
+    say(f, f"hang: the scheduler ended the job at its time limit ({end.source})"
+           f" {quiet.seconds:.0f} s after the last step the log shows (step {quiet.last_step},"
+           f" {last_step.source}), while steps had come every {quiet.interval:.2f} s: the"
+           " training had stopped, and the limit only ended the wait", end, last_step)
+    ranked = {r: s for r, s in quiet.last_by_rank.items() if r is not None}
     behind = [r for r, s in ranked.items() if s < max(ranked.values())] if ranked else []
     if len(ranked) == 1 and not any(o.rank not in (None, *ranked) for o in obs):
         f.rank = next(iter(ranked))

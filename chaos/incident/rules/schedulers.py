@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from torchchaos.incident.evidence import saves_in, saves_said_done
+from torchchaos.incident.evidence import saves_in, saves_said_done, stepped_first
 from torchchaos.incident.finding import Finding, FirstFailure, say
 from torchchaos.incident.launches import vanished_launch
 from torchchaos.incident.observations import (
@@ -13,6 +13,7 @@ from torchchaos.incident.observations import (
     worker_of,
 )
 from torchchaos.incident.rules.deaths import signal_death
+from torchchaos.incident.rules.hangs import silence_before_the_time_limit
 
 
 def preempt(c: FirstFailure) -> bool:
@@ -30,6 +31,7 @@ def preempt(c: FirstFailure) -> bool:
             or o.what == "job_state" and o.reason == "TIMEOUT" and o.source.line is not None]
     if not deaths and not caught and not said:
         return False
+    said = stepped_first(said, obs)
     # a rank's death or its own word first, else the scheduler's reason, else torchrun's
     first = (deaths or [o for o in caught if o.rank is not None] or said or caught)[0]
     f.kind, f.rank, f.how, f.node = "preempt", first.rank, "SIGTERM", first.extra.get("node")
@@ -49,7 +51,23 @@ def preempt(c: FirstFailure) -> bool:
     else:
         say(f, f"preempt: {who} ended by SIGTERM the launcher did not send"
                 f" ({first.source})", first)
+    _a_hang_not_ruled_out(obs, f)
     return True
+
+
+def _a_hang_not_ruled_out(obs: list[Observation], f: Finding) -> None:
+    """A time limit ends a job whose ranks had stopped as it ends one still training:
+    where nothing times the silence before it (step lines with no time) and no stack or
+    timeout told a hang, both kinds fit, and are said so."""
+    ended = any(o.what == "job_state" and o.reason == "TIMEOUT" for o in obs)
+    if ended and silence_before_the_time_limit(obs) is None:
+        f.alternatives = ["hang"]
+        f.alternatives_why = ("the scheduler's time limit ends a job that had stopped"
+                              " progressing as it ends one still training; no timestamped"
+                              " step line, stack or flight-recorder dump says which")
+        if f.rank is None:
+            f.rules.append("were it a hang, which rank stopped is not known: no artefact"
+                           " says which rank's progress ended first")
 
 
 def _torn_down(death: Observation, obs: list[Observation]) -> bool:
