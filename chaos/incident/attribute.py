@@ -30,7 +30,14 @@ from torchchaos.incident.finding import (  # noqa: F401  (the model, as callers 
     RankStory,
     RestartFailure,
 )
-from torchchaos.incident.launches import first_failure, launch_order, restart_count, same_folder
+from torchchaos.incident.launches import (
+    first_failure,
+    launch_order,
+    relaunch_of,
+    restart_count,
+    same_folder,
+    vanished_launch,
+)
 from torchchaos.incident.normalise import (
     complete_pids,
     resume_steps,
@@ -50,12 +57,16 @@ def attribute(observations: list[Observation],
     everything = resume_steps(started_over(with_ranks(observations)))
     stopped = {o.pid for o in everything if o.reason == "stopped by the launcher" and o.pid}
     obs, later = first_failure(everything, stopped)
+    vanished = vanished_launch(obs)
+    if vanished is not None:  # that launch's end is the first failure, its relaunch later
+        relaunched = [o for o in obs if relaunch_of(vanished[0], o.source.file)]
+        obs, later = [o for o in obs if o not in relaunched], relaunched + later
     obs = complete_pids(obs)
     ranks = stories(obs, stopped)
     for rank in {o.rank for o in everything if o.rank is not None} - set(ranks):
         ranks[rank] = RankStory(rank)  # seen only later: still a rank of the job
     finding = Finding()
-    failure = FirstFailure(obs, stopped, ranks, finding)
+    failure = FirstFailure(obs, stopped, ranks, finding, vanished=vanished)
     first_rule_that_applies(failure)
     incident = Incident(finding, ranks)
     ended = next((src[:-4] for src in finding.sources if src.endswith(":end")), None)
@@ -72,7 +83,7 @@ def attribute(observations: list[Observation],
                             if o.what == "checkpoint"
                             and (o.extra.get("loads") is False or o.extra.get("temp"))]
     incident.world_size = max(ranks) + 1 if ranks else None
-    incident.script = _script(obs)
+    incident.script = _script(obs) or _script(later)
     place(obs, incident, later, sources or {})
     return incident
 

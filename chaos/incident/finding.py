@@ -129,3 +129,7 @@ class FirstFailure:
     # an error the rule found to be the first failure's consequence, not a failure of its
     # own (a resume that died loading the file a save cut short): the restart's failure
     consequence: Observation | None = None
+    # a launch whose log ended with no failure and no success, and what shows a later
+    # launch took over (a resume, a failed load, a log that went on past it): its end is
+    # the first failure, and the later launch's lines are not in `obs`
+    vanished: tuple[str, Observation] | None = None

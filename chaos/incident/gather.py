@@ -98,7 +98,8 @@ def _walk(root: Path, found: Gathered) -> list[tuple[Path, str]]:
             path = here / name
             if not path.is_file():
                 continue  # a socket, a pipe or a dangling link: nothing a job left to read
-            if checkpoints.looks_like_checkpoint(path):
+            if checkpoints.looks_like_checkpoint(path) or checkpoints.is_checkpoint_folder(here) \
+                    and checkpoints.TEMP.search(name):
                 continue  # the folder's observations cover it
             if f"{shown}/{name}" in pointers:
                 found.read[f"{shown}/{name}"] = ["checkpoints (a pointer)"]

@@ -38,7 +38,7 @@ from pathlib import Path
 from torchchaos.incident.observations import Observation, Source
 
 WEIGHTS = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".distcp", ".tar")
-TEMP = re.compile(r"(\.tmp\b|^tmp|\.partial$|\.incomplete$|\.inprogress$|~$)")
+TEMP = re.compile(r"(\.tmp\b|^tmp|\.partial$|\.part$|\.incomplete$|\.inprogress$|~$)")
 STEP_IN_NAME = re.compile(r"(\d+)(?!.*\d)")
 NAMED_STEP = re.compile(r"(?:step|iter|iteration)[-_=]?(\d+)", re.I)  # step-0010, step=10
 # a folder per checkpoint, named by its step: step-000010, step_20, checkpoint-10, iter_100
@@ -66,7 +66,9 @@ def read_folder(folder: Path, shown: str) -> list[Observation]:
     """One observation per checkpoint-like file (does it load, is it a leftover), one for
     a DCP folder that never committed, and one per pointer to a checkpoint."""
     found = []
-    files = sorted(p for p in folder.iterdir() if p.is_file() and looks_like_checkpoint(p))
+    # a temporary file beside the checkpoints is a save's, whatever its name ("tmp-x.part")
+    files = sorted(p for p in folder.iterdir() if p.is_file() and (
+        looks_like_checkpoint(p) or TEMP.search(p.name)))
     extents = _dcp_extents(folder / ".metadata")
     for path in files:
         name = f"{shown}/{path.name}"

@@ -1,16 +1,16 @@
 """The training script's own lines: its step counter, its saves, where it resumed from.
 
-Read loosely, since every script words them its own way; only lines that
-name a step (`step 12`, `iter 12:`, `global_step=12`), a checkpoint written
-(`saved checkpoint ...`, `saving checkpoint to ...`, `checkpoint ... committed`), a
-resume (`resumed from ckpt/step-10.pt at step 10`, `Resuming training from ...`,
-`restored state from ...`, `continuing at global_step=20`), a resume that found
-nothing (`no usable checkpoint under runs/ckpt`, `No checkpoint found in ...`) or a
-SIGTERM the script's handler says it got (`got signal 15, exiting`, Lightning's
-`Received SIGTERM: 15`) count. A line tagged by torch or torchrun ([rank1]:,
-[default1]:) belongs to that rank, and so does one the script starts with its rank
-(`rank 1 resumed from ...`, `[rank 1] step 12`); any other line to no rank in
-particular (most scripts print from rank 0 only).
+Read loosely, since every script words them its own way; only lines that name a step
+(`step 12`, `iter 12:`, `global_step=12`, `it=12`), a checkpoint written (`saved
+checkpoint ...`, `saving checkpoint to ...`, `checkpoint ... committed`), a resume
+(`resumed from ckpt/step-10.pt at step 10`, `Resuming training from ...`, `restored
+state from ...`, `continuing at global_step=20`, `continuing after step 80`), a resume
+that found nothing (`no usable checkpoint under runs/ckpt`, `No checkpoint found in
+...`) or a SIGTERM the script's handler says it got (`got signal 15, exiting`,
+Lightning's `Received SIGTERM: 15`) count. A line tagged by torch or torchrun
+([rank1]:, [default1]:) belongs to that rank, and so does one the script starts with
+its rank (`rank 1 resumed from ...`, `[rank 1] step 12`, `[r1] it=12`); any other line
+to no rank in particular (most scripts print from rank 0 only).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from torchchaos.incident.readers import Reader
 
 # "step 12", "iter 12:", "global_step=12", and the tutorials' and Ignite's bracketed
 # counters, "Step [12/100]", "Iteration[12/20]"
-STEP = re.compile(r"\b(?:step|iter(?:ation)?|global_step)(?:\b\s*[:=#\[]?\s*|[-_])(\d+)",
-                  re.I)
+STEP = re.compile(r"\b(?:step|iter(?:ation)?|global_step|it(?==))(?:\b\s*[:=#\[]?\s*|[-_])"
+                  r"(\d+)"  # and the terse "it=120"
+                  r"|^\s*\|\s*(?:step|iter(?:ation)?|it)\s*\|\s*(\d+)\s*\|", re.I)  # "| it | 120 |"
 # "resumed from ...", Lightning's "Restoring states from the checkpoint ...", "restored
 # state from runs/ckpt/global_step_20", "continuing at global_step=20", the Trainer's
 # "Continuing training from checkpoint", Megatron's "successfully loaded checkpoint",
@@ -37,7 +38,7 @@ RESUME = re.compile(r"\bresum(?:ed|ing)\b.*\b(?:from|at|after)\b"
                     # tokenizer or a cache: the line names a checkpoint, a step or a state
                     r"|(?=.*(?:checkpoint|ckpt|step|iteration|\bstates?\b))"
                     r"(?:\brestor(?:ed|ing)\b.*\bfrom\b|\bcontinu(?:ed|ing) (?:training )?"
-                    r"(?:from|at)\b)"
+                    r"(?:from|at|after)\b)"
                     r"|\b(?:loaded|finished loading) (?:the )?checkpoint\b", re.I)
 # the script looked for a checkpoint to resume from and found none: "no usable checkpoint
 # under runs/ckpt", Lightning's "there is no last checkpoint available", "No checkpoint
@@ -54,8 +55,12 @@ CHECKPOINT_WORD = r"(?:\bcheckpoint|\b(?:training|model|checkpoint|state)\s+snap
 # a save said before it happens ("Checkpoints will be saved every 500 steps"), or a load
 # of what was saved ("Loading model snapshot saved at ..."), is no save
 NOT_A_SAVE = r"(?!.*\b(?:will|would|shall|to)\s+be\s+(?:saved|written)\b)(?!.*\bload(?:ing|ed)?\b)"
+# a file a save writes, named in the line: "shard saved: ckpt/step_150/rank1.pt"
+WEIGHTS_FILE = r"\S+\.(?:pt|pth|ckpt|safetensors|distcp)\b"
 SAVE = re.compile(rf"^{NOT_A_SAVE}.*(?:\b(?:sav(?:ed|ing)|wrote|writing)\b.*{CHECKPOINT_WORD}"
-                  rf"|{CHECKPOINT_WORD}\b.*\b(?:saved|written|committed)\b)", re.I)
+                  rf"|{CHECKPOINT_WORD}\b.*\b(?:saved|written|committed)\b"
+                  rf"|\b(?:saved|wrote|written)\b.*{WEIGHTS_FILE}"
+                  rf"|{WEIGHTS_FILE}.*\b(?:saved|written)\b)", re.I)
 # a step's line that ends saying its checkpoint was saved: "step 10 loss 2.2366 saved"
 SAVED_AT_END = re.compile(r"\bsaved[.!]?\s*$", re.I)
 # a handler's word that the rank got a SIGTERM: Lightning's "Received SIGTERM: 15", a
@@ -77,7 +82,9 @@ FINISHED = re.compile(r"^\W*(?:all\s+)?(?:done|finished)(?:\s+at\s+(?:step|iter\
 LEADING_TIME = re.compile(r"^\s*\[?(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)([.,]\d+)?"
                           r"(?:Z|[+-]\d\d:?\d\d)?\]?\s+")
 # a line the script starts with its own rank (torch's "[rank1]:" tag is read first)
-OWN_RANK = re.compile(r"^\s*\[?rank[ _=#:]?(\d+)\]?(?=[\s:,\]]|$)", re.I)
+OWN_RANK = re.compile(r"^\s*(?:(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+)?"
+                      r"(?:\[?rank[ _=#:]?|\[r(?=\d+\]))(\d+)\]?(?=[\s:,\]]|$)",
+                      re.I)  # after a level ("INFO  rank1 train: ..."); the terse "[r1] ..."
 # where another rank's line starts glued to the end of one ("...step-0015.ptrank 1 resumed")
 GLUED = re.compile(r"(?<=\S)(?=\[?rank[ _=#:]?\d+\]?[\s:,\]])", re.I)
 # a traceback's lines, glog lines (torch's C++ and torchrun's), a py-spy dump's header
@@ -106,6 +113,7 @@ class TrainingLog(Reader):
         attempt, worker = worker_of(name) or (None, None)
         lines = text.decode(data).splitlines()
         counted = _steps_counted_per_epoch(lines)
+        last_line: dict[int, int] = {}
         for number, line in enumerate(lines, 1):
             rank, body, _ = text.split_tag(line)
             body, said_rank = _sentence(body)
@@ -128,6 +136,11 @@ class TrainingLog(Reader):
                     said = [dataclasses.replace(o, step=counted[number])
                             if o.step is not None else o for o in said]
                 found += said
+                if own:
+                    last_line[int(own.group(1))] = number
+        # each rank's last line of its own: one that got further than a peer tells
+        found += [Observation("rank_line", Source(name, number), rank=rank,
+                              extra={"last": True}) for rank, number in last_line.items()]
         return found
 
 
@@ -189,7 +202,7 @@ def _progress(body: str, rank: int | None, where: Source,
         return [Observation("no_checkpoint", where, rank=rank, detail=body.strip()[:200],
                             attempt=attempt)]
     step = STEP.search(body)
-    number = int(step.group(1)) if step else None
+    number = int(step.group(1) or step.group(2)) if step else None
     if RESUME.search(body):
         what = "resume"
     elif SAVE.search(body):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from torchchaos.incident.evidence import a_load_error, own_errors, writer_rank
 from torchchaos.incident.finding import FirstFailure, say
-from torchchaos.incident.launches import relaunch_of, vanished_launch
 from torchchaos.incident.observations import Observation
 
 
@@ -17,9 +16,7 @@ def torn_checkpoint_read(c: FirstFailure) -> bool:
     obs, f = c.obs, c.finding
     torn = [o for o in obs if o.what == "checkpoint" and o.extra.get("loads") is False
             and not o.extra.get("temp")]
-    vanished = vanished_launch(obs)
-    loads = [o for o in own_errors(obs) if a_load_error(o)
-             and not (vanished and relaunch_of(vanished[0], o.source.file))]
+    loads = [o for o in own_errors(obs) if a_load_error(o)]
     if not torn or not loads:
         return False
     error = next((o for o in loads if o.rank is not None), loads[0])

@@ -7,7 +7,7 @@ import re
 
 from torchchaos.incident.evidence import ECHO, TEARDOWN_FOUND_NONE, a_load_error, own_errors
 from torchchaos.incident.finding import FirstFailure, say
-from torchchaos.incident.launches import launch_order, relaunch_of, vanished_launch
+from torchchaos.incident.launches import launch_order
 
 WORKER_DIED = re.compile(r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\) (is killed by signal:"
                          r" ?([^.]+)|exited unexpectedly)")
@@ -74,9 +74,6 @@ def exception(c: FirstFailure) -> bool:
     lost_a_worker = {o.rank for o in obs if o.what == "error" and WORKER_DIED.search(o.detail)}
     errors = [o for o in own_errors(obs) if not WORKER_DIED.search(o.detail)
               and not (o.phase == "data" and o.rank in lost_a_worker)]
-    vanished = vanished_launch(obs)
-    if vanished is not None:  # a launch that vanished before: the errors are its restart's
-        errors = [o for o in errors if not relaunch_of(vanished[0], o.source.file)]
     if not errors:
         return False
     roots = [o for o in errors if o.extra.get("root_cause")]

@@ -185,7 +185,31 @@ def limit_ended_hang(c: FirstFailure) -> bool:
         f.rank = behind[0]
         f.rules.append(f"rank {f.rank}'s last step is {ranked[f.rank]}, the others reached"
                        f" {max(ranked.values())}: it stopped first")
+    elif (stopped := _printed_nothing_after_its_step(obs)) is not None:
+        f.rank = stopped
+        f.rules.append(f"every rank's log stops at step {quiet.last_step}, but rank {f.rank}"
+                       " printed nothing after its last step line while every other rank"
+                       " printed more: it stopped first")
     else:
         f.rules.append("every rank's log stops at the same step: which rank stopped first"
                        " is not known (stacks or a flight-recorder dump would say)")
     return True
+
+
+def _printed_nothing_after_its_step(obs: list[Observation]) -> int | None:
+    """The one rank whose last line of its own is its last step line, where every other
+    rank printed a line after its own last step ("refreshed manifest" after step 30): the
+    others got further. None where that is not exactly one rank."""
+    last_lines = {(o.source.file, o.rank): o.source.line for o in obs
+                  if o.what == "rank_line" and o.extra.get("last") and o.rank is not None}
+    last_steps: dict[tuple[str, int | None], int] = {}
+    for o in obs:
+        if o.what == "step" and o.rank is not None and o.source.line is not None:
+            key = (o.source.file, o.rank)
+            last_steps[key] = max(last_steps.get(key, 0), o.source.line)
+    if len(last_lines) < 2 or set(last_lines) != set(last_steps) \
+            or len({file for file, _ in last_lines}) != 1:
+        return None
+    quiet = [rank for key in last_lines if last_lines[key] <= last_steps[key]
+             for rank in (key[1],)]
+    return quiet[0] if len(quiet) == 1 else None

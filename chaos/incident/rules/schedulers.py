@@ -7,7 +7,6 @@ import re
 
 from torchchaos.incident.evidence import saves_in, saves_said_done, stepped_first
 from torchchaos.incident.finding import Finding, FirstFailure, say
-from torchchaos.incident.launches import vanished_launch
 from torchchaos.incident.observations import (
     Observation,
     worker_of,
@@ -131,10 +130,9 @@ def launch_vanished(c: FirstFailure) -> bool:
     """A launch that vanished: its log ends with no failure and no success, and a later
     launch took over."""
     obs, f = c.obs, c.finding
-    vanished = vanished_launch(obs)
-    if vanished is None:
+    if c.vanished is None:
         return False
-    ended, after = vanished
+    ended, after = c.vanished
     f.kind, f.how, f.node = "node", "the launcher and its ranks vanished", None
     f.alternatives = ["power_loss"]
     then = {"resume": "resumed", "no_checkpoint": "found no checkpoint to resume from",
@@ -145,7 +143,36 @@ def launch_vanished(c: FirstFailure) -> bool:
     f.sources.append(f"{ended}:end")
     if after.what in ("resume", "no_checkpoint"):
         _lost_save(obs, ended, after, f)
+    elif after.what == "error":
+        _saved_file_lost(obs, ended, after, f)
     return True
+
+
+def _saved_file_lost(obs: list[Observation], ended: str, failed: Observation,
+                     f: Finding) -> None:
+    """A node that vanished after its log said a save was done and went on training, and
+    a relaunch that died reading a file of that save which does not load now: the save
+    had finished, and what it wrote was lost with the node (never made durable), as a
+    power loss loses it; no death inside a save cut it short."""
+    done = {step for step, _ in saves_in(obs, ended)[0]}
+    torn = [o for o in obs if o.what == "checkpoint" and o.extra.get("loads") is False
+            and not o.extra.get("temp") and o.step in done]
+    trained_on = [o for o in obs if o.what == "step" and o.source.file == ended
+                  and o.step is not None and torn and o.step > torn[0].step]
+    if not torn or not trained_on:
+        return
+    lost = torn[0]
+    f.kind, f.how, f.alternatives = "power_loss", "a finished save lost with the node", ["node"]
+    f.alternatives_why = ("a node's death alone keeps what a finished save wrote, unless"
+                          " the file was cut short by something else after the save")
+    f.phase, f.phase_seen = "between_saves", True
+    say(f, f"power_loss: {ended} says the save of step {lost.step} was done and trained on to"
+           f" step {max(o.step or 0 for o in trained_on)}, yet {lost.source} {lost.detail}"
+           f" and {failed.source} died reading the checkpoint: what the save wrote did not"
+           " survive the node (never made durable: no fsync of it or its folder)", lost,
+           failed)
+    f.rules.append(f"phase between_saves: the log went on training after the save of step"
+                   f" {lost.step} was done, and began no other")
 
 
 def _lost_save(obs: list[Observation], ended: str, resume: Observation, f: Finding) -> None:
