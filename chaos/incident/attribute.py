@@ -35,6 +35,7 @@ from torchchaos.incident.launches import (
     launch_order,
     relaunch_of,
     restart_count,
+    restarted,
     same_folder,
     vanished_launch,
 )
@@ -76,7 +77,7 @@ def attribute(observations: list[Observation],
     if failure.consequence is not None:  # the launch it failed in is the restart
         log = failure.consequence.source.file
         later = [o for o in obs if o.source.file == log] + later
-    incident.recovery, incident.restart_failure = _recovery(later, stopped)
+    incident.recovery, incident.restart_failure = _recovery(later, stopped, obs)
     incident.restarts = restart_count(everything)
     incident.resumed = [f"{o.detail} ({o.source})" for o in everything if o.what == "resume"]
     incident.checkpoints = [f"{o.source}: {o.detail}" for o in everything
@@ -96,8 +97,8 @@ def _first_sentence(text: str, limit: int = 160) -> str:
     return cut + ("..." if len(cut) < len(text) and not cut.endswith(".") else "")
 
 
-def _recovery(later: list[Observation],
-              stopped: set[int | None]) -> tuple[str, RestartFailure | None]:
+def _recovery(later: list[Observation], stopped: set[int | None],
+              obs: list[Observation]) -> tuple[str, RestartFailure | None]:
     # the first error the log printed (the launcher's summary repeats one, later)
     errors = sorted(own_errors(later), key=lambda o: (launch_order(o.source.file),
                                                         o.source.line or 1e9))
@@ -120,7 +121,7 @@ def _recovery(later: list[Observation],
     if nothing:
         return f"restarted from scratch: {nothing[0].detail[:120]} ({nothing[0].source})", \
             None
-    if later:
+    if restarted(later, obs):
         return "restarted; no resume line in the logs", None
     return "not seen", None
 

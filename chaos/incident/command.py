@@ -5,8 +5,8 @@ several places, told here from the most to the least complete:
 
 1. py-spy's process line: the whole command line of a rank (`Process 6797:
    /usr/bin/python3 -u /job/train.py /job/out --steps 400`);
-2. the batch script `scontrol show job` names (`Command=/job/train.sbatch`), where
-   it is on this machine: its line that starts the script (torchrun, srun, python);
+2. the batch script, given, or named by `scontrol show job` (`Command=/job/train.sbatch`)
+   where it is on this machine: its line that starts the script (torchrun, srun, python);
 3. torchrun's summary (`/job/train.py FAILED`) and a traceback's `<module>` frame:
    the script's path, no arguments.
 
@@ -18,11 +18,19 @@ the replay's run directory, so a replay writes only there.
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchchaos.incident.formats.batch_script import from_command_line, last_command
 from torchchaos.incident.observations import Observation
+
+
+def _from_batch_script(path: Path) -> tuple[str, list[str]] | None:
+    try:
+        found = last_command(path.read_text())
+    except (OSError, UnicodeDecodeError):
+        return None
+    return found[1:] if found else None
 
 
 @dataclass(frozen=True)
@@ -36,9 +44,13 @@ def named_command(obs: list[Observation]) -> NamedCommand | None:
     """The job's script and arguments, from the most complete artefact that names it."""
     for o in obs:
         if o.what == "stack" and o.extra.get("command"):
-            found = _from_command_line(o.extra["command"])
+            found = from_command_line(o.extra["command"])
             if found is not None:
                 return NamedCommand(*found, f"{o.source} (py-spy's process line)")
+    for o in obs:
+        if o.what == "launch_command":
+            return NamedCommand(o.extra["script"], o.extra["args"],
+                                f"{o.source} (the batch script's command)")
     for o in obs:
         batch = o.extra.get("batch_script")
         if batch and Path(batch).is_file():
@@ -54,38 +66,6 @@ def named_command(obs: list[Observation]) -> NamedCommand | None:
             if o.frames and o.frames[0].startswith("<module>") and path.endswith(".py"):
                 return NamedCommand(path, None, f"{o.source} (the traceback's <module>)")
     return None
-
-
-def _from_command_line(line: str) -> tuple[str, list[str]] | None:
-    try:
-        words = shlex.split(line)
-    except ValueError:
-        words = line.split()
-    for i, word in enumerate(words):
-        if word.endswith(".py"):
-            return word, words[i + 1:]
-    return None
-
-
-LAUNCHES = re.compile(r"\b(torchrun|srun|python[\d.]*|torch\.distributed\.run|accelerate)\b")
-
-
-def _from_batch_script(path: Path) -> tuple[str, list[str]] | None:
-    """The last line of the batch script that starts a .py script (its continuation lines
-    joined), with what follows it."""
-    try:
-        joined = re.sub(r"\\\n", " ", path.read_text())
-    except (OSError, UnicodeDecodeError):
-        return None
-    found = None
-    for line in joined.splitlines():
-        line = line.split(" #", 1)[0].strip()
-        if line.startswith("#") or not LAUNCHES.search(line):
-            continue
-        command = _from_command_line(line.rstrip("&").strip())
-        if command is not None:
-            found = command
-    return found
 
 
 def replay_arguments(args: list[str]) -> tuple[list[str], list[str]]:

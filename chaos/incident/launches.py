@@ -176,3 +176,15 @@ def launch_order(name: str) -> tuple:
 
 def same_folder(a: str, b: str) -> bool:
     return a.rpartition("/")[0] == b.rpartition("/")[0]
+
+
+def restarted(later: list[Observation], obs: list[Observation]) -> bool:
+    """Whether anything after the first failure is a restart's: a later part of one of its
+    logs, a relaunch's log, or a later attempt's file. A log in another folder that is no
+    relaunch (the script's own train.log beside the launcher's job.log) is another view of
+    the same launch, not a restart."""
+    lined = {o.source.file for o in obs if o.source.line is not None}
+    logs = lined | {o.source.file for o in obs if o.what == "log_file"}  # an empty one too
+    return any(o.source.file in lined or o.attempt or any(relaunch_of(f, o.source.file)
+                                                         for f in logs)
+               for o in later if o.source.line is not None or o.attempt)

@@ -35,6 +35,7 @@ WHATS = (
     "log_file",      # a log was given (detail "empty" when it holds nothing)
     "rank_line",     # a rank printed something: it was a rank of the job
     "signal",        # a rank said it got a signal (its handler's own line): signal
+    "launch_command",  # a batch script's line that starts the training script
     "injected",      # this project's own record of a fault (report.json, replay.yaml)
 )
 

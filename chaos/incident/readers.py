@@ -50,6 +50,7 @@ BUILTIN: dict[str, str] = {
     "slurmout": "torchchaos.incident.formats.slurm:SlurmOutput",
     "scontrol": "torchchaos.incident.formats.slurm:ScontrolJob",
     "slurmctld": "torchchaos.incident.formats.slurm:SlurmctldLog",
+    "batchscript": "torchchaos.incident.formats.batch_script:BatchScript",
     "flight": "torchchaos.incident.formats.flight:FlightRecorder",
     "torchchaos": "torchchaos.incident.formats.ours:OwnReport",
 }

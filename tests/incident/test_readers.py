@@ -242,7 +242,8 @@ def test_a_line_the_script_starts_with_its_rank_is_that_ranks_even_glued_to_anot
     log = (b"rank 0 resumed from ckpt/step-0015.ptrank 1 resumed from ckpt/step-0015.pt\n\n"
            b"[rank 1] step 4 loss 0.3\nRank 2: saved checkpoint step 5\n"
            b"the ranking 3 step 9\n[rank0]: step 7\n")
-    found = [(o.what, o.rank, o.step) for o in TrainingLog().read(log, "train.log")]
+    found = [(o.what, o.rank, o.step) for o in TrainingLog().read(log, "train.log")
+             if o.what != "rank_line"]
     assert found == [("resume", 0, 15), ("resume", 1, 15), ("step", 1, 4), ("save", 2, 5),
                      ("step", None, 9), ("step", 0, 7)]
 
@@ -521,6 +522,7 @@ def test_a_loggers_leading_time_is_read_and_its_rank_too() -> None:
     from torchchaos.incident.formats.trainlog import TrainingLog
 
     line = b"2026-12-02 03:24:00,642 [rank 1] INFO step 1 loss 0.04961\n"
-    (said,) = TrainingLog().read(line, "slurm-1.out")
+    said, last = TrainingLog().read(line, "slurm-1.out")
     assert (said.what, said.rank, said.step) == ("step", 1, 1)
+    assert (last.what, last.rank, last.extra) == ("rank_line", 1, {"last": True})
     assert said.time is not None and abs(said.time % 1 - 0.642) < 1e-6

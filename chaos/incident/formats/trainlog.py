@@ -56,10 +56,12 @@ CHECKPOINT_WORD = r"(?:\bcheckpoint|\b(?:training|model|checkpoint|state)\s+snap
 # of what was saved ("Loading model snapshot saved at ..."), is no save
 NOT_A_SAVE = r"(?!.*\b(?:will|would|shall|to)\s+be\s+(?:saved|written)\b)(?!.*\bload(?:ing|ed)?\b)"
 # a file a save writes, named in the line: "shard saved: ckpt/step_150/rank1.pt"
-WEIGHTS_FILE = r"\S+\.(?:pt|pth|ckpt|safetensors|distcp)\b"
+# (not a memory's or a profiler's snapshot, "mem_rank0.pt", "trace.pt.trace.json")
+WEIGHTS_FILE = r"\S+\.(?:pt|pth|ckpt|safetensors|distcp)(?=$|[\s,;:)'\"])"
+NOT_A_PROFILE = r"(?!.*\b(?:memory|profil\w*|trace|snapshot)\b)"
 SAVE = re.compile(rf"^{NOT_A_SAVE}.*(?:\b(?:sav(?:ed|ing)|wrote|writing)\b.*{CHECKPOINT_WORD}"
-                  rf"|{CHECKPOINT_WORD}\b.*\b(?:saved|written|committed)\b"
-                  rf"|\b(?:saved|wrote|written)\b.*{WEIGHTS_FILE}"
+                  rf"|{CHECKPOINT_WORD}\b.*\b(?:saved|written|committed)\b)"
+                  rf"|^{NOT_A_SAVE}{NOT_A_PROFILE}.*(?:\b(?:saved|wrote|written)\b.*{WEIGHTS_FILE}"
                   rf"|{WEIGHTS_FILE}.*\b(?:saved|written)\b)", re.I)
 # a step's line that ends saying its checkpoint was saved: "step 10 loss 2.2366 saved"
 SAVED_AT_END = re.compile(r"\bsaved[.!]?\s*$", re.I)
