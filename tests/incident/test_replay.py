@@ -76,3 +76,32 @@ def test_the_page_tells_each_ranks_step_and_a_fix_that_holds_apart_from_a_failur
     nothing = page.write(tmp_path, "torn", told, replay, {"ranks": {"1": {"rank": 1}}},
                          ["recovery"], "fail", []).read_text()
     assert "<td>not told</td>" in nothing  # an end no artefact told is said so, not blank
+
+
+POINTER = Path(__file__).resolve().parents[1] / "scripts" / "pointer_trainer.py"
+POINTER_ARGS = [".", "--steps", "30", "--save-every", "10", "--size-mb", "0.5"]
+
+
+def test_the_torn_checkpoints_replay_fails_the_pointer_first_writer_and_passes_the_atomic_one(
+        tmp_path, shared_cache):
+    """Issue 61: the resume that died on a torn file, imported as the torn save, replays as
+    a torn write of that save: the writer that moves its pointer first fails
+    atomic_recovery and reproduces the incident; the atomic writer holds every invariant,
+    and the replay says it did not reproduce it (what a fix gives)."""
+    case = DATA / "torn" / "pointer_first_resume_only"
+    artefacts = [p for p in sorted(case.iterdir()) if p.name != "expected.json"]
+    outcomes = {}
+    for variant, extra in (("pointer_first", ["--pointer-first"]), ("atomic", [])):
+        base = Scenario.build(str(POINTER), args=[*POINTER_ARGS, *extra])
+        imported = import_artefacts(artefacts, base, shared_cache, lambda _m: None)
+        assert [f.text.split(",")[0] for f in imported.file.scenario.faults] == \
+            ["storage:mode=torn"], imported.file.notes
+        loaded = scenario_file.load(imported.file.save(tmp_path / f"{variant}.chaos.yaml"))
+        report = run_scenario(loaded.scenario, tmp_path / variant, shared_cache)
+        line, _page = judge_replay(loaded.incident, tmp_path / variant, loaded.name,
+                                   report.verdict, report.failing())
+        outcomes[variant] = (report.checks["atomic_recovery"]["ok"], report.verdict, line)
+    assert outcomes["pointer_first"][:2] == (False, "fail"), outcomes
+    assert outcomes["pointer_first"][2].startswith("incident reproduced"), outcomes
+    assert outcomes["atomic"][:2] == (True, "pass"), outcomes
+    assert outcomes["atomic"][2].startswith("incident not reproduced"), outcomes
