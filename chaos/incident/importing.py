@@ -55,8 +55,12 @@ def import_artefacts(paths: list[Path], scenario: Scenario | ScenarioFor,
 
         history = get_reference(given, cache_dir, progress).history()
         place = placement_from_reference(history, given)
-    return Imported(incident, gathered, build(incident, gathered, given, place, same_script),
-                    same_script, said)
+    file = build(incident, gathered, given, place, same_script)
+    if file.scenario.hang_timeout != given.hang_timeout:
+        said.append(f"the scheduler's time limit ended the hang: the replay calls it one after"
+                    f" {file.scenario.hang_timeout:.0f} s without progress (hang_timeout),"
+                    " not after the job's own collective timeout")
+    return Imported(incident, gathered, file, same_script, said)
 
 
 def _needs_reference(incident: Incident, same_script: bool) -> bool:

@@ -20,11 +20,19 @@ from torchchaos.scenario.files import Expectation, ScenarioFile
 from torchchaos.scenario.model import Scenario
 from torchchaos.scenario.spec import parse_fault_spec
 
+# A hang the scheduler's time limit ended, replayed: the job's own collective timeout (an
+# hour, as on many clusters) is what the limit cut short, so the replay bounds the hang
+# as the limit did, not by waiting that timeout out
+LIMIT_ENDED_HANG_BOUND = 60.0
+
 
 def build(incident: Incident, gathered: Gathered, scenario: Scenario, place: Placement,
           same_script: bool) -> ScenarioFile:
     faults = faults_for(incident, place, same_script)
     scenario = dataclasses.replace(scenario, faults=[parse_fault_spec(s) for s, _ in faults])
+    f = incident.finding
+    if f.kind == "hang" and "time limit" in f.how and scenario.hang_timeout is None:
+        scenario = dataclasses.replace(scenario, hang_timeout=LIMIT_ENDED_HANG_BOUND)
     signature = Signature.of(incident)
     return ScenarioFile(scenario, name=f"incident: {signature.describe()}",
                         summary=timeline_text(incident),

@@ -214,9 +214,10 @@ def _replay_rank(rank: int | None, role: str, place: Placement, same_script: boo
 
 
 def _step(incident: Incident, place: Placement, same_script: bool) -> int:
-    """The step after the last one the logs showed, on the same script; else the step
-    between two checkpoints the replay script's reference run gives."""
+    """The last step the logs showed, on the same script (a fault at `step=N` fires once
+    step N is done, so the replay's last step is the incident's); else the step between
+    two checkpoints the replay script's reference run gives."""
     lo, _hi = incident.finding.step_window
     if same_script and lo is not None or place.between is None:
-        return (lo or 0) + 1
+        return max(lo or 0, 1)
     return place.between

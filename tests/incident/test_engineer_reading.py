@@ -284,3 +284,21 @@ def test_a_replay_differs_in_each_field_it_does_not_share():
         "kind: the incident's 'hang', the replay's 'preempt'",
         "step: the incident's 15, the replay's 32"]
     assert Signature.from_dict(json.loads(json.dumps(torn.to_dict()))) == torn
+
+
+def test_a_hang_the_time_limit_ended_replays_at_its_step_bounded_as_the_limit_bounded_it():
+    """On the script it came from, the stop is placed after the step the artefacts give
+    (30, not the reference's choice), on the rank they name, and the replay calls it a
+    hang after a minute rather than waiting out the job's hour-long collective timeout."""
+    from torchchaos.incident.importing import import_artefacts
+    from torchchaos.scenario.model import Scenario
+
+    case = DATA / "slurm_real" / "user_stopped_rank_pyspy"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "stopping_trainer.py"
+    imported = import_artefacts([p for p in sorted(case.iterdir()) if p.name != "expected.json"],
+                                Scenario.build(str(script), args=[".", "--steps", "60"]),
+                                None, lambda _m: None)
+    assert [f.text for f in imported.file.scenario.faults] == ["hang:rank=1,step=30,mode=stop"]
+    assert imported.file.scenario.hang_timeout == 60.0
+    assert imported.file.incident["steps_kept"] is True
+    assert any("time limit ended the hang" in line for line in imported.said)

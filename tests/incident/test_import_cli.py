@@ -35,9 +35,9 @@ def test_import_writes_an_incident_file_replay_and_pytest_read(tmp_path, capsys)
     assert "why:" in printed and "launcher.log:" in printed
     assert "placed from its own steps (the same script)" in printed
     loaded = scenario_file.load(out)
-    # the step after the last the log showed before the failure; the exception is raised
-    # there, of the type the traceback names
-    assert [f.text for f in loaded.scenario.faults] == ["raise:rank=1,step=7,type=RuntimeError"]
+    # the last step the log showed before the failure (the probe raised once its step 6
+    # was done; `step=6` fires then too), of the type the traceback names
+    assert [f.text for f in loaded.scenario.faults] == ["raise:rank=1,step=6,type=RuntimeError"]
     assert loaded.incident["signature"]["kind"] == "exception"
     assert loaded.expect.verdict == "pass"  # a test that fails until the bug is fixed
 

@@ -57,11 +57,11 @@ def test_a_rank_hung_in_its_data_loader_replays_as_a_stopped_worker():
                       how="waiting for a batch from its DataLoader worker",
                       step_window=(11, None))
     spec, _note = faults_for(Incident(finding, {}), Placement(), same_script=True)[0]
-    assert spec == "dataloader:rank=1,step=12,mode=stop"
+    assert spec == "dataloader:rank=1,step=11,mode=stop"  # fires once step 11 is done
     plain = Finding(kind="hang", rank=1, role="other", phase="between_saves",
                     how="collective timeout", step_window=(11, None))
     assert faults_for(Incident(plain, {}), Placement(), same_script=True)[0][0] \
-        .startswith("hang:rank=1,step=12")
+        .startswith("hang:rank=1,step=11")
 
 
 def test_the_expected_kinds_of_the_corpus_are_ones_the_import_knows():
