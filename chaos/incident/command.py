@@ -25,14 +25,6 @@ from torchchaos.incident.formats.batch_script import from_command_line, last_com
 from torchchaos.incident.observations import Observation
 
 
-def _from_batch_script(path: Path) -> tuple[str, list[str]] | None:
-    try:
-        found = last_command(path.read_text())
-    except (OSError, UnicodeDecodeError):
-        return None
-    return found[1:] if found else None
-
-
 @dataclass(frozen=True)
 class NamedCommand:
     script: str               # as the artefacts give it: a path on the job's machine
@@ -66,6 +58,15 @@ def named_command(obs: list[Observation]) -> NamedCommand | None:
             if o.frames and o.frames[0].startswith("<module>") and path.endswith(".py"):
                 return NamedCommand(path, None, f"{o.source} (the traceback's <module>)")
     return None
+
+
+def _from_batch_script(path: Path) -> tuple[str, list[str]] | None:
+    """(script, arguments) of a batch script on this machine, read, never run."""
+    try:
+        found = last_command(path.read_text())
+    except (OSError, UnicodeDecodeError):
+        return None
+    return found[1:] if found else None
 
 
 def replay_arguments(args: list[str]) -> tuple[list[str], list[str]]:
