@@ -59,11 +59,11 @@ def _scenario_for(script: Path | None, args: list[str] | None, nproc: int):
         if named is not None and Path(named.script).is_file():
             given = args if args is not None else named.args
             kept, changed = replay_arguments(given or [])
-            said = [f"replaying on {named.script}, the script {named.source} names"]
+            said = [f"replaying on {named.script} (named by {named.source})"]
             said.append("its arguments: " + (" ".join(kept) if kept else "none") +
                         (" (--args)" if args is not None else
                          " (the artefacts give none: --args sets them)" if given is None
-                         else f" (as {named.source} gives them)"))
+                         else f" (as {named.source.split(', ')[0]} gives them)"))
             said += [f"argument {c}" for c in changed]
             return Scenario.build(str(Path(named.script).resolve()), args=kept,
                                   nproc=nproc), said

@@ -38,25 +38,25 @@ def named_command(obs: list[Observation]) -> NamedCommand | None:
         if o.what == "stack" and o.extra.get("command"):
             found = from_command_line(o.extra["command"])
             if found is not None:
-                return NamedCommand(*found, f"{o.source} (py-spy's process line)")
+                return NamedCommand(*found, f"{o.source}, py-spy's process line")
     for o in obs:
         if o.what == "launch_command":
             return NamedCommand(o.extra["script"], o.extra["args"],
-                                f"{o.source} (the batch script's command)")
+                                f"{o.source}, the batch script's command")
     for o in obs:
         batch = o.extra.get("batch_script")
         if batch and Path(batch).is_file():
             found = _from_batch_script(Path(batch))
             if found is not None:
-                return NamedCommand(*found, f"{batch}, the batch script {o.source} names")
+                return NamedCommand(*found, f"{batch}, the batch script {o.source} gives")
     for o in obs:
         script = o.extra.get("script")
         if script and "/" in script:
-            return NamedCommand(script, None, f"{o.source} (torchrun's summary)")
+            return NamedCommand(script, None, f"{o.source}, torchrun's summary")
     for o in obs:
         for path, _line, _quoted in o.extra.get("code") or ():
             if o.frames and o.frames[0].startswith("<module>") and path.endswith(".py"):
-                return NamedCommand(path, None, f"{o.source} (the traceback's <module>)")
+                return NamedCommand(path, None, f"{o.source}, the traceback's <module> frame")
     return None
 
 

@@ -258,8 +258,8 @@ def test_the_import_replays_on_the_script_the_artefacts_name(tmp_path, capsys):
     out = out.out
     assert rc == 0 and "replaying on " + str(Path(__file__).parents[1] / "scripts" /
                                              "pointer_trainer.py") in out, out
-    assert "(the traceback's <module>) names" in out and f"its arguments: {args} (--args)" \
-        in out
+    assert "(named by here/job-2.log:5, the traceback's <module> frame)" in out, out
+    assert f"its arguments: {args} (--args)" in out
     (here / "job-2.log").write_text(log.replace(str(Path(__file__).parents[1]), "/nowhere"))
     rc = main(["incident", "import", str(here), "-o", str(tmp_path / "b.chaos.yaml"),
                "--cache-dir", str(tmp_path / "cache"), "--quiet"])
