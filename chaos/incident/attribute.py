@@ -19,7 +19,13 @@ from __future__ import annotations
 
 import re
 
-from torchchaos.incident.evidence import BAD_DATA, a_load_error, is_failure, own_errors
+from torchchaos.incident.evidence import (
+    BAD_DATA,
+    a_load_error,
+    is_failure,
+    own_errors,
+    save_interval,
+)
 from torchchaos.incident.finding import (  # noqa: F401  (the model, as callers import it)
     KINDS,
     LOADER_WAIT,
@@ -84,6 +90,7 @@ def attribute(observations: list[Observation],
                             if o.what == "checkpoint"
                             and (o.extra.get("loads") is False or o.extra.get("temp"))]
     incident.world_size = max(ranks) + 1 if ranks else None
+    incident.save_interval = save_interval(obs + later)
     incident.script = _script(obs) or _script(later)
     place(obs, incident, later, sources or {})
     return incident

@@ -133,12 +133,12 @@ def writer_rank(obs: list[Observation]) -> int | None:
 def save_interval(obs: list[Observation]) -> int | None:
     """Steps between checkpoints, from the steps the checkpoint files and save lines name
     (their greatest common divisor); None where fewer than two are known."""
-
     steps = sorted({o.step for o in obs if o.what in ("checkpoint", "save")
                     and o.step is not None and o.step > 0})
     if len(steps) < 2:
         return None
     return math.gcd(*steps) or None
+
 
 # torch's destroy_process_group when the default group is already gone: a group aborted
 # under a rank that trained on (DDP keeps its own handle) is found missing at the end

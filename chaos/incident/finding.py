@@ -99,6 +99,7 @@ class Incident:
     world_size: int | None = None
     recovery: str = "not seen"  # what the restart after the first failure did
     restart_failure: RestartFailure | None = None
+    save_interval: int | None = None  # the steps between the job's saves, where known
 
     def to_dict(self) -> dict[str, Any]:
         return {"finding": self.finding.to_dict(),

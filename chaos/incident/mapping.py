@@ -44,6 +44,8 @@ class Placement:
     torn: str | None = None      # the battery's torn-write spec, where the script has one
     power_loss: str | None = None
     source: str = "the incident's own steps"
+    first_save: int | None = None  # the replay script's first save, after that step
+    interval: int | None = None    # and the steps between its saves
 
     @property
     def from_reference(self) -> bool:
@@ -65,8 +67,11 @@ def placement_from_reference(history: History, scenario: Scenario) -> Placement:
                 None)
     torn = next((e.fault for e in entries if e.fault.startswith("storage:mode=torn")), None)
     power = next((e.fault for e in entries if "lose_unsynced" in e.fault), None)
+    saves = history.of("save_begin")
     return Placement(writer, scenario.world_size - 1, between, in_save or Placement.in_save,
-                     late, torn, power, "the replay script's fault-free reference run")
+                     late, torn, power, "the replay script's fault-free reference run",
+                     saves[0].get("after_step") if saves else None,
+                     history.save_interval() or None)
 
 
 def faults_for(incident: Incident, place: Placement, same_script: bool) -> list[tuple[str, str]]:
@@ -98,9 +103,8 @@ def _first_failure(incident: Incident, place: Placement,
                    same_script: bool) -> list[tuple[str, str]]:
     f = incident.finding
     rank = _rank(incident, place, same_script)
-    step = _step(incident, place, same_script)
+    step, why = _step(incident, place, same_script)
     at = f"step={step}"
-    why = f"placed from {place.source}"
     if f.kind == "node" and "power_loss" in f.alternatives and \
             incident.recovery.startswith("restarted from scratch"):
         spec = place.power_loss or f"storage:mode=lose_unsynced,rank={place.writer},{at}"
@@ -213,11 +217,22 @@ def _replay_rank(rank: int | None, role: str, place: Placement, same_script: boo
     return place.writer if role == "writer" else place.last_rank
 
 
-def _step(incident: Incident, place: Placement, same_script: bool) -> int:
-    """The last step the logs showed, on the same script (a fault at `step=N` fires once
-    step N is done, so the replay's last step is the incident's); else the step between
-    two checkpoints the replay script's reference run gives."""
+def _step(incident: Incident, place: Placement, same_script: bool) -> tuple[int, str]:
+    """(the step, why there). On the same script, the last step the logs showed (a fault
+    at `step=N` fires once step N is done, so the replay's last step is the incident's);
+    on another, the same place between two saves, mapped onto the replay script's saves
+    where both intervals are known; else the step between two checkpoints its reference
+    run gives."""
     lo, _hi = incident.finding.step_window
     if same_script and lo is not None or place.between is None:
-        return max(lo or 0, 1)
-    return place.between
+        return max(lo or 0, 1), f"placed from {place.source}"
+    interval = incident.save_interval
+    if lo is None or not interval or not place.interval or place.first_save is None \
+            or lo % interval == 0:
+        return place.between, f"placed from {place.source}"
+    offset = lo % interval
+    step = place.first_save + max(1, min(place.interval - 1,
+                                         round(offset * place.interval / interval)))
+    return step, (f"the incident's step {lo} is {offset} of the {interval} steps between its"
+                  f" saves: step {step} is as far between the replay script's saves (every"
+                  f" {place.interval} steps, from its reference run)")

@@ -146,3 +146,20 @@ def test_on_the_same_script_a_death_mid_save_replays_in_the_save_the_logs_place_
     assert spec == "kill:rank=0,phase=checkpoint_save,save=3,event=1"
     (spec, _note), = faults_for(incident, Placement(between=6), same_script=False)
     assert spec == f"kill:rank=0,{Placement.in_save}"
+
+
+def test_on_another_script_the_step_keeps_its_place_between_saves():
+    """Issue 61: an incident at step 17 of a job that saved every 10 steps, replayed on a
+    script that saves every 4 from step 4: 7 of 10 steps past a save is step 4 + 3 there,
+    said, not the reference's own choice; a step the intervals cannot map stays the
+    reference's."""
+    finding = Finding(kind="kill", rank=1, role="other", phase="between_saves",
+                      how="SIGKILL", step_window=(17, None))
+    incident = Incident(finding, {}, save_interval=10)
+    place = Placement(between=6, source="the replay script's fault-free reference run",
+                      first_save=4, interval=4)
+    spec, note = faults_for(incident, place, same_script=False)[0]
+    assert spec == "kill:rank=1,step=7", spec
+    assert "the incident's step 17 is 7 of the 10 steps between its saves: step 7" in note
+    unknown = Incident(finding, {})  # no save interval the artefacts tell
+    assert faults_for(unknown, place, same_script=False)[0][0] == "kill:rank=1,step=6"
