@@ -65,6 +65,7 @@ def _sized(file: Observation, obs: list[Observation]) -> str:
 
 
 def checkpoint_only(c: FirstFailure) -> bool:
+    """A checkpoint file that does not load, and no death in the artefacts."""
     obs, f = c.obs, c.finding
     bad = [o for o in obs if o.what == "checkpoint" and o.extra.get("loads") is False]
     if not bad:

@@ -17,6 +17,9 @@ ALLOCATION_FAILED = re.compile(r"OutOfMemoryError|CUDA out of memory|can't alloc
 
 
 def oom(c: FirstFailure) -> bool:
+    """The kernel, Kubernetes (OOMKilled) or Slurm (OUT_OF_MEMORY) says a process was
+    killed for memory (its pid gives the rank where the launcher named that pid), or an
+    allocation failed and raised."""
     obs, ranks, f = c.obs, c.ranks, c.finding
     kills = [o for o in obs if o.what == "oom_kill"]
     if not kills:
@@ -52,6 +55,9 @@ def _allocation_failed(obs: list[Observation], f: Finding) -> bool:
 
 
 def crash(c: FirstFailure) -> bool:
+    """A rank died of a fatal signal of its own (SIGSEGV, SIGABRT, SIGBUS, SIGFPE,
+    SIGILL), from its exit status or faulthandler's dump; not NCCL's abort after a
+    timeout or a peer's exit, nor a DataLoader worker's death."""
     obs, stopped, ranks, f = c.obs, c.stopped, c.ranks, c.finding
     # NCCL's watchdog aborts a rank whose collective timed out, or whose peer it saw exit
     # ("ncclRemoteError: ... a remote process exiting prematurely"): that SIGABRT is the
@@ -91,6 +97,7 @@ def signal_death(obs, stopped, kinds: tuple[str, ...]) -> list[Observation]:
 
 
 def kill(c: FirstFailure) -> bool:
+    """A rank ended by a SIGKILL the launcher did not send."""
     obs, stopped, ranks, f = c.obs, c.stopped, c.ranks, c.finding
     deaths = signal_death(obs, stopped, ("SIGKILL",))
     if not deaths:

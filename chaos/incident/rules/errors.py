@@ -21,6 +21,9 @@ GROUP_GONE = re.compile(r"Default process group has not been initialized|"
 
 
 def dataloader(c: FirstFailure) -> bool:
+    """A rank's error says one of its DataLoader workers died ("DataLoader worker (pid
+    N) is killed by signal", "exited unexpectedly"), before any collective timed out in
+    that log (after one, a stopped rank's workers died with it: the hang's aftermath)."""
     obs, f = c.obs, c.finding
     died = [o for o in own_errors(obs) if WORKER_DIED.search(o.detail)]
     if not died:
@@ -67,6 +70,9 @@ def abort(c: FirstFailure) -> bool:
 
 
 def exception(c: FirstFailure) -> bool:
+    """A rank raised an error that is not the echo of another's failure (a peer that
+    closed its connection, a collective timeout, the launcher's SIGTERM, torchrun's
+    ChildFailedError), nor a DataLoader worker's death (the dataloader rule's)."""
     obs, f = c.obs, c.finding
     # a rank whose DataLoader worker died raised, in its data pipeline, what the worker's
     # death left it (a pipe's "Connection reset by peer") before saying the worker died:

@@ -15,6 +15,11 @@ from torchchaos.incident.rules.deaths import process_of, who_of
 
 
 def hang(c: FirstFailure) -> bool:
+    """A collective timed out (gloo's receive timeout, NCCL's watchdog), or stacks of
+    more than one process were taken before the job was killed. The rank waited for is
+    the one behind in the flight recorder, else the one whose stack is outside every
+    collective (a dump py-spy could not take of a stopped process among them), else, in
+    a job of two ranks, the other one."""
     obs, ranks, f = c.obs, c.ranks, c.finding
     timeouts = [o for o in obs if o.what == "collective_timeout"]
     # a stack names its rank, or at least its process (py-spy's "Process 48212:")

@@ -16,6 +16,9 @@ from torchchaos.incident.rules.hangs import silence_before_the_time_limit
 
 
 def preempt(c: FirstFailure) -> bool:
+    """A rank ended by a SIGTERM (or exit 143) the launcher did not send, a handler's
+    word that it got one, or a scheduler that says it preempted the job or ended it at
+    its time limit."""
     obs, stopped, f = c.obs, c.stopped, c.finding
     deaths = [o for o in signal_death(obs, stopped, ("SIGTERM",)) if not _torn_down(o, obs)]
     # a handler that caught it may end the rank with exit 0 (Lightning's does): only its
