@@ -158,4 +158,4 @@ def _script(obs: list[Observation]) -> str | None:
     for o in obs:
         named += [m.group(1) for frame in o.frames[:1]
                   if (m := re.match(r"<module> \(([^:]+\.py):\d+\)", frame))]
-    return named[0] if named else None
+    return named[0].rsplit("/", 1)[-1] if named else None  # a batch script's is a path

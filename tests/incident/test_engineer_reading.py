@@ -302,3 +302,19 @@ def test_a_hang_the_time_limit_ended_replays_at_its_step_bounded_as_the_limit_bo
     assert imported.file.scenario.hang_timeout == 60.0
     assert imported.file.incident["steps_kept"] is True
     assert any("time limit ended the hang" in line for line in imported.said)
+
+
+def test_a_batch_script_that_names_the_script_by_path_keeps_the_incidents_steps():
+    """The blind review's preemption: its batch script names the script by a path of the
+    job's machine; the replay on a script of that name is the same script, so the
+    SIGTERM lands after the incident's step 137, not the reference's choice (once 187)."""
+    from torchchaos.incident.importing import import_artefacts
+    from torchchaos.scenario.model import Scenario
+
+    case = DATA / "blind" / "preempted_while_training"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "blind" / "sharded_ckpt_train.py"
+    imported = import_artefacts([p for p in sorted(case.iterdir()) if p.name != "expected.json"],
+                                Scenario.build(str(script), args=[]), None, lambda _m: None)
+    assert imported.same_script and imported.incident.script == "sharded_ckpt_train.py"
+    assert [f.text for f in imported.file.scenario.faults] == \
+        ["kill:rank=1,step=137,signal=SIGTERM,grace=30"]
