@@ -45,6 +45,9 @@ def import_artefacts(paths: list[Path], scenario: Scenario | ScenarioFor,
     progress(f"read {len(gathered.read)} artefact(s): {len(gathered.observations)}"
              " observation(s)")
     incident = attribute(gathered.observations, gathered.sources)
+    # said before the reference run, which may fail on the replay script (an input the
+    # artefacts do not hold): the finding stands without it
+    progress(f"found: {Signature.of(incident).describe()}")
     said: list[str] = []
     if given is None:
         given, said = scenario(named_command(gathered.observations))  # type: ignore[operator]
