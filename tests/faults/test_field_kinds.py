@@ -77,16 +77,17 @@ def _incident(kind: str, how: str, rank: int = 1) -> Incident:
                             how=how, step_window=(6, None)), {})
 
 
+# the incident's last step is 6: `step=6` fires once step 6 is done, as the incident did
 @pytest.mark.parametrize("kind, how, spec", [
-    ("oom", "OOM", "oom:rank=1,step=7"),
+    ("oom", "OOM", "oom:rank=1,step=6"),
     ("oom", "allocation failed: torch.OutOfMemoryError: CUDA out of memory",
-     "oom:rank=1,step=7,mode=raise"),
-    ("exception", "ValueError: bad shape", "raise:rank=1,step=7,type=ValueError"),
+     "oom:rank=1,step=6,mode=raise"),
+    ("exception", "ValueError: bad shape", "raise:rank=1,step=6,type=ValueError"),
     ("exception", "torch.distributed.DistBackendError: NCCL error",
-     "raise:rank=1,step=7,type=RuntimeError"),
-    ("crash", "SIGSEGV", "crash:rank=1,step=7,signal=segv"),
-    ("crash", "SIGBUS", "crash:rank=1,step=7,signal=bus"),
-    ("crash", "SIGILL", "crash:rank=1,step=7,signal=segv"),
+     "raise:rank=1,step=6,type=RuntimeError"),
+    ("crash", "SIGSEGV", "crash:rank=1,step=6,signal=segv"),
+    ("crash", "SIGBUS", "crash:rank=1,step=6,signal=bus"),
+    ("crash", "SIGILL", "crash:rank=1,step=6,signal=segv"),
 ])
 def test_an_incident_replays_as_the_kind_that_makes_it(kind, how, spec):
     [(made, note)] = faults_for(_incident(kind, how), Placement(), same_script=True)
