@@ -136,13 +136,6 @@ def _pointed_at(path: Path, entries: dict[str, Path]) -> str | None:
     return None
 
 
-def is_pointer(path: Path) -> bool:
-    """Whether a file of a checkpoint folder is a pointer `read_folder` took."""
-    entries = {p.name: p for p in path.parent.iterdir()}
-    target = _pointed_at(path, entries)
-    return target is not None and target != path.name
-
-
 # a file at most this part of its siblings' size is cut short, where its format has no
 # trailer to tell (DCP's shards, a legacy pickle): saves of one model differ by bytes
 SHORT = 0.5
