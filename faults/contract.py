@@ -123,6 +123,9 @@ class HarnessKind(FaultKind):
 
     side = "harness"
     targets = ("node",)
+    # fired once the harness put it in force: a rank's request alone is no effect (a
+    # server that refused the toxic, rules that could not be added)
+    effect_event = "nemesis_begin"
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         if not requests.request(ctx.run_dir, fault.id, ctx.step()):
