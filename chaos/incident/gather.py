@@ -87,19 +87,22 @@ def _walk(root: Path, found: Gathered) -> list[tuple[Path, str]]:
                          and not d.startswith(("torchinductor", "triton")))
         names = [n for n in names if n not in own and not n.lower().endswith(PAGES)]
         shown = str(here.relative_to(root.parent))
-        if checkpoints.is_checkpoint_folder(here):
-            found.observations += checkpoints.read_folder(here, shown)
+        holds_checkpoints = checkpoints.is_checkpoint_folder(here)
+        if holds_checkpoints:
+            read = checkpoints.read_folder(here, shown)
             found.read[shown + "/"] = ["checkpoints"]
         elif any(checkpoints.is_checkpoint_folder(here / d) for d in dirs):
             # a folder of step folders may hold the pointer to the newest (`latest`)
-            found.observations += checkpoints.pointers(here, shown)
-        pointers = {o.source.file for o in found.observations if o.what == "pointer"}
+            read = checkpoints.pointers(here, shown)
+        else:
+            read = []
+        found.observations += read
+        pointers = {o.source.file for o in read if o.what == "pointer"}
         for name in sorted(names):
             path = here / name
             if not path.is_file():
                 continue  # a socket, a pipe or a dangling link: nothing a job left to read
-            if checkpoints.looks_like_checkpoint(path) or checkpoints.is_checkpoint_folder(here) \
-                    and checkpoints.TEMP.search(name):
+            if holds_checkpoints and checkpoints.read_with_the_folder(path):
                 continue  # the folder's observations cover it
             if f"{shown}/{name}" in pointers:
                 found.read[f"{shown}/{name}"] = ["checkpoints (a pointer)"]

@@ -62,13 +62,17 @@ def is_checkpoint_folder(folder: Path) -> bool:
         return False
 
 
+def read_with_the_folder(path: Path) -> bool:
+    """Whether a file of a checkpoint folder is one `read_folder` tells of: a checkpoint,
+    or a temporary file beside them, which is a save's whatever its name ("tmp-x.part")."""
+    return looks_like_checkpoint(path) or TEMP.search(path.name) is not None
+
+
 def read_folder(folder: Path, shown: str) -> list[Observation]:
     """One observation per checkpoint-like file (does it load, is it a leftover), one for
     a DCP folder that never committed, and one per pointer to a checkpoint."""
     found = []
-    # a temporary file beside the checkpoints is a save's, whatever its name ("tmp-x.part")
-    files = sorted(p for p in folder.iterdir() if p.is_file() and (
-        looks_like_checkpoint(p) or TEMP.search(p.name)))
+    files = sorted(p for p in folder.iterdir() if p.is_file() and read_with_the_folder(p))
     extents = _dcp_extents(folder / ".metadata")
     for path in files:
         name = f"{shown}/{path.name}"
@@ -77,8 +81,8 @@ def read_folder(folder: Path, shown: str) -> list[Observation]:
                                      " a save that never finished", step=step_of(path),
                                      extra={"temp": True, "loads": None}))
             continue
-        problem, checked = _problem(path)
         size = _size(path)
+        problem, checked = _problem(path, size)
         if problem is None and path.name in extents and size is not None \
                 and size < extents[path.name]:
             problem, checked = (f"cut short: {size:,} bytes, where .metadata gives it"
@@ -201,10 +205,12 @@ def rank_of(name: str) -> int | None:
     return int(m.group(2))
 
 
-def _problem(path: Path) -> tuple[str | None, bool]:
-    """(why the file would not load or None, whether its format let that be checked)."""
+def _problem(path: Path, size: int | None) -> tuple[str | None, bool]:
+    """(why the file of `size` bytes would not load or None, whether its format let that
+    be checked)."""
     try:
-        size = path.stat().st_size
+        if size is None:
+            size = path.stat().st_size  # raises what made the size unknown
         if size == 0:
             return "empty", True
         with path.open("rb") as f:
