@@ -36,6 +36,7 @@ from torchchaos.incident.finding import (  # noqa: F401  (the model, as callers 
     RankStory,
     RestartFailure,
 )
+from torchchaos.incident.formats.batch_script import from_command_line
 from torchchaos.incident.launches import (
     first_failure,
     launch_order,
@@ -153,8 +154,8 @@ def _script(obs: list[Observation]) -> str | None:
     the command line py-spy shows, else the file of a traceback's `<module>` frame."""
     named = [o.extra.get("script") for o in obs if o.extra.get("script")]
     for o in obs:
-        command = o.extra.get("command", "")
-        named += [w.rsplit("/", 1)[-1] for w in command.split() if w.endswith(".py")][:1]
+        if found := from_command_line(o.extra.get("command", "")):
+            named.append(found[0])
     for o in obs:
         named += [m.group(1) for frame in o.frames[:1]
                   if (m := re.match(r"<module> \(([^:]+\.py):\d+\)", frame))]

@@ -145,6 +145,12 @@ def _pointed_at(path: Path, entries: dict[str, Path]) -> str | None:
 SHORT = 0.5
 
 
+def sibling_key(o: Observation) -> tuple[str, int | None]:
+    """What a checkpoint file's siblings share: its path with every number blanked
+    (`step_#/rank#.pt`, `model_#.pt`) and its rank; their steps differ."""
+    return re.sub(r"\d+", "#", o.source.file), o.rank
+
+
 def compare_with_siblings(observations: list[Observation]) -> list[Observation]:
     """`observations`, with each checkpoint file whose format could not be checked and
     that is of the newest step among its siblings (the files named as it is, numbers
@@ -154,7 +160,7 @@ def compare_with_siblings(observations: list[Observation]) -> list[Observation]:
              and o.extra.get("size") is not None and o.step is not None]
     groups: dict[tuple[str, int | None], list[Observation]] = {}
     for o in files:
-        groups.setdefault((re.sub(r"\d+", "#", o.source.file), o.rank), []).append(o)
+        groups.setdefault(sibling_key(o), []).append(o)
     short = {}
     for group in groups.values():
         newest = max(group, key=lambda o: o.step or 0)

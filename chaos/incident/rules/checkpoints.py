@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torchchaos.incident.evidence import a_load_error, own_errors, writer_rank
 from torchchaos.incident.finding import FirstFailure, say
+from torchchaos.incident.formats import checkpoints
 from torchchaos.incident.observations import Observation
 
 
@@ -57,8 +58,8 @@ def _sized(file: Observation, obs: list[Observation]) -> str:
     """The torn file's problem and size, and a sibling of another step's size."""
     size = file.extra.get("size")
     shape = [o for o in obs if o.what == "checkpoint" and o.extra.get("loads")
-             and o.rank == file.rank and o.step != file.step and o.extra.get("size")
-             and o.source.file.rsplit("/", 1)[0] == file.source.file.rsplit("/", 1)[0]]
+             and o.step != file.step and o.extra.get("size")
+             and checkpoints.sibling_key(o) == checkpoints.sibling_key(file)]
     sibling = f"; {shape[-1].source.file.rsplit('/', 1)[-1]} of step {shape[-1].step} is" \
               f" {shape[-1].extra['size']:,}" if shape else ""
     return f"is {size:,} bytes, {file.detail}{sibling}" if size is not None else file.detail
