@@ -12,7 +12,7 @@ from torchchaos.errors import UsageError
 from torchchaos.incident.attribute import Incident, attribute
 from torchchaos.incident.command import NamedCommand, named_command
 from torchchaos.incident.gather import Gathered, gather
-from torchchaos.incident.incident_file import build
+from torchchaos.incident.incident_file import bounded_as_the_limit, build
 from torchchaos.incident.mapping import Placement, placement_from_reference
 from torchchaos.incident.signature import Signature
 from torchchaos.scenario.files import ScenarioFile
@@ -58,12 +58,9 @@ def import_artefacts(paths: list[Path], scenario: Scenario | ScenarioFor,
 
         history = get_reference(given, cache_dir, progress).history()
         place = placement_from_reference(history, given)
-    file = build(incident, gathered, given, place, same_script)
-    if file.scenario.hang_timeout != given.hang_timeout:
-        said.append(f"the scheduler's time limit ended the hang: the replay calls it one after"
-                    f" {file.scenario.hang_timeout:.0f} s without progress (hang_timeout),"
-                    " not after the job's own collective timeout")
-    return Imported(incident, gathered, file, same_script, said)
+    replayed, bound = bounded_as_the_limit(incident, given)  # the replay's, not the reference's
+    return Imported(incident, gathered, build(incident, gathered, replayed, place, same_script),
+                    same_script, said + ([bound] if bound else []))
 
 
 def _needs_reference(incident: Incident, same_script: bool) -> bool:

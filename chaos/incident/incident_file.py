@@ -26,13 +26,22 @@ from torchchaos.scenario.spec import parse_fault_spec
 LIMIT_ENDED_HANG_BOUND = 60.0
 
 
+def bounded_as_the_limit(incident: Incident, scenario: Scenario) -> tuple[Scenario, str]:
+    """`scenario` with the hang bound a time limit's hang replays under, and the line that
+    says so; as it was, and "", for any other incident or a bound already set."""
+    f = incident.finding
+    if f.kind != "hang" or "time limit" not in f.how or scenario.hang_timeout is not None:
+        return scenario, ""
+    return dataclasses.replace(scenario, hang_timeout=LIMIT_ENDED_HANG_BOUND), (
+        f"the scheduler's time limit ended the hang: the replay calls it one after"
+        f" {LIMIT_ENDED_HANG_BOUND:.0f} s without progress (hang_timeout), not after the"
+        " job's own collective timeout")
+
+
 def build(incident: Incident, gathered: Gathered, scenario: Scenario, place: Placement,
           same_script: bool) -> ScenarioFile:
     faults = faults_for(incident, place, same_script)
     scenario = dataclasses.replace(scenario, faults=[parse_fault_spec(s) for s, _ in faults])
-    f = incident.finding
-    if f.kind == "hang" and "time limit" in f.how and scenario.hang_timeout is None:
-        scenario = dataclasses.replace(scenario, hang_timeout=LIMIT_ENDED_HANG_BOUND)
     signature = Signature.of(incident)
     return ScenarioFile(scenario, name=f"incident: {signature.describe()}",
                         summary=timeline_text(incident),
