@@ -27,13 +27,13 @@ def fault_summary(faults: list[ResolvedFault], history: History) -> list[dict]:
     summary = []
     for f in faults:
         event = fired.get(f.id)
-        effect = get_kind(f.kind).effect_event
+        kind = get_kind(f.kind)
+        effect = kind.effect_event
         if effect is not None:  # it armed a hook or asked the harness: fired once that acted
             acted = next((e for e in history.of(effect) if e.get("id") == f.id), None)
             if acted is not None and acted.get("step") is None and event is not None:
                 acted = {**acted, "step": event.get("step")}  # the request's step
             event = acted
-        kind = get_kind(f.kind)
         mark = next((e for e in history.events if e["ev"] in kind.marks
                      and e.get("id") == f.id), None)
         did = kind.said(mark) if mark is not None else ""
