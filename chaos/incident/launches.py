@@ -183,8 +183,9 @@ def restarted(later: list[Observation], obs: list[Observation]) -> bool:
     logs, a relaunch's log, or a later attempt's file. A log in another folder that is no
     relaunch (the script's own train.log beside the launcher's job.log) is another view of
     the same launch, not a restart."""
+    if any(o.attempt for o in later):
+        return True
     lined = {o.source.file for o in obs if o.source.line is not None}
     logs = lined | {o.source.file for o in obs if o.what == "log_file"}  # an empty one too
-    return any(o.source.file in lined or o.attempt or any(relaunch_of(f, o.source.file)
-                                                         for f in logs)
-               for o in later if o.source.line is not None or o.attempt)
+    after = {o.source.file for o in later if o.source.line is not None}  # each file once
+    return any(file in lined or any(relaunch_of(log, file) for log in logs) for file in after)
