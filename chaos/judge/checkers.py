@@ -612,8 +612,8 @@ def _finished_checkpoints(ev: Evidence, before: float) -> list[int]:
 
     A checkpoint is the saves of one step's state on every rank that writes it
     (the ranks whose saves hold that step in the reference run). It is finished
-    once each of those ranks ended its part and went on (`FINISHED`), its part's
-    last event before `before`, or once the target said so
+    once each of those ranks ended its part and went on (`_parts_finished`), its
+    part's last event before `before`, or once the target said so
     (`torchchaos.api.report_checkpoint_committed`); one rank's part alone is not the
     job's checkpoint.
     """
@@ -623,18 +623,37 @@ def _finished_checkpoints(ev: Evidence, before: float) -> list[int]:
             writers.setdefault(e["after_step"], set()).add(e["rank"])
     begins = {(e["pid"], e["save"]): e for e in ev.chaos.of("save_begin")}
     done: dict[int, set[int]] = {}
-    for end in ev.chaos.of("save_end"):
-        begin = begins.get((end["pid"], end["save"]))
-        # over at its last event (its last publish or fsync), whatever thread made it,
-        # not when the rank got round to saying so (its next step, its writer's next save)
-        over = end.get("last_t") or end["t"]
-        if (begin is None or begin.get("after_step") is None or over >= before
-                or end.get("ended", "step") not in FINISHED):
+    for key, over in _parts_finished(ev).items():
+        begin = begins.get(key)
+        if begin is None or begin.get("after_step") is None or over >= before:
             continue
         done.setdefault(begin["after_step"], set()).add(begin["rank"])
     said = {e["step"] for e in ev.chaos.of("committed") if e["t"] < before}
     return sorted(said | {step for step, ranks in done.items()
                           if ranks >= writers.get(step, {ev.reference.checkpoint_writer()})})
+
+
+def _parts_finished(ev: Evidence) -> dict[tuple[int, int], float]:
+    """When each rank's part of a checkpoint, by (pid, save), was over, for the parts
+    the rank went on from: it ended as `FINISHED` says, or the script entered a
+    collective of its own after the last of its events (`save_left`: a save on a
+    scheduler's signal, a barrier, and the requeue killed it before its next step).
+    Over at its last event (its last publish or fsync), whatever thread made it, not
+    when the rank got round to saying so (its next step, its writer's next save)."""
+    over: dict[tuple[int, int], float] = {}
+    for end in ev.chaos.of("save_end"):
+        if end.get("ended", "step") in FINISHED:
+            over[(end["pid"], end["save"])] = end.get("last_t") or end["t"]
+    last: dict[tuple[int, int], tuple[int, float]] = {}
+    for e in ev.chaos.of("file"):
+        if e.get("save"):
+            last[(e["pid"], e["save"])] = (e["index"], e["t"])
+    for mark in ev.chaos.of("save_left"):
+        key = (mark["pid"], mark["save"])
+        index, t = last.get(key, (None, mark["t"]))
+        if key not in over and index == mark["events"]:  # nothing written after it went on
+            over[key] = t
+    return over
 
 
 def _fired_at(ev: Evidence, effect: Event) -> float:

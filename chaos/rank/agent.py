@@ -233,8 +233,8 @@ class Agent:
         self.io.install()
         self._wrap_excepthook()
         self._wrap_teardown()
-        if os.environ.get(env.RECORD_SYNC) == "1":
-            syncwatch.install(self.history.record)
+        self.record_sync = os.environ.get(env.RECORD_SYNC) == "1"
+        syncwatch.install(self._collective_entered)
         atexit.register(self._at_exit)
         # atexit runs only after the interpreter joined every non-daemon thread: a thread
         # the script left running would hang the exit with the rank still "in a step".
@@ -550,6 +550,19 @@ class Agent:
                                 last_step=save.last_step, last_t=save.last_t, ended=ended)
             if save.number == self.snapshot_after and self.rank == 0 and self.reference is None:
                 self._snapshot()  # in the reference run: the chaos runs start from it
+
+    def _collective_entered(self, op: str, group: str, by_torch: bool) -> None:
+        if self.forked:
+            return
+        if self.record_sync:
+            self.history.record("sync", op=op, group=group)
+        if by_torch or threading.current_thread() is not threading.main_thread():
+            return  # a collective inside torch's own call (a DCP save's plan) is in the save
+        save = self.save_tracker.left()
+        if save is not None:
+            # killed before its next step (a requeue after a save on a signal), the
+            # save it went on from is still one it finished (torchchaos.judge.checkers)
+            self.history.record("save_left", save=save.number, events=save.events, op=op)
 
     def _snapshot(self) -> None:
         """Copy what the saves wrote (their top-level folders or files) as it is now."""

@@ -15,6 +15,11 @@ thread while training goes on, so the rules are:
   ends when the next step begins;
 - otherwise a background save ends when the next save opens, or at exit.
 
+A rank may also go on past a save without a next step: a save on a scheduler's
+signal, a barrier, and the process is ended before it gets further. The
+script's own collective after a save the main thread is done with marks it
+left (`left`): the events made until then are a save the rank went on from.
+
 A writer thread that lives across saves (a queue's worker started before
 training, a `ThreadPoolExecutor`'s) never hands over to another thread, so
 its own I/O says where its next save begins:
@@ -62,6 +67,7 @@ class Save:
     committed: bool = False  # main-thread events followed the background writer's
     step_key: StepKey | None = None  # where its writer's first path named its step
     opened: set[str] = field(default_factory=set)  # files its writer opened for writing
+    left_at: int = 0  # how many of its events there were when the rank last went on from it
 
 
 class SaveTracker:
@@ -117,6 +123,17 @@ class SaveTracker:
         if save is not None and (save.writer is None or save.committed):
             return self.finish()
         return None
+
+    def left(self) -> Save | None:
+        """The main thread went on (the script entered a collective): the open save it
+        was done with, if it has events since the rank last went on from it."""
+        save = self.open
+        if save is None or (save.writer is not None and not save.committed):
+            return None  # nothing open, or a writer thread still at it
+        if save.left_at == save.events:
+            return None
+        save.left_at = save.events
+        return save
 
     def finish(self) -> Save | None:
         """End the open save (at exit, or when another opens)."""

@@ -59,6 +59,8 @@ EVENTS: dict[str, EventSpec] = {
                "op, path, save, index, and the operation's own (size, mode, ...)"),
     "save_begin": _e("rank", "a checkpoint save began", "save, after_step, background"),
     "save_end": _e("rank", "a checkpoint save ended", "save, ended, events, last_step, last_t"),
+    "save_left": _e("rank", "the script entered a collective of its own after a save: it went"
+                    " on from the save's events so far", "save, events, op"),
     "load": _e("rank", "a checkpoint load", "load, path, index"),
     # -- faults
     "fault": _e("rank", "a scheduled fault fired",

@@ -21,6 +21,21 @@ def test_synchronous_saves_end_at_the_next_step():
     assert third.number == 2 and third.events == 1
 
 
+def test_the_rank_goes_on_from_a_save_once_per_new_event_and_not_from_a_writers():
+    saves, thread = SaveTracker(), writer()
+    assert saves.left() is None, "no save open"
+    save, _ = saves.event(MAIN, 12)
+    assert saves.left() is save and save.left_at == 1
+    assert saves.left() is None, "a second barrier: nothing new to go on from"
+    saves.event(MAIN, 12)
+    assert saves.left() is save and save.left_at == 2
+    saves.step_begins()
+    saves.event(thread, 13, started_at=13)
+    assert saves.left() is None, "the main thread's barrier says nothing of a writer at work"
+    committed, _ = saves.event(MAIN, 14)
+    assert saves.left() is committed, "once the main thread committed it, it can go on"
+
+
 def test_a_background_save_spans_steps_and_its_commit_joins_it():
     saves, thread = SaveTracker(), writer()
     data, _ = saves.event(thread, 6, started_at=5)  # written while step 6 ran
