@@ -14,7 +14,7 @@ from typing import Any
 from torchchaos.judge import hangs, sdc
 from torchchaos.judge.components import cause_rank, diverging_component, is_light, same_state
 from torchchaos.judge.evidence import Evidence, Recovery
-from torchchaos.rundir.history import Event
+from torchchaos.rundir.history import Event, History
 
 
 @dataclass
@@ -637,23 +637,40 @@ def _parts_finished(ev: Evidence) -> dict[tuple[int, int], float]:
     """When each rank's part of a checkpoint, by (pid, save), was over, for the parts
     the rank went on from: it ended as `FINISHED` says, or the script entered a
     collective of its own after the last of its events (`save_left`: a save on a
-    scheduler's signal, a barrier, and the requeue killed it before its next step).
+    scheduler's signal, a barrier, and the requeue killed it before its next step),
+    unless the fault-free run shows that rank writing more of a save after such a
+    collective (shards, a barrier, then the pointer: the barrier is no end there).
     Over at its last event (its last publish or fsync), whatever thread made it, not
     when the rank got round to saying so (its next step, its writer's next save)."""
     over: dict[tuple[int, int], float] = {}
     for end in ev.chaos.of("save_end"):
         if end.get("ended", "step") in FINISHED:
             over[(end["pid"], end["save"])] = end.get("last_t") or end["t"]
-    last: dict[tuple[int, int], tuple[int, float]] = {}
-    for e in ev.chaos.of("file"):
-        if e.get("save"):
-            last[(e["pid"], e["save"])] = (e["index"], e["t"])
+    writes_on = _ranks_that_write_on_after_a_collective(ev.reference)
+    last = _last_file_events(ev.chaos)
     for mark in ev.chaos.of("save_left"):
         key = (mark["pid"], mark["save"])
         index, t = last.get(key, (None, mark["t"]))
-        if key not in over and index == mark["events"]:  # nothing written after it went on
+        if key not in over and index == mark["events"] and mark["rank"] not in writes_on:
             over[key] = t
     return over
+
+
+def _last_file_events(history: History) -> dict[tuple[int, int], tuple[int, float]]:
+    """The index and time of each save's last file event, by (pid, save)."""
+    last: dict[tuple[int, int], tuple[int, float]] = {}
+    for e in history.of("file"):
+        if e.get("save"):
+            last[(e["pid"], e["save"])] = (e["index"], e["t"])
+    return last
+
+
+def _ranks_that_write_on_after_a_collective(history: History) -> set[int]:
+    """The ranks whose saves, in this history, went on writing after the script
+    entered a collective of its own: for them a `save_left` says nothing of the end."""
+    last = _last_file_events(history)
+    return {mark["rank"] for mark in history.of("save_left")
+            if last.get((mark["pid"], mark["save"]), (0, 0.0))[0] > mark["events"]}
 
 
 def _fired_at(ev: Evidence, effect: Event) -> float:
