@@ -24,20 +24,21 @@ Toxics (`type=`, attributes as Toxiproxy names them):
 partitions: the trigger starts it, `for=` heals it, `flaps=`/`gap=` repeat it.
 
 Needs `--network host` (the server must reach node 0's store, and the nodes
-the server) and 2+ nodes. Backed by toxiproxy-python.
+the server) and 2+ nodes. It talks to the server through `toxiproxy_api`
+(every call timed out, every refusal said in one line); a toxic counts as in
+force only once the server lists it.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from torchchaos.errors import ChaosError, UsageError
+from torchchaos.errors import UsageError
 from torchchaos.faults.contract import (
     ClusterJob,
     ClusterMapping,
@@ -48,6 +49,7 @@ from torchchaos.faults.contract import (
     ResolvedFault,
 )
 from torchchaos.faults.params import choice, fraction, non_negative_int, positive_int, seconds
+from torchchaos.faults.toxiproxy_api import Server, ToxiproxyError, host_port
 from torchchaos.host import netns
 
 URL_ENV = "TORCHCHAOS_TOXIPROXY"
@@ -65,42 +67,35 @@ REQUIRED = {"latency": "latency", "bandwidth": "rate", "limit_data": "bytes",
             "slicer": "average_size"}
 
 
-class ToxiproxyError(ChaosError):
-    """The Toxiproxy server is unreachable or refused a request."""
-
-
-def server() -> tuple[str, int]:
-    """The Toxiproxy server's (host, port), from `TORCHCHAOS_TOXIPROXY`."""
+def server() -> Server:
+    """The Toxiproxy server `TORCHCHAOS_TOXIPROXY` names (a host, an IPv6 one in brackets)."""
     url = os.environ.get(URL_ENV) or DEFAULT_URL
     parts = urlsplit(url if "//" in url else f"http://{url}")
-    if not parts.hostname:
-        raise UsageError(f"{URL_ENV}={url!r} is not a URL like {DEFAULT_URL}")
-    return parts.hostname, parts.port or 8474
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port that is no number, an IPv6 host without its brackets
+        host = port = None
+    if not host or (":" in host and "[" not in parts.netloc):
+        raise UsageError(f"{URL_ENV}={url!r} is not a URL like {DEFAULT_URL}"
+                         " (an IPv6 host in brackets: http://[::1]:8474)")
+    return Server(host, port or 8474)
 
 
 def unreachable_reason() -> str:
     """Why no Toxiproxy server answers, or "" if one does."""
-    host, port = server()
     try:
-        with socket.create_connection((host, port), timeout=2.0):
-            return ""
-    except OSError as exc:
-        return f"no Toxiproxy server at {host}:{port} ({exc.strerror or exc}); set {URL_ENV}"
-
-
-def _client() -> Any:
-    from toxiproxy import Toxiproxy
-
-    client = Toxiproxy()
-    client.update_api_consumer(*server())  # the library keeps it class-wide
-    return client
+        server().version()
+    except ToxiproxyError as exc:
+        return f"{exc}; set {URL_ENV}"
+    return ""
 
 
 @dataclass
 class StoreProxy:
     """The job's proxy in front of the rendezvous store (a JobResource)."""
 
-    proxy: Any
+    server: Server
+    name: str
     rendezvous_endpoint: str  # where nodes 1.. reach the store
     environ: dict[str, str] = field(default_factory=dict)
     closed: bool = False
@@ -112,8 +107,8 @@ class StoreProxy:
         if not self.closed:
             self.closed = True
             try:
-                self.proxy.destroy()
-            except Exception:  # noqa: BLE001 - the server may be gone; nothing else to undo
+                self.server.delete_proxy(self.name)
+            except ToxiproxyError:  # the server is gone (and its proxy with it)
                 pass
 
 
@@ -159,33 +154,35 @@ class Toxic(HarnessKind):
             raise UsageError(f"toxic: {reason}")
 
     def setup_job(self, faults: list[ResolvedFault], ctx: JobContext) -> JobResource:
-        host, _ = server()
+        toxiproxy = server()
         upstream = os.environ.get(UPSTREAM_ENV) or "127.0.0.1"
         port = netns.free_port()
         name = f"torchchaos-{ctx.run_id}-{uuid.uuid4().hex[:6]}"
-        try:
-            proxy = _client().create(upstream=f"{upstream}:{ctx.store_port}", name=name,
-                                     listen=f"0.0.0.0:{port}")
-        except Exception as exc:  # noqa: BLE001 - requests' and the library's errors alike
-            raise ToxiproxyError(f"Toxiproxy at {host}: cannot create proxy: {exc}") from None
-        return StoreProxy(proxy, f"{host}:{port}")
+        toxiproxy.create_proxy(name, listen=f"0.0.0.0:{port}",
+                               upstream=f"{host_port(upstream, ctx.store_port)}")
+        return StoreProxy(toxiproxy, name, host_port(toxiproxy.host, port))
 
     def cut(self, fault: ResolvedFault, ctx: JobContext
             ) -> tuple[Callable[[], None], dict[str, Any]]:
         resource = ctx.resources.get(self.name)
         if not isinstance(resource, StoreProxy):
             raise ToxiproxyError("the job has no Toxiproxy proxy")
-        proxy = resource.proxy
+        toxiproxy, proxy = resource.server, resource.name
         kind, params = str(fault.params["type"]), fault.params
         name = f"{fault.id}-{kind}"
         attributes = {a: params[a] for a in ATTRIBUTES[kind] if a in params}
-        proxy.add_toxic(type=kind, name=name, stream=params.get("stream", "downstream"),
-                        toxicity=params.get("toxicity", 1.0), attributes=attributes)
+        toxiproxy.add_toxic(proxy, {"name": name, "type": kind,
+                                    "stream": params.get("stream", "downstream"),
+                                    "toxicity": params.get("toxicity", 1.0),
+                                    "attributes": attributes})
+        if name not in toxiproxy.toxics(proxy):  # accepted is not in force
+            raise ToxiproxyError(f"Toxiproxy at {toxiproxy.where} took toxic {name} but does"
+                                 f" not list it on {proxy}")
 
         def heal() -> None:
             try:
-                proxy.destroy_toxic(name)
-            except Exception:  # noqa: BLE001 - gone already (healed, or proxy deleted)
+                toxiproxy.delete_toxic(proxy, name)
+            except ToxiproxyError:  # gone already (healed, or the proxy deleted)
                 pass
 
-        return heal, {"toxic": kind, "attributes": attributes, "proxy": proxy.name}
+        return heal, {"toxic": kind, "attributes": attributes, "proxy": proxy}
