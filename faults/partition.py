@@ -220,9 +220,18 @@ def _ruleset(outgoing: list[str], incoming: list[str]) -> str:
 
 
 def apply(node: Node, ruleset: str) -> None:
+    """Load `ruleset` into the node's namespace, and see it there: a cut is in force
+    only once the kernel lists its drops (nft can exit 0 into another namespace, or a
+    table can be flushed by something else), not once nft was asked."""
     done = node.run("nft", "-f", "-", stdin=ruleset)
     if done.returncode != 0:
         raise UsageError(f"nft on node {node.index}: {done.stderr.strip()}")
+    listed = node.run("nft", "list", "table", "inet", TABLE)
+    drops = ruleset.count(" drop")
+    if listed.returncode != 0 or listed.stdout.count(" drop") < drops:
+        raise UsageError(f"nft on node {node.index}: the table {TABLE} does not list its"
+                         f" {drops} drop rule(s) after loading them"
+                         f" ({(listed.stderr or listed.stdout).strip()[:200]})")
 
 
 def heal(nodes: list[Node]) -> None:

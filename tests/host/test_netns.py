@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 
+from torchchaos.errors import UsageError
 from torchchaos.faults import partition
 from torchchaos.harness.nemesis import windows
 from torchchaos.host import lifeline, netns
@@ -186,3 +187,40 @@ def test_the_nemesis_applies_a_requested_flapping_cut_and_heals_it_on_time(netwo
     assert (layout.requests_dir / f"{flapping.id}.done").exists()
     assert seen[0] is False and True in seen and seen.count(False) >= 2, seen
     assert reaches(a, b)
+
+
+def test_a_cut_whose_rules_the_kernel_does_not_list_is_not_in_force(network):
+    """Issue 62, part 5: nft was asked and exited 0, but the table holds no drop (here
+    the same batch deletes it again, as a flush by something else would): `apply`
+    refuses, so the nemesis records fault_error and the run reads "could not judge"."""
+    node = network.nodes[1]
+    ruleset = partition.plan(fault(), network, None)[node]
+    with pytest.raises(UsageError, match=r"does not list its 2 drop rule\(s\)"):
+        partition.apply(node, ruleset + f"delete table inet {partition.TABLE}\n")
+    partition.apply(node, ruleset)  # loaded and listed: in force
+    assert not reaches(network.nodes[0], node)
+    partition.heal([node])
+    assert reaches(network.nodes[0], node)
+
+
+def test_a_link_that_drops_every_packet_cuts_until_healed_and_is_listed(network):
+    from torchchaos.faults import link
+
+    a, b, _ = network.nodes
+    heal = link.degrade(b, {"loss": 100.0})
+    listed = b.run("nft", "list", "table", "inet", link.TABLE).stdout
+    interface = netns.INTERFACE
+    assert (listed.count(f'oifname "{interface}" drop')
+            + listed.count(f'iifname "{interface}" drop')) == 2, listed
+    assert not reaches(a, b)
+    heal()
+    assert reaches(a, b)
+    heal()  # twice is fine
+
+
+def test_a_rate_limited_link_still_connects():
+    from torchchaos.faults import link
+
+    rules = link.ruleset({"rate": 200, "loss": 5.0})
+    assert "numgen random mod 10000 < 500 drop" in rules
+    assert rules.count("limit rate over 200 kbytes/second drop") == 2  # both directions
