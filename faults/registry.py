@@ -31,6 +31,7 @@ BUILTIN: dict[str, str] = {
     "kill": "torchchaos.faults.kill:Kill",
     "oom": "torchchaos.faults.oom:OutOfMemory",
     "partition": "torchchaos.faults.partition:Partition",
+    "link": "torchchaos.faults.link:Link",
     "raise": "torchchaos.faults.exception:Raise",
     "storage": "torchchaos.faults.storage:Storage",
     "slurm": "torchchaos.faults.slurm:Slurm",

@@ -40,7 +40,7 @@ def test_the_site_builds_without_a_warning(tmp_path: Path) -> None:
     assert "torchchaos battery" in (site / "reference" / "cli" / "index.html").read_text()
     faults = (site / "reference" / "faults" / "index.html").read_text()
     assert all(f'id="{kind}"' in faults for kind in ("kill", "storage", "bitflip", "hang",
-                                                       "partition", "straggler", "toxic"))
+                                                       "partition", "link", "straggler", "toxic"))
     assert 'id="deterministic_resume"' in (site / "reference" / "checks" / "index.html"
                                            ).read_text()
     assert "run_scenario" in (site / "reference" / "api" / "index.html").read_text()
