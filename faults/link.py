@@ -46,6 +46,7 @@ NETEM = ("delay", "jitter", "reorder")
 
 
 def _percent(value: str) -> float:
+    """a percentage above 0, at most 100"""
     number = float(value)
     if not 0 < number <= 100:
         raise ValueError(f"needs a percentage in (0, 100], got {value!r}")
@@ -53,6 +54,7 @@ def _percent(value: str) -> float:
 
 
 def _milliseconds(value: str) -> int:
+    """milliseconds, an integer >= 0"""
     number = int(value)
     if number < 0:
         raise ValueError(f"needs milliseconds >= 0, got {value!r}")
