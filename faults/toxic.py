@@ -158,8 +158,9 @@ class Toxic(HarnessKind):
         upstream = os.environ.get(UPSTREAM_ENV) or "127.0.0.1"
         port = netns.free_port()
         name = f"torchchaos-{ctx.run_id}-{uuid.uuid4().hex[:6]}"
-        toxiproxy.create_proxy(name, listen=f"0.0.0.0:{port}",
-                               upstream=f"{host_port(upstream, ctx.store_port)}")
+        anywhere = "::" if ":" in toxiproxy.host else "0.0.0.0"  # an IPv6 server listens on v6
+        toxiproxy.create_proxy(name, listen=host_port(anywhere, port),
+                               upstream=host_port(upstream, ctx.store_port or 0))
         return StoreProxy(toxiproxy, name, host_port(toxiproxy.host, port))
 
     def cut(self, fault: ResolvedFault, ctx: JobContext
