@@ -52,6 +52,8 @@ fault specs (KIND:key=value,...):
                                          rank 1 0.3 s slower per step, for 10 steps
   partition:node=1,step=10,for=6         cut node 1 off for 6 s (--nodes 2+, as root;
                                          shape=halves|majority|oneway|store, sides=0+1/2)
+  link:node=1,step=10,loss=5,for=5       drop 5 % of node 1's packets for 5 s (rate= KB/s;
+                                         delay=, jitter=, reorder= need netem)
   toxic:step=6,type=latency,latency=500,for=4
                                          500 ms more on the rendezvous store's TCP path
                                          for 4 s (Toxiproxy; --nodes 2+, --network host)

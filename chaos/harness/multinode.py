@@ -349,7 +349,7 @@ def wait_for_nodes(run_dir: Path, wait: float, progress: Progress) -> list[dict[
         if time.monotonic() > deadline:
             missing = ("no node" if expected is None else "node(s) " + ", ".join(
                 str(k) for k in range(expected) if k not in done))
-            raise CannotJudge(f"{run_dir}: {missing} finished within {wait:g} s")
+            raise CannotJudge(f"{run_dir}: {missing} did not finish within {wait:g} s")
         if not said:
             progress(f"waiting up to {wait:g} s for every node of {run_dir} to finish")
             said = True

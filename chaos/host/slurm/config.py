@@ -26,7 +26,10 @@ URGENT = "urgent"  # a partition on the same nodes whose jobs preempt those of P
 # script ended and still unrequeued 14 s after the grace when the script slept on. With
 # none, the job is signalled, given KillWait and requeued ("DUE TO PREEMPTION").
 GRACE_SECONDS = 0
-KILL_WAIT_SECONDS = 5  # a cancelled or timed-out job's time between SIGTERM and SIGKILL
+# A cancelled or timed-out job's time between SIGTERM and SIGKILL. Each node's harness
+# reaps its torchrun and writes its done marker in it; at 5 (srun: "up to 7 seconds") a
+# loaded CI machine's node 1 was SIGKILLed first and the run could not be judged.
+KILL_WAIT_SECONDS = 15
 CREDENTIAL_SECONDS = 10  # AuthInfo=cred_expire: also a requeued job's hold (+ 1 s)
 NODE_TIMEOUT_SECONDS = 5  # SlurmdTimeout: a node silent this long is down
 
