@@ -30,6 +30,7 @@ from functools import cache
 from typing import Any
 
 from torchchaos.errors import UsageError
+from torchchaos.faults import partition
 from torchchaos.faults.contract import (
     ClusterJob,
     ClusterMapping,
@@ -38,27 +39,11 @@ from torchchaos.faults.contract import (
     NotExported,
     ResolvedFault,
 )
-from torchchaos.faults.params import positive_int, seconds
+from torchchaos.faults.params import non_negative_int, percentage, positive_int, seconds
 from torchchaos.host.netns import INTERFACE, Node
 
 TABLE = "torchchaos_link"
 NETEM = ("delay", "jitter", "reorder")
-
-
-def _percent(value: str) -> float:
-    """a percentage above 0, at most 100"""
-    number = float(value)
-    if not 0 < number <= 100:
-        raise ValueError(f"needs a percentage in (0, 100], got {value!r}")
-    return number
-
-
-def _milliseconds(value: str) -> int:
-    """milliseconds, an integer >= 0"""
-    number = int(value)
-    if number < 0:
-        raise ValueError(f"needs milliseconds >= 0, got {value!r}")
-    return number
 
 
 @cache
@@ -81,14 +66,7 @@ def ruleset(params: dict[str, object]) -> str:
         rules.append("drop" if share >= 10000 else f"numgen random mod 10000 < {share} drop")
     if "rate" in params:
         rules.append(f"limit rate over {params['rate']} kbytes/second drop")
-
-    def chain(name: str, hook: str, match: str) -> str:
-        body = "\n".join(f"    {match} {rule}" for rule in rules)
-        return (f"  chain {name} {{\n    type filter hook {hook} priority 0; policy accept;\n"
-                f"{body}\n  }}\n")
-
-    return (f"table inet {TABLE} {{\n" + chain("out", "output", f'oifname "{INTERFACE}"')
-            + chain("in", "input", f'iifname "{INTERFACE}"') + "}\n")
+    return partition.nft_table(rules, rules, TABLE)
 
 
 def netem_arguments(params: dict[str, object]) -> list[str]:
@@ -115,20 +93,8 @@ def degrade(node: Node, params: dict[str, object]) -> Callable[[], None]:
 
 
 def _nftables(node: Node, params: dict[str, object]) -> Callable[[], None]:
-    rules = ruleset(params)
-    done = node.run("nft", "-f", "-", stdin=rules)
-    if done.returncode != 0:
-        raise UsageError(f"nft on node {node.index}: {done.stderr.strip()}")
-    listed = node.run("nft", "list", "table", "inet", TABLE)
-    if listed.returncode != 0 or listed.stdout.count(" drop") < rules.count(" drop"):
-        node.run("nft", "delete", "table", "inet", TABLE)
-        raise UsageError(f"nft on node {node.index}: the table {TABLE} does not list its"
-                         f" rules after loading them")
-
-    def heal() -> None:
-        node.run("nft", "delete", "table", "inet", TABLE)  # gone already is fine
-
-    return heal
+    partition.apply(node, ruleset(params), TABLE)
+    return lambda: partition.heal([node], TABLE)
 
 
 def _netem(node: Node, params: dict[str, object]) -> Callable[[], None]:
@@ -149,8 +115,8 @@ class Link(HarnessKind):
     name = "link"
     summary = ("degrade a simulated node's link: loss=%, rate= KB/s (nftables), delay=,"
                " jitter=, reorder= (netem), for a while or flapping")
-    params = {"loss": _percent, "rate": positive_int, "delay": _milliseconds,
-              "jitter": _milliseconds, "reorder": _percent, "for": seconds,
+    params = {"loss": percentage, "rate": positive_int, "delay": non_negative_int,
+              "jitter": non_negative_int, "reorder": percentage, "for": seconds,
               "flaps": positive_int, "gap": seconds}
 
     def validate(self, params: dict[str, object]) -> None:

@@ -43,6 +43,14 @@ def fraction(value: str) -> float:
     return number
 
 
+def percentage(value: str) -> float:
+    """a percentage above 0, at most 100"""
+    number = float(value)
+    if not 0 < number <= 100:
+        raise ValueError(f"needs a percentage in (0, 100], got {value!r}")
+    return number
+
+
 def choice(options: tuple[str, ...]) -> Callable[[str], str]:
     def parse(value: str) -> str:
         if value not in options:

@@ -175,7 +175,7 @@ def plan(fault: ResolvedFault, network: Network, store_port: int | None) -> dict
         if store_port is None:
             raise UsageError("partition shape=store: the job has no rendezvous store")
         store = nodes[0].address
-        return {node: _ruleset([f"ip daddr {store} tcp dport {store_port} drop"],
+        return {node: nft_table([f"ip daddr {store} tcp dport {store_port} drop"],
                                [f"ip saddr {store} tcp sport {store_port} drop"])
                 for node in nodes[1:]}
     if shape == "oneway":
@@ -183,7 +183,7 @@ def plan(fault: ResolvedFault, network: Network, store_port: int | None) -> dict
         if to == fault.index:
             raise UsageError(f"partition shape=oneway: node {to} cannot be cut from itself")
         peer = nodes[to].address
-        return {nodes[fault.index]: _ruleset(
+        return {nodes[fault.index]: nft_table(
             [f"ip daddr {peer} ct direction original drop"],
             [f"ip saddr {peer} ct direction reply drop"])}
     rules = {}
@@ -192,7 +192,7 @@ def plan(fault: ResolvedFault, network: Network, store_port: int | None) -> dict
         others = sorted({nodes[n].address for s in sides if s is not side for n in s})
         addresses = "{ " + ", ".join(others) + " }"
         for n in side:
-            rules[nodes[n]] = _ruleset([f"ip daddr {addresses} drop"],
+            rules[nodes[n]] = nft_table([f"ip daddr {addresses} drop"],
                                        [f"ip saddr {addresses} drop"])
     return rules
 
@@ -208,34 +208,38 @@ def describe(fault: ResolvedFault, network: Network) -> str:
     return " | ".join("+".join(str(n) for n in side) for side in sides)
 
 
-def _ruleset(outgoing: list[str], incoming: list[str]) -> str:
+def nft_table(outgoing: list[str], incoming: list[str], table: str = TABLE) -> str:
+    """An nftables table of drop rules on the node's interface, out and in (a
+    partition's, or a degraded link's: torchchaos.faults.link)."""
     def chain(name: str, hook: str, match: str, rules: list[str]) -> str:
         body = "\n".join(f"    {match} {rule}" for rule in rules)
         return (f"  chain {name} {{\n    type filter hook {hook} priority 0; policy accept;\n"
                 f"{body}\n  }}\n")
 
-    return (f"table inet {TABLE} {{\n"
+    return (f"table inet {table} {{\n"
             + chain("out", "output", f'oifname "{INTERFACE}"', outgoing)
             + chain("in", "input", f'iifname "{INTERFACE}"', incoming) + "}\n")
 
 
-def apply(node: Node, ruleset: str) -> None:
-    """Load `ruleset` into the node's namespace, and see it there: a cut is in force
-    only once the kernel lists its drops (nft can exit 0 into another namespace, or a
-    table can be flushed by something else), not once nft was asked."""
+def apply(node: Node, ruleset: str, table: str = TABLE) -> None:
+    """Load `ruleset` (the table `table`) into the node's namespace, and see it there:
+    a fault is in force only once the kernel lists its drops (nft can exit 0 into
+    another namespace, or a table can be flushed by something else), not once nft was
+    asked. A table loaded but not listed whole is deleted again."""
     done = node.run("nft", "-f", "-", stdin=ruleset)
     if done.returncode != 0:
         raise UsageError(f"nft on node {node.index}: {done.stderr.strip()}")
-    listed = node.run("nft", "list", "table", "inet", TABLE)
+    listed = node.run("nft", "list", "table", "inet", table)
     drops = ruleset.count(" drop")
     if listed.returncode != 0 or listed.stdout.count(" drop") < drops:
-        raise UsageError(f"nft on node {node.index}: the table {TABLE} does not list its"
+        heal([node], table)
+        raise UsageError(f"nft on node {node.index}: the table {table} does not list its"
                          f" {drops} drop rule(s) after loading them"
                          f" ({(listed.stderr or listed.stdout).strip()[:200]})")
 
 
-def heal(nodes: list[Node]) -> None:
+def heal(nodes: list[Node], table: str = TABLE) -> None:
     """Delete the table in each namespace (missing tables and namespaces are fine:
     the job may be torn down already)."""
     for node in nodes:
-        node.run("nft", "delete", "table", "inet", TABLE)
+        node.run("nft", "delete", "table", "inet", table)

@@ -77,10 +77,7 @@ class Server:
         except urllib.error.HTTPError as exc:
             raise ToxiproxyError(f"Toxiproxy at {self.where} refused to {doing}: "
                                  f"{_refusal(exc)}") from None
-        except TimeoutError:
-            raise ToxiproxyError(f"Toxiproxy at {self.where} did not answer within"
-                                 f" {self.timeout:g} s ({doing})") from None
-        except (urllib.error.URLError, OSError) as exc:
+        except OSError as exc:  # URLError wraps what the socket raised (its `reason`)
             reason = getattr(exc, "reason", exc)
             if isinstance(reason, TimeoutError):
                 raise ToxiproxyError(f"Toxiproxy at {self.where} did not answer within"
