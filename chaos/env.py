@@ -45,6 +45,9 @@ LAUNCHER_SOCKET = "TORCHCHAOS_LAUNCHER_SOCKET"
 # id, and a node's slurmd, its slurmstepds and their tasks with "<id>:<node>"
 CLUSTER = "TORCHCHAOS_CLUSTER"
 CLUSTER_NODE = "TORCHCHAOS_CLUSTER_NODE"
+# marks a Docker engine a harness started (torchchaos.host.docker): dockerd, its
+# containerd and their shims (a container's own processes are found by their cgroup)
+ENGINE = "TORCHCHAOS_ENGINE"
 
 
 def cold_start() -> bool:

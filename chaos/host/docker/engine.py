@@ -1,0 +1,207 @@
+"""A Docker engine on this machine, started and stopped by torchchaos.
+
+`Engine.start()` runs Debian's `dockerd` with everything of its own in one folder
+(images, containers, its containerd's state, its socket) and returns once the daemon
+answers; `stop()` removes every container, stops the daemon and removes the folder,
+leaving no process, mount, cgroup or network behind. The machine's own Docker, if it
+has one, is never touched: this daemon listens only on its folder's socket.
+
+What the daemon may change on the machine is switched off: no default bridge (`docker0`)
+and no iptables rules (Docker's FORWARD policy DROP would cut the simulated nodes'
+bridges). Containers get the networks a run makes for them, and nothing else. Every
+container runs under the engine's own cgroup, so that a harness killed mid-run leaves
+nothing its lifeline cannot find: an owned engine (the tests', the chaos runs') carries
+the run id mark and is registered with the lifeline before the daemon starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchchaos import env
+from torchchaos.errors import CannotJudge, Unavailable, UsageError
+from torchchaos.host import lifeline, procs
+from torchchaos.host.docker import folders
+from torchchaos.host.slurm import daemons
+
+PROGRAMS = ("dockerd", "containerd", "runc")
+INSTALL = "apt-get install -y docker.io"
+RECORD = "engine.json"  # in the folder: what `torchchaos docker down` needs
+STOP_SECONDS = 15.0  # for the daemon to stop its containers and unmount their layers
+
+
+def need() -> None:
+    """Refuse (exit 2) where the engine or the docker package is not installed."""
+    missing = [p for p in PROGRAMS if shutil.which(p) is None]
+    if missing:
+        raise Unavailable(f"no Docker engine here: {', '.join(missing)} not found"
+                          f" ({INSTALL})")
+    try:
+        import docker  # noqa: F401
+    except ImportError:
+        raise Unavailable("the docker package is not installed (pip install docker)") from None
+    if os.geteuid() != 0:
+        raise Unavailable("a Docker engine of torchchaos's own needs root")
+
+
+@dataclass
+class Engine:
+    root: Path
+    engine_id: str
+    owned: bool
+    process: subprocess.Popen | None = None
+
+    @classmethod
+    def start(cls, root: Path | None = None, owned: bool = True,
+              timeout: float = 60.0) -> Engine:
+        """A daemon that answers; on any failure nothing of it is left."""
+        need()
+        engine_id = uuid.uuid4().hex[:12]
+        root = (root if root is not None else folders.owned_root(engine_id)).absolute()
+        _check_root(root)
+        if owned:
+            lifeline.own(engine_id, root)  # before anything of it exists
+        engine = cls(root, engine_id, owned)
+        try:
+            engine._boot(timeout)
+        except BaseException:
+            engine.stop()
+            raise
+        return engine
+
+    @classmethod
+    def of(cls, root: Path) -> Engine:
+        """The engine `torchchaos docker up` started in `root`."""
+        try:
+            record = json.loads((root / RECORD).read_text())
+        except (OSError, ValueError):
+            raise UsageError(f"{root} holds no Docker engine (no readable {RECORD})") from None
+        return cls(root.absolute(), record["id"], owned=False)
+
+    @property
+    def socket(self) -> Path:
+        return self.root / "docker.sock"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "dockerd.log"
+
+    def env(self) -> dict[str, str]:
+        """What a client (`docker`, the docker package) needs to talk to this engine."""
+        return {"DOCKER_HOST": f"unix://{self.socket}"}
+
+    def client(self, timeout: float = 120.0) -> Any:
+        """A `docker.DockerClient` of this engine."""
+        import docker
+
+        return docker.DockerClient(base_url=f"unix://{self.socket}", timeout=timeout)
+
+    def marks(self) -> dict[str, str]:
+        marks = {env.ENGINE: self.engine_id, **lifeline.lock_env()}
+        if self.owned:
+            marks[env.RUN_ID] = self.engine_id
+        return marks
+
+    def _boot(self, timeout: float) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        config = self.root / "daemon.json"  # not the machine's /etc/docker/daemon.json
+        config.write_text("{}\n")
+        self.process = daemons.start(
+            ["dockerd", "--config-file", str(config), "--host", f"unix://{self.socket}",
+             "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
+             "--pidfile", str(self.root / "dockerd.pid"), "--bridge", "none",
+             "--iptables=false", "--ip6tables=false",
+             "--cgroup-parent", folders.cgroup_parent(self.engine_id)],
+            self.log, self.marks())
+        daemons.wait_until(self.answers, "dockerd", self.process, self.log, timeout)
+        (self.root / RECORD).write_text(json.dumps({"id": self.engine_id}))
+
+    def answers(self) -> bool:
+        if not self.socket.exists():
+            return False
+        try:
+            return bool(self.client(timeout=5).ping())
+        except Exception:  # noqa: BLE001 - any failure to answer is "not yet"
+            return False
+
+    def pids(self) -> list[int]:
+        """Every process of the engine: the daemon, its containerd and shims, and
+        everything in its containers."""
+        marked = [pid for pid, value in procs.env_values((env.ENGINE,)).items()
+                  if value == self.engine_id]
+        return procs.tree(sorted(set(marked) | set(folders.container_pids(self.engine_id))))
+
+    def stop(self) -> list[str]:
+        """Remove every container, stop the daemon, then take away whatever is left of it
+        (processes, mounts, cgroups, the folder). Returns what could not be removed."""
+        if self.answers():
+            self._remove_containers()
+        daemon = self._daemon_pid()
+        if daemon is not None:
+            procs.signal_all([daemon], signal.SIGTERM)
+            _wait_gone(daemon, STOP_SECONDS)
+        _, survivors = procs.kill_until_gone(self.pids, 10.0)
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        failures = [f"processes {survivors} survived SIGKILL"] if survivors else []
+        return failures + folders.remove(self.root, self.engine_id)
+
+    def _remove_containers(self) -> None:
+        client = self.client(timeout=30)
+        try:
+            for container in client.containers.list(all=True):
+                container.remove(force=True)
+            for network in client.networks.list():
+                if network.name not in ("bridge", "host", "none"):
+                    network.remove()
+        except Exception:  # noqa: BLE001 - the kill below takes what this could not
+            pass
+        finally:
+            client.close()
+
+    def _daemon_pid(self) -> int | None:
+        if self.process is not None:
+            return self.process.pid if self.process.poll() is None else None
+        try:
+            pid = int((self.root / "dockerd.pid").read_text())
+        except (OSError, ValueError):
+            return None
+        return pid if procs.pid_alive(pid) else None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _check_root(root: Path) -> None:
+    if (root / RECORD).exists():
+        raise UsageError(f"a Docker engine is up in {root} already (`torchchaos docker down"
+                         f" --dir {root}` stops it)")
+    if root.exists() and any(root.iterdir()):
+        raise UsageError(f"{root} is not empty: an engine starts in a new folder")
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while procs.pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def raise_unless_running(engine: Engine) -> None:
+    if not engine.answers():
+        raise CannotJudge(f"the Docker engine in {engine.root} does not answer:"
+                          f" {daemons.last_line(engine.log)}")
