@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, NoReturn
 
-from torchchaos.cli import cluster, multinode
+from torchchaos.cli import cluster, docker, multinode
 from torchchaos.errors import ChaosError, UsageError, did_you_mean
 
 EXAMPLES = """\
@@ -290,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_exploration_commands(sub)
     multinode.add_commands(sub, _positive_int, _positive_seconds)
     cluster.add_commands(sub, _positive_int)
+    docker.add_commands(sub)
     _add_export_command(sub)
     _add_incident_command(sub)
     merge = sub.add_parser(

@@ -8,7 +8,10 @@ tables live inside the namespaces and go with them), fault filesystem mounts
 an OOM fault (`torchchaos.host.cgroups`, named after the run id), the short
 link to a deep run's temporary folder (`torchchaos.host.shortcuts`), the folder of a
 Slurm cluster a harness started (`torchchaos.host.slurm`: its daemons are processes
-marked with the cluster's id as run id), and the lock file of
+marked with the cluster's id as run id), the folder of a Docker engine a harness
+started (`torchchaos.host.docker`: its daemon marked as a cluster's are, its
+containers' processes found in its cgroup, its layers mounted under its folder, its
+networks' bridges named as a run's), and the lock file of
 its harness (`torchchaos.host.owners`). `inventory()` lists all of it; `stale`
 says what is a leftover; `remove` takes things away in the order that works:
 processes first (they keep mounts and cgroups busy), then mounts, then
@@ -39,6 +42,7 @@ from pathlib import Path
 
 from torchchaos import env
 from torchchaos.host import cgroups, netns, procs, shortcuts
+from torchchaos.host.docker import folders as docker
 from torchchaos.host.owners import (
     LockFile,
     Owners,
@@ -51,7 +55,7 @@ from torchchaos.host.slurm import folders as slurm
 
 FSNAME = "torchchaos-faultfs"  # the fault filesystem's mounts show this source
 ORDER = ("slurmjob", "process", "mount", "cgroup", "netns", "link", "shortcut", "cluster",
-         "lock")
+         "engine", "lock")
 MARKERS = (env.RUN_ID, env.HELPER)
 REMOVERS = {"mount": ["fusermount3", "-u", "-z"], "netns": ["ip", "netns", "del"],
             "link": ["ip", "link", "del"]}
@@ -74,7 +78,7 @@ class Leftover:
 def inventory() -> list[Leftover]:
     """Everything of any torchchaos run that exists now, live or not."""
     found = (_processes() + _mounts() + _cgroups() + _network() + _shortcuts() + _clusters()
-             + _slurm_jobs())
+             + _engines() + _slurm_jobs())
     return sorted(found, key=lambda x: (ORDER.index(x.kind), x.name))
 
 
@@ -130,6 +134,8 @@ def remove(items: list[Leftover], timeout: float = 10.0) -> list[str]:
             shutil.rmtree(item.name, ignore_errors=True)
         elif item.kind == "slurmjob":
             failures += slurm.cancel_noted(item.name)
+        elif item.kind == "engine":
+            failures += docker.remove(Path(item.name), item.run)
         elif item.kind in REMOVERS and _exists(item):
             failures += _run_quietly([*REMOVERS[item.kind], item.name], item)
     return failures
@@ -144,7 +150,7 @@ def _exists(item: Leftover) -> bool:
         return Path(item.name).is_dir()
     if item.kind == "shortcut":
         return Path(item.name).is_symlink()
-    if item.kind == "cluster":
+    if item.kind in ("cluster", "engine"):
         return Path(item.name).is_dir()
     return any(n.kind == item.kind and n.name == item.name for n in _network())
 
@@ -169,7 +175,7 @@ def _run_quietly(command: list[str], item: Leftover) -> list[str]:
 
 def _processes() -> list[Leftover]:
     """This user's marked processes (procs.env_vars skips other users')."""
-    found = _cluster_processes()
+    found = _cluster_processes() + _engine_processes()
     seen = {int(x.name) for x in found}
     for pid, values in procs.env_vars((*MARKERS, env.LOCK)).items():
         if pid in seen:
@@ -195,6 +201,13 @@ def _cluster_processes() -> list[Leftover]:
         found += [Leftover("process", str(pid), run, _command(Path(f"/proc/{pid}")))
                   for pid in procs.tree(holders)]
     return found
+
+
+def _engine_processes() -> list[Leftover]:
+    """What runs in the containers of an owned Docker engine: a container's processes
+    carry the image's environment, not the marks, but live in the engine's cgroup."""
+    return [Leftover("process", str(pid), run, _command(Path(f"/proc/{pid}")))
+            for _, run in docker.leftovers() for pid in docker.container_pids(run)]
 
 
 def _command(proc_dir: Path) -> str:
@@ -235,6 +248,12 @@ def _shortcuts() -> list[Leftover]:
 
 def _clusters() -> list[Leftover]:
     return [Leftover("cluster", folder, run) for folder, run in slurm.leftovers()]
+
+
+def _engines() -> list[Leftover]:
+    """The folders of Docker engines a harness started (`torchchaos.host.docker`): their
+    layers' mounts, their cgroups and the folder go together."""
+    return [Leftover("engine", folder, run) for folder, run in docker.leftovers()]
 
 
 def _slurm_jobs() -> list[Leftover]:

@@ -34,7 +34,9 @@ SOCKET_PATH_MAX = 107  # sun_path is 108 bytes with its terminating NUL
 # "/pymp-" + 8 + "/listener-" + 8 characters
 LONGEST_SOCKET_NAME = 40
 PREFIX = "tmp-"
-OURS = re.compile(rf"^{PREFIX}({RUN_ID})$")
+# a run's id, or a node harness's of a job across machines: <the job's run id>-node-K-<8
+# hex>, where the job's may be anything a user or a scheduler named it ("slurm-...")
+OURS = re.compile(rf"^{PREFIX}({RUN_ID}|[\w.-]+-node-\d+-[0-9a-f]{{8}})$")
 LEND = "lend-"
 LENT = re.compile(rf"^{LEND}(\d+)$")
 

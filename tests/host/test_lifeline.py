@@ -68,8 +68,8 @@ class Harness:
     """A harness process owning one run; `kill()` SIGKILLs it (and its watcher)."""
 
     def __init__(self, tmp: Path, *extras: str, watcher: bool = True,
-                 environ: dict[str, str] | None = None) -> None:
-        self.run_id = uuid.uuid4().hex[:12]
+                 environ: dict[str, str] | None = None, run_id: str = "") -> None:
+        self.run_id = run_id or uuid.uuid4().hex[:12]
         self.folder = tmp.resolve()
         own = ("lifeline.own(run_id, folder)" if watcher else
                "from torchchaos.host.owners import HarnessLock\n"
@@ -134,6 +134,17 @@ def test_a_dead_harness_takes_its_runs_along(tmp_path, sig):
     assert any(psutil.Process(int(x.name)).status() == psutil.STATUS_STOPPED
                for x in harness.mine() if x.kind == "process")
     harness.kill(sig)  # none of these signals is handled: the program just dies
+    wait_until_gone(harness)
+
+
+def test_a_dead_node_harness_of_a_job_across_machines_takes_its_link_along(tmp_path):
+    """A node's harness (`torchchaos node`, as a Slurm job's step runs it) names its run
+    after the job's: its deep TMPDIR link is found and removed too (one of a node the
+    scheduler killed stayed in the state folder before)."""
+    harness = Harness(tmp_path, "shortcut",
+                      run_id=f"slurm-{uuid.uuid4().hex[:8]}-node-1-{uuid.uuid4().hex[:8]}")
+    assert {"process", "shortcut"} <= {x.kind for x in harness.mine()}
+    harness.kill(signal.SIGKILL)
     wait_until_gone(harness)
 
 

@@ -61,9 +61,10 @@ class Engine:
     process: subprocess.Popen | None = None
 
     @classmethod
-    def start(cls, root: Path | None = None, owned: bool = True,
-              timeout: float = 60.0) -> Engine:
-        """A daemon that answers; on any failure nothing of it is left."""
+    def start(cls, root: Path | None = None, owned: bool = True, timeout: float = 60.0,
+              settings: dict[str, Any] | None = None) -> Engine:
+        """A daemon that answers; on any failure nothing of it is left. `settings`: more of
+        daemon.json's (a registry mirror, say); the machine's own daemon.json is not read."""
         need()
         engine_id = uuid.uuid4().hex[:12]
         root = (root if root is not None else folders.owned_root(engine_id)).absolute()
@@ -72,7 +73,7 @@ class Engine:
             lifeline.own(engine_id, root)  # before anything of it exists
         engine = cls(root, engine_id, owned)
         try:
-            engine._boot(timeout)
+            engine._boot(timeout, settings or {})
         except BaseException:
             engine.stop()
             raise
@@ -111,10 +112,10 @@ class Engine:
             marks[env.RUN_ID] = self.engine_id
         return marks
 
-    def _boot(self, timeout: float) -> None:
+    def _boot(self, timeout: float, settings: dict[str, Any]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         config = self.root / "daemon.json"  # not the machine's /etc/docker/daemon.json
-        config.write_text("{}\n")
+        config.write_text(json.dumps(settings) + "\n")
         self.process = daemons.start(
             ["dockerd", "--config-file", str(config), "--host", f"unix://{self.socket}",
              "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),

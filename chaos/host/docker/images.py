@@ -39,9 +39,18 @@ PROJECT_REPOSITORY = "torchchaos"
 BUILD_SECONDS = 1800
 
 
+CACHE_ENV = "TORCHCHAOS_IMAGE_CACHE"
+
+
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "torchchaos" / "docker"
+    """Where the base's tarball is kept: $TORCHCHAOS_IMAGE_CACHE, else the machine's
+    /var/cache/torchchaos for root (the base is the machine's, not a session's: a test
+    run's own XDG_CACHE_HOME would make it again each time), else ~/.cache/torchchaos."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    if os.geteuid() == 0:
+        return Path("/var/cache/torchchaos/docker")
+    return Path(os.path.expanduser("~/.cache")) / "torchchaos" / "docker"
 
 
 def base_tag() -> str:

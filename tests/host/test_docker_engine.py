@@ -1,0 +1,184 @@
+"""The Docker engine on this machine: Debian's dockerd, started and stopped by the
+project, the image built from the repository without a registry, and the faults run
+inside a container with named capabilities (never --privileged).
+
+The image is built once for the module (about 45 s for the Debian base, cached, and
+45 s for the image); the module's tests share one worker (`--dist loadgroup`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from torchchaos import env
+from torchchaos.errors import CannotJudge, Unavailable, UsageError
+from torchchaos.host import lifeline, netns, procs
+from torchchaos.host.docker import containers, folders, images
+from torchchaos.host.docker import engine as engine_module
+from torchchaos.host.docker.engine import Engine
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.xdist_group("docker-engine")
+
+
+
+def _no_engine() -> str:
+    try:
+        engine_module.need()
+    except Unavailable as exc:
+        return str(exc)
+    return ""
+
+
+NO_ENGINE = _no_engine()
+# in CI the engine is installed by the set-up: a missing one fails there, never skips
+needs_engine = pytest.mark.skipif(bool(NO_ENGINE) and not os.environ.get("CI"),
+                                  reason=NO_ENGINE or "ok")
+
+
+@pytest.fixture(scope="module")
+def built():
+    """One engine with the project's image, for the module."""
+    with Engine.start() as engine:
+        base = images.base_image(engine)
+        yield engine, images.build_image(engine, REPO, base)
+
+
+def _nothing_left_of(engine: Engine, pids: list[int], bridge: str) -> list[str]:
+    left = [f"process {p}" for p in pids if procs.pid_alive(p)]
+    left += [f"mount {m}" for m in folders.mounts_under(engine.root)]
+    left += [f"cgroup of {engine.engine_id}"] if folders.container_pids(engine.engine_id) \
+        or folders._groups(engine.engine_id) else []
+    left += [f"link {bridge}"] if any(bridge in item for item in netns.leftovers()) else []
+    left += [f"folder {engine.root}"] if engine.root.exists() else []
+    return left
+
+
+@needs_engine
+def test_the_faults_run_inside_the_image_with_named_capabilities(built) -> None:
+    """Namespaces, nftables and FUSE inside a container of the image: the suite's own tests
+    of them, run there, pass with none skipped."""
+    engine, image = built
+    status, output = containers.run(
+        engine, image, ["python", "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                        "tests/host/test_netns.py", "tests/faults/test_faultfs.py"])
+    tail = output[-3000:]
+    assert status == 0, tail
+    assert " passed" in tail and "skipped" not in tail, tail
+
+
+@needs_engine
+def test_the_battery_and_a_partition_pass_inside_a_container(built) -> None:
+    """The main job, in the container on a network of the run's own: the battery against
+    the bundled target (kills, a torn write, a power loss through FUSE, ...), then a
+    partition between two namespace nodes inside the container."""
+    engine, image = built
+    network = containers.network(engine)
+    status, output = containers.run(
+        engine, image, ["sh", "-c", "torchchaos battery --quiet && torchchaos run --quiet"
+                        " --nodes 2 --network netns --fault partition:node=1,step=6,for=4"
+                        " -- targets/ddp_lm.py --steps 12 --ckpt-every 4"],
+        network_name=network)
+    assert status == 0, output[-3000:]  # the battery and the run: exit 0 is every PASS
+    battery = [line for line in output.splitlines() if line.rstrip().endswith(" PASS")]
+    assert len(battery) == 9, output[-3000:]
+
+
+@needs_engine
+def test_a_stopped_engine_leaves_no_process_mount_cgroup_network_or_folder() -> None:
+    engine = Engine.start()
+    base = images.base_image(engine)
+    bridge = containers.network(engine)
+    sleeper = containers.run(engine, base, ["sleep", "300"], network_name=bridge,
+                             detach=True)
+    assert sleeper.reload() is None and sleeper.status == "running"
+    pids = engine.pids()
+    assert folders.container_pids(engine.engine_id)  # the sleeper, found by its cgroup
+    assert engine.stop() == []
+    assert _nothing_left_of(engine, pids, bridge) == []
+
+
+@needs_engine
+def test_a_killed_harness_leaves_no_engine(tmp_path: Path) -> None:
+    """SIGKILL the harness while a container runs: its lifeline kills the daemon, its
+    containerd, the shim and the container's processes (found by the engine's cgroup: they
+    carry no mark), and the sweep removes the layers' mounts, the cgroups, the network's
+    bridge and the folder."""
+    starter = tmp_path / "starter.py"
+    starter.write_text(textwrap.dedent("""
+        import time
+        from torchchaos.host.docker import containers, folders, images
+        from torchchaos.host.docker.engine import Engine
+        engine = Engine.start()
+        bridge = containers.network(engine)
+        containers.run(engine, images.base_image(engine), ["sleep", "300"],
+                       network_name=bridge, detach=True)
+        while not folders.container_pids(engine.engine_id):
+            time.sleep(0.1)
+        print(engine.engine_id, engine.root, bridge, *engine.pids(), flush=True)
+        time.sleep(600)
+    """))
+    harness = subprocess.Popen([sys.executable, str(starter)], stdout=subprocess.PIPE,
+                               text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        engine_id, root, bridge, *pids = harness.stdout.readline().split()
+    finally:
+        harness.send_signal(signal.SIGKILL)
+        harness.wait()
+    engine = Engine(Path(root), engine_id, owned=True)
+    deadline = time.monotonic() + 60  # the watcher: SIGKILLs, then unmounts and removes
+    while _nothing_left_of(engine, [int(p) for p in pids], bridge) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    lifeline.sweep_stale(lambda _: None)
+    assert _nothing_left_of(engine, [int(p) for p in pids], bridge) == []
+
+
+def test_a_machine_without_the_engine_is_one_clear_error(tmp_path: Path) -> None:
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python").symlink_to(sys.executable)
+    done = subprocess.run([str(bare / "python"), "-m", "torchchaos.cli", "docker", "up",
+                           "--dir", str(tmp_path / "d")], capture_output=True, text=True,
+                          env={**os.environ, "PATH": str(bare)}, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [done.stderr.strip()]
+    assert "no Docker engine here: dockerd" in done.stderr and "docker.io" in done.stderr
+    assert not (tmp_path / "d").exists()
+
+
+@needs_engine
+def test_a_daemon_that_cannot_start_is_one_clear_error_and_leaves_nothing(
+        tmp_path: Path) -> None:
+    """dockerd refuses a setting it does not know: its own words, and nothing left."""
+    root = tmp_path / "engine"
+    with pytest.raises(CannotJudge, match="dockerd exited with status 1 while starting:"
+                       ".*no-such-option"):
+        Engine.start(root, settings={"no-such-option": True})
+    assert not root.exists()
+    assert not [pid for pid, value in procs.env_values((env.ENGINE,)).items()
+                if procs.pid_alive(pid)]
+
+
+@needs_engine
+def test_an_image_that_cannot_be_built_is_one_clear_error(built) -> None:
+    engine, _ = built
+    with pytest.raises(CannotJudge, match="could not be built|no Python 3"):
+        images.build_image(engine, REPO, "torchchaos-no-such-base:1")
+    assert not list(engine.root.glob("context-*"))  # the staged context went with it
+
+
+def test_a_capability_the_machine_refuses_is_named_before_anything_runs() -> None:
+    without_sys_resource = (1 << 41) - 1 & ~(1 << 24)
+    with pytest.raises(Unavailable, match="does not grant CAP_SYS_RESOURCE"):
+        containers.refuse_missing(["NET_ADMIN", "SYS_RESOURCE"], without_sys_resource)
+    with pytest.raises(UsageError, match="no capability 'NET_ADMINS'"):
+        containers.refuse_missing(["NET_ADMINS"], without_sys_resource)
+    containers.refuse_missing(containers.FAULT_CAPABILITIES, without_sys_resource)
