@@ -228,7 +228,8 @@ class LauncherServer:
                     self._codes[message["exited"]] = message["code"]
                 else:
                     self._answers[message["id"]] = message
-                    if "started" in message:
+                    if "started" in message:  # a new process: a code its pid had is old
+                        self._codes.pop(message["started"], None)  # (pids wrap: 32768 here)
                         self._started.add(message["started"])
                 self._changed.notify_all()
         with self._changed:

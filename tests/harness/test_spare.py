@@ -200,3 +200,28 @@ def test_a_server_lent_from_a_deep_folder_listens_through_a_short_link(tmp_path)
         assert (deep / spare.SOCKET_NAME).exists(), "the socket itself lies in the folder"
     assert not os.path.lexists(link), "the link goes with the process that lent it"
 
+
+
+class _Said:
+    """A server's side of the channel that has said `lines` and then stays open."""
+
+    def __init__(self, lines: list[dict]) -> None:
+        self.lines, self.ready, self.pid = lines, True, 0
+
+    def messages(self):
+        yield from self.lines
+
+    def alive(self) -> bool:
+        return True
+
+
+def test_a_launcher_with_the_pid_of_one_that_ended_is_running_not_ended():
+    """Pids wrap (pid_max 32768 on this machine kind: a CI session forks past it): a new
+    launcher given the pid of one this server saw end is running. Taken for ended, its job
+    was judged over at once, before its ranks booted (a false alarm seen in CI)."""
+    said = [{"started": 4242, "id": 0}, {"exited": 4242, "code": 0},
+            {"started": 4242, "id": 1}]
+    server = spare.LauncherServer({}, channel=_Said(said))  # type: ignore[arg-type]
+    server._reader.join(timeout=10)
+    assert server.exit_code(4242) is None
+    assert not server.idle()
