@@ -110,10 +110,21 @@ def tool_args(tokens: list[str], tool: str) -> list[str] | None:
     for i, token in enumerate(tokens):
         if token != tool:
             continue
-        if tool == "torchchaos" and tokens[i + 1:i + 2] in ([], [tool]):
+        if tool == "torchchaos" and (tokens[i + 1:i + 2] in ([], [tool])
+                                     or _compose_service(tokens, i)):
             continue
         return tokens[i + 1:]
     return None
+
+
+def _compose_service(tokens: list[str], i: int) -> bool:
+    """tokens[i] is the service of a `docker compose run` / `docker-compose run` (only
+    options between `run` and it)."""
+    if "run" not in tokens[:i]:
+        return False
+    at = len(tokens[:i]) - 1 - tokens[:i][::-1].index("run")
+    composed = "docker-compose" in tokens[:at] or "compose" in tokens[:at]
+    return composed and all(t.startswith("-") for t in tokens[at + 1:i])
 
 
 def all_commands() -> list[tuple[str, list[str]]]:
@@ -313,7 +324,12 @@ def test_compose_keeps_toxiproxy_and_the_cpu_service() -> None:
     services = load(COMPOSE)["services"]
     assert services["toxiproxy"]["image"].startswith("ghcr.io/shopify/toxiproxy:")
     cpu = services["torchchaos"]
-    assert cpu["build"] == "." and cpu["privileged"] is True
+    assert cpu["build"]["context"] == "${TORCHCHAOS_CONTEXT:-.}"
+    assert cpu["build"]["args"]["BASE"] == "${TORCHCHAOS_BASE:-python:3.11-slim-bookworm}"
+    for service in (cpu, services["trainer"]):  # named, never privileged (refused here)
+        assert "privileged" not in service
+        assert set(service["cap_add"]) == {"NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"}
+        assert service["devices"] == ["/dev/fuse:/dev/fuse"]
     assert cpu["environment"]["TORCHCHAOS_TOXIPROXY"] == "http://toxiproxy:8474"
     assert cpu["command"][-1] == "tests/faults/test_toxiproxy.py"
 
@@ -323,7 +339,7 @@ def test_compose_trainer_has_every_gpu_and_shares_runs_with_the_report() -> None
     trainer, report = doc["services"]["trainer"], doc["services"]["report"]
     devices = trainer["deploy"]["resources"]["reservations"]["devices"]
     assert {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]} in devices
-    assert trainer["privileged"] is True and "toxiproxy" in trainer["depends_on"]
+    assert "toxiproxy" in trainer["depends_on"]
     assert trainer["environment"]["TORCHCHAOS_TOXIPROXY"] == "http://toxiproxy:8474"
     assert trainer["environment"]["TORCHCHAOS_TOXIPROXY_UPSTREAM"] == "trainer"
     dockerfile = REPO / trainer["build"]["dockerfile"]

@@ -8,6 +8,7 @@ The image is built once for the module (about 45 s for the Debian base, cached, 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,7 +38,8 @@ def _no_engine() -> str:
     return ""
 
 
-NO_ENGINE = _no_engine()
+NO_ENGINE = _no_engine() or ("" if shutil.which("docker-compose") else
+                              "docker-compose not found (apt-get install -y docker-compose)")
 # in CI the engine is installed by the set-up: a missing one fails there, never skips
 needs_engine = pytest.mark.skipif(bool(NO_ENGINE) and not os.environ.get("CI"),
                                   reason=NO_ENGINE or "ok")
@@ -89,6 +91,36 @@ def test_the_battery_and_a_partition_pass_inside_a_container(built) -> None:
     assert status == 0, output[-3000:]  # the battery and the run: exit 0 is every PASS
     battery = [line for line in output.splitlines() if line.rstrip().endswith(" PASS")]
     assert len(battery) == 9, output[-3000:]
+
+
+@needs_engine
+def test_the_compose_cpu_service_builds_and_runs_with_named_capabilities(built) -> None:
+    """docker-compose.yml as users run it (Debian's docker-compose), on the base made here
+    and a staged context: the CPU service builds and its container runs the namespace
+    tests; the GPU service is only read (its build needs torch's CUDA wheels, GBs this
+    machine has not got, and running it a GPU)."""
+    engine, _ = built
+    base = images.base_image(engine)
+    project = ["docker-compose", "--no-ansi", "-f", str(REPO / "docker-compose.yml"), "-p",
+               f"tc{engine.engine_id[:8]}"]
+    with images.staged_context(engine, REPO, base) as context:
+        environ = {**os.environ, **engine.env(), "TORCHCHAOS_CONTEXT": str(context),
+                   "TORCHCHAOS_BASE": base, "TORCHCHAOS_BUILD_NETWORK": "none"}
+        config = subprocess.run([*project, "config"], capture_output=True, text=True,
+                                env=environ, timeout=60)
+        assert config.returncode == 0, config.stderr
+        assert "privileged" not in config.stdout and "trainer:" in config.stdout
+        built_service = subprocess.run([*project, "build", "torchchaos"], capture_output=True,
+                                       text=True, env=environ, timeout=900)
+        assert built_service.returncode == 0, built_service.stdout[-2000:] + \
+            built_service.stderr[-2000:]
+    ran = subprocess.run([*project, "run", "--rm", "--no-deps", "torchchaos", "python", "-m",
+                          "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                          "tests/host/test_netns.py"], capture_output=True, text=True,
+                         env=environ, timeout=600)
+    tail = ran.stdout[-3000:] + ran.stderr[-2000:]
+    assert ran.returncode == 0, tail
+    assert " passed" in tail and "skipped" not in tail, tail
 
 
 @needs_engine
@@ -159,12 +191,16 @@ def test_a_daemon_that_cannot_start_is_one_clear_error_and_leaves_nothing(
         tmp_path: Path) -> None:
     """dockerd refuses a setting it does not know: its own words, and nothing left."""
     root = tmp_path / "engine"
+    before = _engine_processes()  # the module's engine may run meanwhile
     with pytest.raises(CannotJudge, match="dockerd exited with status 1 while starting:"
                        ".*no-such-option"):
         Engine.start(root, settings={"no-such-option": True})
     assert not root.exists()
-    assert not [pid for pid, value in procs.env_values((env.ENGINE,)).items()
-                if procs.pid_alive(pid)]
+    assert _engine_processes() <= before
+
+
+def _engine_processes() -> set[int]:
+    return {pid for pid in procs.env_values((env.ENGINE,)) if procs.pid_alive(pid)}
 
 
 @needs_engine

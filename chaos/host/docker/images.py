@@ -15,6 +15,7 @@ local file).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from torchchaos.errors import CannotJudge, Unavailable
@@ -115,16 +117,32 @@ def build_image(engine: Engine, repo: Path, base: str, progress: Progress | None
     try:
         if client.images.list(name=tag):
             return tag
-        with tempfile.TemporaryDirectory(dir=engine.root, prefix="context-") as folder:
-            context = Path(folder)
-            _copy_repository(repo, context)
-            say(f"fetching the wheels for {base}'s Python")
-            _fetch_wheels(repo, context / ".wheels", _python_of(client, base))
+        with staged_context(engine, repo, base, say) as context:
             say(f"building {tag} on {base}")
             _build(client, context, tag, base, dockerfile)
     finally:
         client.close()
     return tag
+
+
+@contextlib.contextmanager
+def staged_context(engine: Engine, repo: Path, base: str,
+                   progress: Progress | None = None) -> Iterator[Path]:
+    """A build context in the engine's folder, removed afterwards: the repository's files
+    and `.wheels/`, every wheel its install needs, for `base`'s Python (what `docker
+    build` or docker-compose gets as TORCHCHAOS_CONTEXT)."""
+    say = progress or _silent
+    with tempfile.TemporaryDirectory(dir=engine.root, prefix="context-") as folder:
+        context = Path(folder)
+        _copy_repository(repo, context)
+        client = engine.client()
+        try:
+            python = _python_of(client, base)
+        finally:
+            client.close()
+        say(f"fetching the wheels for {base}'s Python {python}")
+        _fetch_wheels(repo, context / ".wheels", python)
+        yield context
 
 
 def _build(client: object, context: Path, tag: str, base: str, dockerfile: str) -> None:
