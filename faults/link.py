@@ -40,7 +40,7 @@ from torchchaos.faults.contract import (
     ResolvedFault,
 )
 from torchchaos.faults.params import non_negative_int, percentage, positive_int, seconds
-from torchchaos.host.netns import INTERFACE, Node
+from torchchaos.host.netns import INTERFACE, NODE_NETWORKS, Node
 
 TABLE = "torchchaos_link"
 NETEM = ("delay", "jitter", "reorder")
@@ -137,8 +137,8 @@ class Link(HarnessKind):
     def check_job(self, params: dict[str, object], nodes: int, network: str) -> None:
         if nodes < 2:
             raise UsageError("link needs --nodes 2 or more (a link between nodes)")
-        if network != "netns":
-            raise UsageError("link needs --network netns (each node in its own network"
+        if network not in NODE_NETWORKS:
+            raise UsageError("link needs --network netns or docker (each node its own network"
                              " namespace; root)")
         wanted = [key for key in NETEM if key in params]
         if wanted and netem_missing():

@@ -40,7 +40,7 @@ from torchchaos.faults.contract import (
     ResolvedFault,
 )
 from torchchaos.faults.params import choice, non_negative_int, positive_int, seconds
-from torchchaos.host.netns import INTERFACE, Network, Node
+from torchchaos.host.netns import INTERFACE, NODE_NETWORKS, Network, Node
 
 SHAPES = ("isolate", "halves", "majority", "oneway", "store")
 TABLE = "torchchaos"
@@ -115,8 +115,8 @@ class Partition(HarnessKind):
     def check_job(self, params: dict[str, object], nodes: int, network: str) -> None:
         if nodes < 2:
             raise UsageError("partition needs --nodes 2 or more (a network between nodes)")
-        if network != "netns":
-            raise UsageError("partition needs --network netns (each node in its own network"
+        if network not in NODE_NETWORKS:
+            raise UsageError("partition needs --network netns or docker (each node its own network"
                              " namespace; root)")
         sides = _parse_sides(str(params["sides"])) if "sides" in params else []
         named = [n for side in sides for n in side] + [int(params.get("to", 0))]  # type: ignore[call-overload]

@@ -32,8 +32,9 @@ def add_commands(sub: Any) -> None:
     build = actions.add_parser("build", help="build the project's image in the engine")
     build.add_argument("--base", default=None, metavar="IMAGE",
                        help="the image to build on (default: the Debian base made here)")
-    build.add_argument("--repo", type=Path, default=Path.cwd(), metavar="DIR",
-                       help="the torchchaos checkout whose Dockerfile is built (default .)")
+    build.add_argument("--repo", type=Path, default=None, metavar="DIR",
+                       help="the torchchaos checkout whose Dockerfile is built (default: the"
+                       " one this torchchaos is installed from)")
     for action in (actions.choices["up"], build,
                    actions.add_parser("down", help="stop the engine, remove its folder"),
                    actions.add_parser("status", help="whether the engine answers")):
@@ -43,6 +44,7 @@ def add_commands(sub: Any) -> None:
 
 def cmd_docker(ns: argparse.Namespace) -> int:
     from torchchaos.cli.output import progress_printer
+    from torchchaos.errors import UsageError
     from torchchaos.host.docker import images
     from torchchaos.host.docker.engine import Engine
 
@@ -58,9 +60,13 @@ def cmd_docker(ns: argparse.Namespace) -> int:
         print("dockerd answers" if answers else f"dockerd does not answer ({engine.log})")
         return 0 if answers else 1
     if ns.docker_command == "build":
+        repo = ns.repo or images.checkout()
+        if repo is None:
+            raise UsageError("this torchchaos is not installed from a checkout: pass --repo"
+                             " DIR, a clone of the repository, whose Dockerfile is built")
         say = progress_printer(False)
         base = ns.base or images.base_image(engine, say)
-        print(images.build_image(engine, ns.repo.resolve(), base, say))
+        print(images.build_image(engine, repo.resolve(), base, say))
         return 0
     failures = engine.stop()
     for failure in failures:

@@ -647,9 +647,12 @@ def _add_job_options(groups: Groups, seed: str = "") -> None:
     job.add_argument("--min-nodes", type=_positive_int, default=None, metavar="N",
                      help="elastic job: torchrun may go on with N to --nodes nodes"
                           " (default: exactly --nodes)")
-    job.add_argument("--network", choices=("auto", "netns", "host"), default="auto",
+    job.add_argument("--network", choices=("auto", "netns", "docker", "host"), default="auto",
                      help="netns: each node in its own network namespace on a private bridge"
-                          " (root; needed for partition faults); host: the nodes share the"
+                          " (root; needed for partition faults); docker: each node a"
+                          " container on that bridge, with a disk of its own (/local) that"
+                          " dies with the node (root, Debian's docker.io); host: the nodes"
+                          " share the"
                           " machine's loopback; auto (default): netns for 2+ nodes where"
                           " it can be made")
     job.add_argument("--link", action="append", default=[], metavar="PATH",

@@ -236,7 +236,8 @@ class Job:
         self.network: Network | None = None
         # one port for every launch's store (a proxy in front of it stays valid);
         # namespaces keep ports apart, so a fixed one there
-        self.store_port = STORE_PORT if scenario.network_kind == "netns" else netns.free_port()
+        self.store_port = (STORE_PORT if scenario.network_kind in netns.NODE_NETWORKS
+                           else netns.free_port())
         self.nemesis: Nemesis | None = None
         self.start_from = start_from  # copied into the run dir first (Scenario.start_from)
         self.record = record  # a folder the fault filesystem records (explore.crashstates)
@@ -251,7 +252,7 @@ class Job:
         # where the job sees its run directory: the folder a recording ran in, for a
         # recovery from a checkpoint that names it (torchchaos.host.seen_at)
         self.seen_at = seen_at
-        if seen_at is not None and scenario.network_kind == "netns":
+        if seen_at is not None and scenario.network_kind in netns.NODE_NETWORKS:
             raise ValueError("a job seen at another path runs on the host's network")
         self._recording: Any = None  # the recording's mounts (storage.FaultFSMounts)
         self._final_step: int | None = None  # the reference's, read once it is asked for
@@ -265,7 +266,7 @@ class Job:
         schedule.save(self.faults, self.layout.schedule_file)
         outcome = JobOutcome(self.layout.run_dir)
         log = self._harness_log()
-        if self.SERVED and self.warm and self.scenario.network_kind != "netns" \
+        if self.SERVED and self.warm and self.scenario.network_kind not in netns.NODE_NETWORKS \
                 and self.seen_at is None:
             spare.prepare(job_environment(self.scenario, self.layout.run_dir, self.run_id, 0,
                                           0.0, self.reference))  # before the job's clock
@@ -281,6 +282,8 @@ class Job:
             self.layout.link(self.scenario.links)
             if self.scenario.network_kind == "netns":
                 self.network = Network(self.run_id, self.scenario.nodes).create()
+            elif self.scenario.network_kind == "docker":
+                self.network = self._container_nodes()
             self._set_up_faults(log)
             if self.gate is not None:
                 if not self._through_gate():
@@ -291,6 +294,8 @@ class Job:
             for launch in range(self.first_launch, last + 1):
                 for resource in self.resources:
                     resource.settle()
+                if launch > self.first_launch:
+                    self._replace_dead_machines(outcome.exit_codes[-1])
                 if launch > self.first_launch or self.gate is None:  # a held one runs already
                     self._start(launch, t0)
                 self.hangs.launch_began()
@@ -386,6 +391,25 @@ class Job:
             shortcuts.release(self.run_id)
             if self.network is not None:
                 self.network.close()
+
+    def _container_nodes(self) -> Network:
+        from torchchaos.host.docker.nodes import ContainerNetwork, shared_folders
+
+        script_dir = Path(self.scenario.script).resolve().parent
+        shared = shared_folders(self.layout.run_dir, script_dir,
+                                *([self.reference] if self.reference is not None else []))
+        return ContainerNetwork(self.run_id, self.scenario.nodes, shared,
+                                self.layout.run_dir).create()
+
+    def _replace_dead_machines(self, codes: list[int | None]) -> None:
+        """A node whose torchrun agent was killed by a signal went down with its machine:
+        on container nodes the next launch gets a new one, its local disk empty."""
+        replace = getattr(self.network, "replace", None)
+        if replace is None:
+            return
+        for node, code in enumerate(codes):
+            if code is not None and code < 0:
+                replace(node)
 
     def _start(self, launch: int, t0: float) -> None:
         extra = {k: v for r in self.resources for k, v in r.environ.items()}

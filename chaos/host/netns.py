@@ -30,6 +30,9 @@ PREFIX = "tc"  # namespaces tc<run>n<k>, bridge tcb<run>, host-side links tcv<ru
 INTERFACE = "tc0"  # the node's interface, inside its namespace
 SUBNET = "10.77.0"
 NETNS_DIR = "/run/netns"
+# the scenario networks whose nodes each have a namespace of this module's making: plain
+# namespaces, or containers plugged into the same bridge (torchchaos.host.docker.nodes)
+NODE_NETWORKS = ("netns", "docker")
 
 
 class NetworkError(ChaosError):

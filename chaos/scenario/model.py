@@ -16,7 +16,7 @@ from torchchaos.judge import registry as check_registry
 from torchchaos.rundir.layout import CHAOS_DIR
 from torchchaos.scenario.spec import FaultSpec, parse_fault_spec
 
-NETWORKS = ("auto", "netns", "host")
+NETWORKS = ("auto", "netns", "docker", "host")
 PROCESSES_PER_CORE = 4  # beyond this many ranks per core a run only measures the scheduler
 # What one rank takes at the least, for the bound --force cannot pass: a rank of the
 # bundled target (targets/ddp_lm.py, CPU torch 2.13 with the agent) was measured at 316 MiB
@@ -32,7 +32,8 @@ class Scenario:
     args: list[str] = field(default_factory=list)  # the script's own arguments
     nproc: int = 2  # ranks per node (torchrun --nproc-per-node)
     nodes: int = 1  # simulated nodes on this machine, each its own torchrun
-    # "netns": each node in its own network namespace (root); "host": the nodes share
+    # "netns": each node in its own network namespace (root); "docker": each node a
+    # container, its own disk too (torchchaos.host.docker.nodes); "host": the nodes share
     # the machine's loopback; "auto": netns for 2+ nodes where it can be made
     network: str = "auto"
     min_nodes: int | None = None  # elastic: torchrun --nnodes MIN:nodes (None: fixed size)
@@ -86,8 +87,12 @@ class Scenario:
             raise UsageError("--nproc and --nodes must be >= 1")
         if self.network not in NETWORKS:
             raise UsageError(f"unknown --network {self.network!r} (known: {', '.join(NETWORKS)})")
-        if self.network == "netns" and netns.unavailable_reason():
-            raise UsageError(f"--network netns: {netns.unavailable_reason()}")
+        if self.network in netns.NODE_NETWORKS and netns.unavailable_reason():
+            raise UsageError(f"--network {self.network}: {netns.unavailable_reason()}")
+        if self.network == "docker":
+            from torchchaos.host.docker.engine import need
+
+            need()
         if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
             raise UsageError(f"--min-nodes must be between 1 and --nodes ({self.nodes})")
         self._check_faults()
@@ -171,7 +176,7 @@ class Scenario:
 
     @property
     def network_kind(self) -> str:
-        """"netns" or "host": what `network` comes to on this machine."""
+        """"netns", "docker" or "host": what `network` comes to on this machine."""
         if self.network != "auto":
             return self.network
         return "netns" if self.nodes > 1 and not netns.unavailable_reason() else "host"

@@ -97,11 +97,10 @@ def test_the_battery_and_a_partition_pass_inside_a_container(built) -> None:
 def test_the_compose_cpu_service_builds_and_runs_with_named_capabilities(built) -> None:
     """docker-compose.yml as users run it (Debian's docker-compose), on the base made here
     and a staged context: the CPU service builds and its container runs the namespace
-    tests; the GPU service is only read (its build needs torch's CUDA wheels, GBs this
-    machine has not got, and running it a GPU)."""
+    tests; the GPU service's file is read here and built in the test below."""
     engine, _ = built
     base = images.base_image(engine)
-    project = ["docker-compose", "--no-ansi", "-f", str(REPO / "docker-compose.yml"), "-p",
+    project = ["docker-compose", "--ansi", "never", "-f", str(REPO / "docker-compose.yml"), "-p",
                f"tc{engine.engine_id[:8]}"]
     with images.staged_context(engine, REPO, base) as context:
         environ = {**os.environ, **engine.env(), "TORCHCHAOS_CONTEXT": str(context),
@@ -114,13 +113,30 @@ def test_the_compose_cpu_service_builds_and_runs_with_named_capabilities(built) 
                                        text=True, env=environ, timeout=900)
         assert built_service.returncode == 0, built_service.stdout[-2000:] + \
             built_service.stderr[-2000:]
-    ran = subprocess.run([*project, "run", "--rm", "--no-deps", "torchchaos", "python", "-m",
-                          "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                          "tests/host/test_netns.py"], capture_output=True, text=True,
-                         env=environ, timeout=600)
+        ran = subprocess.run([*project, "run", "--rm", "--no-deps", "torchchaos", "python",
+                              "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                              "tests/host/test_netns.py"], capture_output=True, text=True,
+                             env=environ, timeout=600)
     tail = ran.stdout[-3000:] + ran.stderr[-2000:]
     assert ran.returncode == 0, tail
     assert " passed" in tail and "skipped" not in tail, tail
+
+
+@needs_engine
+def test_the_gpu_image_builds_on_the_same_base(built) -> None:
+    """Dockerfile.gpu, the nightly GPU runner's, built here on the Debian base with the
+    wheels staged: its steps are checked. Staged here is torch's CPU wheel (the CUDA one
+    is GBs this machine has not got), and it runs nothing: it needs a GPU."""
+    engine, _ = built
+    tag = images.build_image(engine, REPO, images.base_image(engine),
+                             dockerfile="Dockerfile.gpu")
+    client = engine.client()
+    try:
+        config = client.images.get(tag).attrs["Config"]
+    finally:
+        client.close()
+    assert "NVIDIA_VISIBLE_DEVICES=all" in config["Env"]
+    assert config["Cmd"] == ["torchchaos", "battery"]
 
 
 @needs_engine
@@ -218,3 +234,24 @@ def test_a_capability_the_machine_refuses_is_named_before_anything_runs() -> Non
     with pytest.raises(UsageError, match="no capability 'NET_ADMINS'"):
         containers.refuse_missing(["NET_ADMINS"], without_sys_resource)
     containers.refuse_missing(containers.FAULT_CAPABILITIES, without_sys_resource)
+
+
+@needs_engine
+def test_the_command_line_starts_and_stops_an_engine(tmp_path: Path) -> None:
+    root = tmp_path / "engine"
+
+    def cli(*words: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "torchchaos.cli", "docker", *words,
+                               "--dir", str(root)], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    up = cli("up")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert f"export DOCKER_HOST=unix://{root}/docker.sock" in up.stdout
+        assert cli("up").returncode == 2  # one is up there already
+        assert cli("status").stdout.strip() == "dockerd answers"
+    finally:
+        down = cli("down")  # the user's engine: no lifeline takes it
+    assert down.returncode == 0 and not root.exists(), down.stdout + down.stderr
+    assert cli("status").returncode == 2  # no engine there now

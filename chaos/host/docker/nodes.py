@@ -1,0 +1,140 @@
+"""Simulated nodes as containers: each node its own disk, hostname and network.
+
+`--network docker` runs every node of a job in a container of an engine the run starts
+for itself (`torchchaos.host.docker.engine`). A node is what a cluster's machine is to a
+job: the shared filesystem at the same paths (the run directory, the script, the Python
+the job runs with: bind mounts of the host's folders), and a disk of its own that no
+other node sees and that dies with the node: the container's own filesystem, with
+`/local` ready for a job's node-local scratch. A killed node is replaced by a new
+container before the job's next launch, so what a job left only on node-local storage
+is gone, as it is when a machine of a cluster goes down.
+
+The network is the namespace nodes' (`torchchaos.host.netns`): the container starts
+with none, and the run plugs its own veth into it on the run's bridge, with the same
+addresses, interface name and firewall table names; a partition or a degraded link cuts
+the container's link as it cuts a namespace's. The container shares the machine's
+process ids (`pid_mode=host`), so the ranks' pids, signals, stacks and reaping work as
+for every other run. Processes enter a node with `nsenter` into its mount, network,
+hostname and IPC namespaces.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchchaos.errors import CannotJudge
+from torchchaos.host import netns
+from torchchaos.host.docker import images
+from torchchaos.host.docker.engine import Engine
+from torchchaos.host.owners import state_dir
+
+LOCAL = "/local"  # a node's own disk, gone with the node
+
+
+@dataclass(frozen=True)
+class ContainerNode(netns.Node):
+    pid: int = 0  # the container's first process, whose namespaces a node's processes join
+    workdir: str = "/"
+
+    def enter(self) -> list[str]:
+        # `nsenter --wd` leaves torch's oneMKL unable to load it (seen here): cd after
+        return ["nsenter", "-t", str(self.pid), "-m", "-n", "-u", "-i", "--", "sh", "-c",
+                'cd "$0" && exec "$@"', self.workdir]
+
+
+def shared_folders(*extra: Path) -> list[Path]:
+    """The host folders every node sees at the same path: the Python the job runs with,
+    torchchaos, the temporary folder, the state folder (locks, short links), and
+    `extra` (the run directory, the reference, the script's folder); none inside another."""
+    import torchchaos
+
+    wanted = {Path(sys.prefix), Path(sys.base_prefix),
+              Path(torchchaos.__file__).resolve().parents[1], Path(tempfile.gettempdir()),
+              state_dir(), *extra}
+    folders = sorted({p.resolve() for p in wanted if p.exists()}, key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for folder in folders:
+        if not any(folder.is_relative_to(k) for k in kept):
+            kept.append(folder)
+    return kept
+
+
+class ContainerNetwork(netns.Network):
+    """The namespace nodes' bridge and links, each node's end inside a container."""
+
+    def __init__(self, run_id: str, nodes: int, shared: list[Path], workdir: Path) -> None:
+        super().__init__(run_id, nodes)
+        self.shared, self.workdir = shared, workdir
+        self.engine: Engine | None = None
+        self.base = ""
+        self.containers: dict[int, object] = {}
+
+    def create(self) -> ContainerNetwork:
+        try:
+            self.engine = Engine.start()  # the run's own, on the harness's lifeline
+            self.base = images.base_image(self.engine)
+            netns._ip("link", "add", self.bridge, "type", "bridge")
+            netns._ip("link", "set", self.bridge, "up")
+            for node in list(self.nodes):
+                self._start(node.index)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start(self, index: int) -> None:
+        from docker.types import Mount
+
+        assert self.engine is not None
+        old = self.nodes[index]
+        client = self.engine.client(timeout=60)
+        try:
+            container = client.containers.run(
+                self.base, ["sh", "-c", f"mkdir -p {LOCAL} && exec sleep infinity"],
+                detach=True, network_mode="none", pid_mode="host", hostname=f"node-{index}",
+                name=old.namespace, mounts=[Mount(str(p), str(p), type="bind")
+                                            for p in self.shared])
+            container.reload()
+        except Exception as exc:  # noqa: BLE001 - docker's errors, as one line
+            raise CannotJudge(f"node {index}'s container could not start: {exc}") from None
+        finally:
+            client.close()
+        self.containers[index] = container
+        pid = int(container.attrs["State"]["Pid"])
+        netns._ip("netns", "attach", old.namespace, str(pid))  # partitions find it by name
+        node = ContainerNode(index, old.namespace, old.address, old.host_link, pid,
+                             str(self.workdir))
+        self.nodes[index] = node
+        self._plug(node)
+
+    def _plug(self, node: netns.Node) -> None:
+        netns._ip("link", "add", node.host_link, "type", "veth", "peer", "name",
+                  netns.INTERFACE, "netns", node.namespace)
+        netns._ip("link", "set", node.host_link, "master", self.bridge, "up")
+        inside = ("-n", node.namespace)
+        netns._ip(*inside, "addr", "add", f"{node.address}/24", "dev", netns.INTERFACE)
+        netns._ip(*inside, "link", "set", netns.INTERFACE, "up")
+        netns._ip(*inside, "link", "set", "lo", "up")
+
+    def replace(self, index: int) -> None:
+        """The node is a new machine: a new container, an empty disk, the same address."""
+        self._remove(index)
+        self._start(index)
+
+    def _remove(self, index: int) -> None:
+        node = self.nodes[index]
+        netns._ip("netns", "del", node.namespace, check=False)
+        netns._ip("link", "del", node.host_link, check=False)
+        container = self.containers.pop(index, None)
+        if container is not None:
+            container.remove(force=True)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        """Every container with its disk, the engine, then the bridge and links."""
+        if self.engine is not None:
+            self.engine.stop()
+            self.containers.clear()
+        super().close()
