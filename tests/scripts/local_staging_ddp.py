@@ -6,20 +6,21 @@ steps rank 0 saves ``<local-dir>/ckpt_<step>.pt`` on fast node-local scratch,
 then uploads it to the shared ``<ckpt>/ckpt_<step>.pt`` and records its name in
 ``<ckpt>/latest.txt``. On start every rank resumes from ``latest.txt``.
 ``--commit-early`` uses the deferred-upload design: ``latest.txt`` is updated
-at once and the upload happens at the next checkpoint (or at the end).
+at once and the upload happens at the next checkpoint (or at the end, or when the
+job starts again and finds the upload it had not finished).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim import Optimizer
 
 
 def parse_args() -> argparse.Namespace:
@@ -40,39 +41,46 @@ def make_batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Te
     return x, x.sum(dim=1, keepdim=True).sin()
 
 
-def write_durably(src: str | None, dst: str, text: str | None = None) -> None:
-    """Copy ``src`` (or write ``text``) to ``dst`` via temp file + fsync + os.replace."""
-    tmp = dst + ".tmp"
-    with open(tmp, "wb") as f:
-        if src is not None:
-            with open(src, "rb") as s:
-                shutil.copyfileobj(s, f)
-        else:
-            f.write(text.encode())
+def write_durably(dst: str, data: bytes) -> None:
+    """Write ``data`` to ``dst`` via a temp file, fsync and os.replace."""
+    with open(dst + ".tmp", "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, dst)
+    os.replace(dst + ".tmp", dst)
 
 
-def upload(args: argparse.Namespace, name: str) -> None:
-    write_durably(os.path.join(args.local_dir, name), os.path.join(args.ckpt, name))
+def upload(args: argparse.Namespace, name: str) -> None:  # local scratch -> shared dir
+    with open(os.path.join(args.local_dir, name), "rb") as f:
+        write_durably(os.path.join(args.ckpt, name), f.read())
 
 
-def commit(args: argparse.Namespace, name: str) -> None:
-    write_durably(None, os.path.join(args.ckpt, "latest.txt"), name + "\n")
+def commit(args: argparse.Namespace, name: str) -> None:  # record the newest checkpoint
+    write_durably(os.path.join(args.ckpt, "latest.txt"), (name + "\n").encode())
 
 
-def save_local(args: argparse.Namespace, step: int, model: nn.Module,
-               optim: torch.optim.Optimizer) -> str:
+def save_local(args: argparse.Namespace, step: int, net: nn.Module, optim: Optimizer) -> str:
     name = f"ckpt_{step}.pt"
     path = os.path.join(args.local_dir, name)
-    state = {"model": model.state_dict(), "optim": optim.state_dict(), "step": step}
+    state = {"model": net.state_dict(), "optim": optim.state_dict(), "step": step}
     torch.save(state, path + ".tmp")
     os.replace(path + ".tmp", path)
     return name
 
 
-def resume(args: argparse.Namespace, model: nn.Module, optim: torch.optim.Optimizer) -> int:
+def finish_pending_upload(args: argparse.Namespace) -> None:
+    """A restart ships the checkpoint the last run recorded but had not uploaded yet."""
+    latest = os.path.join(args.ckpt, "latest.txt")
+    if not os.path.exists(latest):
+        return
+    with open(latest) as f:
+        name = f.read().strip()
+    staged = os.path.join(args.local_dir, name)
+    if not os.path.exists(os.path.join(args.ckpt, name)) and os.path.exists(staged):
+        upload(args, name)
+
+
+def resume(args: argparse.Namespace, model: nn.Module, optim: Optimizer) -> int:
     latest = os.path.join(args.ckpt, "latest.txt")
     if not os.path.exists(latest):
         return 0
@@ -96,6 +104,9 @@ def main() -> None:
         os.makedirs(args.local_dir, exist_ok=True)
     net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
     optim = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    if rank == 0 and args.commit_early:
+        finish_pending_upload(args)
+    dist.barrier()
     start = resume(args, net, optim) + 1
     model = DistributedDataParallel(net)
     pending = None  # local checkpoint not yet uploaded (deferred-upload design)
@@ -110,8 +121,7 @@ def main() -> None:
         if step % args.ckpt_every == 0:
             if rank == 0:
                 if args.commit_early:
-                    # Deferred upload: keep saves fast by publishing the new
-                    # checkpoint now and shipping it with the next save.
+                    # Deferred upload: publish now, ship the file with the next save.
                     if pending is not None:
                         upload(args, pending)
                     pending = save_local(args, step, net, optim)

@@ -115,9 +115,18 @@ class ContainerNetwork(netns.Network):
                   netns.INTERFACE, "netns", node.namespace)
         netns._ip("link", "set", node.host_link, "master", self.bridge, "up")
         inside = ("-n", node.namespace)
+        # the node's MAC address is its own whatever container it runs in: the other nodes'
+        # neighbour tables, which held the old one for up to 45 s, stay right after a
+        # replacement (seen: a new node 0, the store's host, unreachable for a relaunch)
+        netns._ip(*inside, "link", "set", netns.INTERFACE, "address", self._mac(node.index))
         netns._ip(*inside, "addr", "add", f"{node.address}/24", "dev", netns.INTERFACE)
         netns._ip(*inside, "link", "set", netns.INTERFACE, "up")
         netns._ip(*inside, "link", "set", "lo", "up")
+
+    def _mac(self, index: int) -> str:
+        """Locally administered (02:), from the run's tag and the node's index."""
+        tag = self.bridge[-6:]
+        return f"02:77:{tag[0:2]}:{tag[2:4]}:{tag[4:6]}:{index:02x}"
 
     def replace(self, index: int) -> None:
         """The node is a new machine: a new container, an empty disk, the same address."""

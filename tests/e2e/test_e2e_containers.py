@@ -1,0 +1,88 @@
+"""End to end: nodes as containers (`--network docker`), each with a disk of its own.
+
+The same faults as on namespace nodes, judged by the same checks: a node killed (its
+container replaced before the relaunch, its `/local` gone with it) and a partition that
+cuts a container's link. Then what only a node's own disk shows: a job that records a
+checkpoint as the newest while it still lies only on the writer's node-local disk
+(`tests/scripts/local_staging_ddp.py --commit-early`) cannot resume once that node dies;
+the same job that uploads before it records passes. On namespace nodes the first passes
+too: their "local" disk outlives the node, and the restart finishes the upload. One
+gloo rank per node; the module's
+runs share one worker (each starts an engine of its own, 0.3 s, and its containers).
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import REPO, TARGET
+
+from torchchaos.errors import Unavailable
+from torchchaos.host import netns
+from torchchaos.host.docker import engine, folders
+
+pytestmark = pytest.mark.xdist_group("docker-engine")
+
+
+def _unavailable() -> str:
+    try:
+        engine.need()
+    except Unavailable as exc:
+        return str(exc)
+    return netns.unavailable_reason()
+
+
+pytestmark = [pytestmark, pytest.mark.skipif(bool(_unavailable()),
+                                             reason=_unavailable() or "ok")]
+
+NODES = {"nproc": 1, "nodes": 2, "network": "docker"}
+STEPS = ["--steps", "12", "--ckpt-every", "4"]
+STAGING = str(REPO / "tests" / "scripts" / "local_staging_ddp.py")
+
+
+def _nothing_left(report) -> None:
+    """No process, mount or network of the run (the check), and no engine: the run's was
+    the only one (this module's tests share a worker with the engine's own)."""
+    assert report.checks["no_orphans"]["ok"] is True, report.table()
+    assert folders.leftovers() == [], report.table()
+
+
+def test_a_killed_container_node_is_a_new_machine_and_the_job_resumes(chaos_run):
+    report = chaos_run(TARGET, faults=["kill:node=1,step=6"], args=STEPS, expect="pass",
+                       **NODES)
+    assert report.restarts >= 1, report.table()
+    _nothing_left(report)
+
+
+def test_a_partition_cuts_a_container_nodes_link(chaos_run):
+    report = chaos_run(TARGET, faults=["partition:node=1,step=6,for=4"],
+                       args=[*STEPS, "--timeout", "3"], expect="pass", **NODES)
+    assert report.restarts >= 1, report.table()
+    assert report.checks["no_split_brain"]["ok"] is True, report.table()
+    _nothing_left(report)
+
+
+def test_a_checkpoint_committed_while_only_on_node_local_disk_is_lost_with_the_node(
+        chaos_run):
+    """Saved at step 4 to the writer's /local, named newest in the shared folder at once,
+    uploaded only at the next save: node 0 dies at step 6, and every relaunch finds the
+    newest checkpoint missing."""
+    report = chaos_run(STAGING, faults=["kill:node=0,step=6"],
+                       args=[*STEPS, "--commit-early"], expect="fail", **NODES)
+    assert not report.checks["completes"]["ok"], report.table()
+    _nothing_left(report)
+
+
+def test_on_namespace_nodes_the_local_disk_outlives_the_node_and_hides_the_bug(chaos_run):
+    """Why container nodes: the same job and fault on namespace nodes passes, its restart
+    finding the staged file the dead node left on the machine's disk."""
+    report = chaos_run(STAGING, faults=["kill:node=0,step=6"],
+                       args=[*STEPS, "--commit-early", "--local-dir", "{run_dir}/local"],
+                       expect="pass", nproc=1, nodes=2, network="netns")
+    assert report.restarts >= 1, report.table()
+
+
+def test_a_checkpoint_uploaded_before_it_is_committed_survives_the_node(chaos_run):
+    report = chaos_run(STAGING, faults=["kill:node=0,step=6"], args=STEPS, expect="pass",
+                       **NODES)
+    assert report.restarts >= 1, report.table()
+    _nothing_left(report)
