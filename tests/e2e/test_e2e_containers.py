@@ -61,6 +61,14 @@ def test_a_partition_cuts_a_container_nodes_link(chaos_run):
     _nothing_left(report)
 
 
+def test_a_script_written_apart_rides_out_a_partition_of_container_nodes(chaos_run):
+    """No collective timeout in it (gloo's 30 min): its connections outlast a 4 s cut."""
+    report = chaos_run(STAGING, faults=["partition:node=1,step=6,for=4"], args=STEPS,
+                       expect="pass", **NODES)
+    assert report.checks["no_split_brain"]["ok"] is True, report.table()
+    _nothing_left(report)
+
+
 def test_a_checkpoint_committed_while_only_on_node_local_disk_is_lost_with_the_node(
         chaos_run):
     """Saved at step 4 to the writer's /local, named newest in the shared folder at once,
