@@ -151,6 +151,8 @@ def torchrun_command(scenario: Scenario, node: int, run_id: str, port: int,
     size = f"{scenario.min_nodes}:{scenario.nodes}" if scenario.min_nodes else str(scenario.nodes)
     if scenario.nodes == 1 and not scenario.min_nodes:
         cmd += ["--standalone"]
+        if network is not None:  # one node of its own (a container: its disk too)
+            cmd = [*network.nodes[0].enter(), *cmd]
     elif network is None:
         endpoint = endpoint or (proxied if proxied and node > 0 else f"127.0.0.1:{port}")
         cmd += ["--nnodes", size, "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
@@ -397,6 +399,7 @@ class Job:
 
         script_dir = Path(self.scenario.script).resolve().parent
         shared = shared_folders(self.layout.run_dir, script_dir,
+                                *(Path(link) for link in self.scenario.links),
                                 *([self.reference] if self.reference is not None else []))
         return ContainerNetwork(self.run_id, self.scenario.nodes, shared,
                                 self.layout.run_dir).create()

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -206,12 +207,13 @@ def test_a_machine_without_the_engine_is_one_clear_error(tmp_path: Path) -> None
 def test_a_daemon_that_cannot_start_is_one_clear_error_and_leaves_nothing(
         tmp_path: Path) -> None:
     """dockerd refuses a setting it does not know: its own words, and nothing left."""
-    root = tmp_path / "engine"
+    root = Path(tempfile.mkdtemp(prefix="tce-")) / "engine"
     before = _engine_processes()  # the module's engine may run meanwhile
     with pytest.raises(CannotJudge, match="dockerd exited with status 1 while starting:"
                        ".*no-such-option"):
         Engine.start(root, settings={"no-such-option": True})
     assert not root.exists()
+    root.parent.rmdir()
     assert _engine_processes() <= before
 
 
@@ -238,7 +240,9 @@ def test_a_capability_the_machine_refuses_is_named_before_anything_runs() -> Non
 
 @needs_engine
 def test_the_command_line_starts_and_stops_an_engine(tmp_path: Path) -> None:
-    root = tmp_path / "engine"
+    """In a short folder of its own (a socket's path has 107 bytes; tmp_path's, under
+    pytest -n, leaves too little room: refused, as the last line checks)."""
+    root = Path(tempfile.mkdtemp(prefix="tce-")) / "engine"
 
     def cli(*words: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "torchchaos.cli", "docker", *words,
@@ -255,3 +259,19 @@ def test_the_command_line_starts_and_stops_an_engine(tmp_path: Path) -> None:
         down = cli("down")  # the user's engine: no lifeline takes it
     assert down.returncode == 0 and not root.exists(), down.stdout + down.stderr
     assert cli("status").returncode == 2  # no engine there now
+    root.parent.rmdir()
+    deep = tmp_path / ("deep-" * 12) / "engine"
+    refused = subprocess.run([sys.executable, "-m", "torchchaos.cli", "docker", "up", "--dir",
+                              str(deep)], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert refused.returncode == 2 and "must be short" in refused.stderr, refused.stderr
+    assert not deep.exists()
+
+
+def test_this_module_runs_on_one_worker(request: pytest.FixtureRequest) -> None:
+    """Its engine fixture, and the container nodes' e2e tests, need one worker in a row
+    (`--dist loadgroup`): under pytest 9.2 xdist ignored every group without a word
+    (pytest-xdist#1386), and the module built its image three times in CI."""
+    if request.config.getoption("dist", "no") == "loadgroup" \
+            and os.environ.get("PYTEST_XDIST_WORKER"):
+        assert request.node.nodeid.endswith("@docker-engine"), request.node.nodeid

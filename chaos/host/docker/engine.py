@@ -37,6 +37,9 @@ PROGRAMS = ("dockerd", "containerd", "runc")
 INSTALL = "apt-get install -y docker.io"
 RECORD = "engine.json"  # in the folder: what `torchchaos docker down` needs
 STOP_SECONDS = 15.0  # for the daemon to stop its containers and unmount their layers
+# exec/libnetwork/<12 hex>.sock, with room to spare: a Unix socket's path has 107 bytes
+LONGEST_SOCKET_UNDER_ROOT = 40
+SOCKET_PATH_MAX = 107
 
 
 def need() -> None:
@@ -58,7 +61,8 @@ class Engine:
     root: Path
     engine_id: str
     owned: bool
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen | None = None  # dockerd
+    containerd: subprocess.Popen | None = None
 
     @classmethod
     def start(cls, root: Path | None = None, owned: bool = True, timeout: float = 60.0,
@@ -114,10 +118,12 @@ class Engine:
 
     def _boot(self, timeout: float, settings: dict[str, Any]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        self._start_containerd(timeout)
         config = self.root / "daemon.json"  # not the machine's /etc/docker/daemon.json
         config.write_text(json.dumps(settings) + "\n")
         self.process = daemons.start(
             ["dockerd", "--config-file", str(config), "--host", f"unix://{self.socket}",
+             "--containerd", str(self.containerd_socket),
              "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
              "--pidfile", str(self.root / "dockerd.pid"), "--bridge", "none",
              "--iptables=false", "--ip6tables=false",
@@ -125,6 +131,29 @@ class Engine:
             self.log, self.marks())
         daemons.wait_until(self.answers, "dockerd", self.process, self.log, timeout)
         (self.root / RECORD).write_text(json.dumps({"id": self.engine_id}))
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.root / "containerd.sock"
+
+    def _start_containerd(self, timeout: float) -> None:
+        """containerd of the engine's own, waited for as long as `timeout`: dockerd gives
+        the one it starts itself a few seconds, which a loaded machine exceeds ("timeout
+        waiting for containerd to start", seen in CI)."""
+        folder = self.root / "containerd"
+        config = self.root / "containerd.toml"  # not the machine's /etc/containerd
+        config.write_text("\n".join([
+            "version = 2", f'root = "{folder / "root"}"', f'state = "{folder / "state"}"',
+            # the Kubernetes plugin would set up networking of its own
+            'disabled_plugins = ["io.containerd.grpc.v1.cri"]',
+            "[grpc]", f'  address = "{self.containerd_socket}"',
+            "[ttrpc]", '  address = ""', "[debug]", '  address = ""', "[metrics]",
+            '  address = ""', ""]))
+        log = self.root / "containerd.log"
+        self.containerd = daemons.start(["containerd", "--config", str(config)], log,
+                                        self.marks())
+        daemons.wait_until(self.containerd_socket.exists, "containerd", self.containerd, log,
+                           timeout)
 
     def answers(self) -> bool:
         if not self.socket.exists():
@@ -146,16 +175,17 @@ class Engine:
         (processes, mounts, cgroups, the folder). Returns what could not be removed."""
         if self.answers():
             self._remove_containers()
-        daemon = self._daemon_pid()
-        if daemon is not None:
-            procs.signal_all([daemon], signal.SIGTERM)
-            _wait_gone(daemon, STOP_SECONDS)
+        for daemon in (self._daemon_pid(), self._containerd_pid()):  # in that order
+            if daemon is not None:
+                procs.signal_all([daemon], signal.SIGTERM)
+                _wait_gone(daemon, STOP_SECONDS)
         _, survivors = procs.kill_until_gone(self.pids, 10.0)
-        if self.process is not None:
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+        for process in (self.process, self.containerd):
+            if process is not None:
+                try:
+                    process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
         failures = [f"processes {survivors} survived SIGKILL"] if survivors else []
         return failures + folders.remove(self.root, self.engine_id)
 
@@ -181,6 +211,12 @@ class Engine:
             return None
         return pid if procs.pid_alive(pid) else None
 
+    def _containerd_pid(self) -> int | None:
+        if self.containerd is not None:
+            return self.containerd.pid if self.containerd.poll() is None else None
+        return next((pid for pid in self.pids()
+                     if Path(f"/proc/{pid}/exe").resolve().name == "containerd"), None)
+
     def __enter__(self) -> Engine:
         return self
 
@@ -189,6 +225,9 @@ class Engine:
 
 
 def _check_root(root: Path) -> None:
+    if len(str(root).encode()) + LONGEST_SOCKET_UNDER_ROOT > SOCKET_PATH_MAX:
+        raise UsageError(f"an engine's folder must be short (its sockets live in it, and a"
+                         f" socket path has {SOCKET_PATH_MAX} bytes at most): {root}")
     if (root / RECORD).exists():
         raise UsageError(f"a Docker engine is up in {root} already (`torchchaos docker down"
                          f" --dir {root}` stops it)")
