@@ -1,6 +1,7 @@
 """partition: cut the network between simulated nodes with nftables rules.
 
-Every simulated node is a network namespace (`torchchaos.host.netns`); a partition is
+Every simulated node is a network namespace (`torchchaos.host.netns`: a plain one, or a
+container's, `--network docker`, on the same bridge); a partition is
 a table `inet torchchaos` of drop rules in the namespaces of the nodes it
 cuts off, and healing deletes that table. Packets are dropped, not refused:
 a cut peer looks like a dead link (connections stall until a timeout), which

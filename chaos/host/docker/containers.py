@@ -81,14 +81,19 @@ def run(engine: Engine, image: str, command: Sequence[str], *, network_name: str
     for device in devices:
         if not Path(device).exists():
             raise Unavailable(f"this machine has no {device} to give the container")
+    import docker
+
     client = engine.client(timeout=timeout)
     try:
-        container = client.containers.run(
-            image, list(command), detach=True, network=network_name, cap_add=list(capabilities),
-            devices=[f"{d}:{d}:rwm" for d in devices], environment=dict(environment or {}),
-            volumes={host: {"bind": inside, "mode": "rw"}
-                     for host, inside in (volumes or {}).items()},
-            name=name, hostname=hostname)
+        try:
+            container = client.containers.run(
+                image, list(command), detach=True, network=network_name,
+                cap_add=list(capabilities), devices=[f"{d}:{d}:rwm" for d in devices],
+                environment=dict(environment or {}), name=name, hostname=hostname,
+                volumes={host: {"bind": inside, "mode": "rw"}
+                         for host, inside in (volumes or {}).items()})
+        except docker.errors.DockerException as exc:
+            raise CannotJudge(f"a container of {image} could not start: {exc}") from None
         if detach:
             return container
         try:

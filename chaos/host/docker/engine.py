@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from torchchaos import env
-from torchchaos.errors import CannotJudge, Unavailable, UsageError
+from torchchaos.errors import Unavailable, UsageError
 from torchchaos.host import lifeline, procs
 from torchchaos.host.docker import folders
 from torchchaos.host.slurm import daemons
@@ -159,16 +159,23 @@ class Engine:
         if not self.socket.exists():
             return False
         try:
-            return bool(self.client(timeout=5).ping())
+            client = self.client(timeout=5)
         except Exception:  # noqa: BLE001 - any failure to answer is "not yet"
             return False
+        try:
+            return bool(client.ping())
+        except Exception:  # noqa: BLE001
+            return False
+        finally:
+            client.close()
 
     def pids(self) -> list[int]:
         """Every process of the engine: the daemon, its containerd and shims, and
         everything in its containers."""
         marked = [pid for pid, value in procs.env_values((env.ENGINE,)).items()
                   if value == self.engine_id]
-        return procs.tree(sorted(set(marked) | set(folders.container_pids(self.engine_id))))
+        found = set(marked) | set(folders.container_pids(self.engine_id))
+        return sorted(set(procs.tree(sorted(found))))
 
     def stop(self) -> list[str]:
         """Remove every container, stop the daemon, then take away whatever is left of it
@@ -239,9 +246,3 @@ def _wait_gone(pid: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while procs.pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-
-
-def raise_unless_running(engine: Engine) -> None:
-    if not engine.answers():
-        raise CannotJudge(f"the Docker engine in {engine.root} does not answer:"
-                          f" {daemons.last_line(engine.log)}")
