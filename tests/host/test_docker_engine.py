@@ -30,7 +30,6 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.xdist_group("docker-engine")
 
 
-
 def _no_engine() -> str:
     try:
         engine_module.need()
