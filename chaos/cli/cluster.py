@@ -127,11 +127,9 @@ def cmd_cluster(ns: argparse.Namespace) -> int:
         states = cluster.node_states()
         print(" ".join(f"{node}: {state}" for node, state in states.items()) or "no nodes")
         return 0 if states else 1
-    failures = cluster.stop()
-    for failure in failures:
-        print(f"could not remove {failure}")
-    print(f"cluster down: {root} removed" if not failures else "cluster down, with leftovers")
-    return 1 if failures else 0
+    from torchchaos.cli.output import print_down
+
+    return print_down("cluster", root, cluster.stop())
 
 
 COMMANDS = {"cluster": cmd_cluster}

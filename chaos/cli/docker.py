@@ -68,11 +68,9 @@ def cmd_docker(ns: argparse.Namespace) -> int:
         base = ns.base or images.base_image(engine, say)
         print(images.build_image(engine, repo.resolve(), base, say))
         return 0
-    failures = engine.stop()
-    for failure in failures:
-        print(f"could not remove {failure}")
-    print(f"docker down: {root} removed" if not failures else "docker down, with leftovers")
-    return 1 if failures else 0
+    from torchchaos.cli.output import print_down
+
+    return print_down("docker", root, engine.stop())
 
 
 COMMANDS = {"docker": cmd_docker}

@@ -32,3 +32,12 @@ def print_report(report: Any, out: Path, expectation: str = "") -> int:
     if report.verdict == "error":
         print(f"torchchaos: error: {report.reason}", file=sys.stderr)
     return report.exit_code()
+
+
+def print_down(what: str, root: Path, failures: list[str]) -> int:
+    """What `cluster down` or `docker down` could not remove, then the outcome: exit 0
+    when all is gone, 1 when something is left."""
+    for failure in failures:
+        print(f"could not remove {failure}")
+    print(f"{what} down: {root} removed" if not failures else f"{what} down, with leftovers")
+    return 1 if failures else 0

@@ -104,20 +104,30 @@ class Network:
 
     def _add(self, node: Node) -> None:
         _ip("netns", "add", node.namespace)
+        self._plug(node)
+
+    def _plug(self, node: Node, mac: str | None = None) -> None:
+        """The node's link: a veth from the bridge into its namespace, with its address
+        (and `mac`, where the node must keep one)."""
         _ip("link", "add", node.host_link, "type", "veth", "peer", "name", INTERFACE,
             "netns", node.namespace)
         _ip("link", "set", node.host_link, "master", self.bridge, "up")
         inside = ("-n", node.namespace)
+        if mac is not None:
+            _ip(*inside, "link", "set", INTERFACE, "address", mac)
         _ip(*inside, "addr", "add", f"{node.address}/24", "dev", INTERFACE)
         _ip(*inside, "link", "set", INTERFACE, "up")
         _ip(*inside, "link", "set", "lo", "up")
+
+    def _unplug(self, node: Node) -> None:
+        _ip("netns", "del", node.namespace, check=False)
+        _ip("link", "del", node.host_link, check=False)
 
     def close(self) -> None:
         """Remove every namespace (with its link end and rules) and the bridge. Safe
         to call twice, and on a half-built network."""
         for node in self.nodes:
-            _ip("netns", "del", node.namespace, check=False)
-            _ip("link", "del", node.host_link, check=False)
+            self._unplug(node)
         _ip("link", "del", self.bridge, check=False)
 
     def __enter__(self) -> Network:

@@ -16,23 +16,12 @@ from __future__ import annotations
 import pytest
 from conftest import REPO, TARGET
 
-from torchchaos.errors import Unavailable
 from torchchaos.host import netns
 from torchchaos.host.docker import engine, folders
 
-pytestmark = pytest.mark.xdist_group("docker-engine")
-
-
-def _unavailable() -> str:
-    try:
-        engine.need()
-    except Unavailable as exc:
-        return str(exc)
-    return netns.unavailable_reason()
-
-
-pytestmark = [pytestmark, pytest.mark.skipif(bool(_unavailable()),
-                                             reason=_unavailable() or "ok")]
+UNAVAILABLE = engine.unavailable_reason() or netns.unavailable_reason()
+pytestmark = [pytest.mark.xdist_group("docker-engine"),
+              pytest.mark.skipif(bool(UNAVAILABLE), reason=UNAVAILABLE or "ok")]
 
 NODES = {"nproc": 1, "nodes": 2, "network": "docker"}
 STEPS = ["--steps", "12", "--ckpt-every", "4"]

@@ -30,15 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.xdist_group("docker-engine")
 
 
-def _no_engine() -> str:
-    try:
-        engine_module.need()
-    except Unavailable as exc:
-        return str(exc)
-    return ""
-
-
-NO_ENGINE = _no_engine() or ("" if shutil.which("docker-compose") else
+NO_ENGINE = engine_module.unavailable_reason() or ("" if shutil.which("docker-compose") else
                               "docker-compose not found (apt-get install -y docker-compose)")
 # in CI the engine is installed by the set-up: a missing one fails there, never skips
 needs_engine = pytest.mark.skipif(bool(NO_ENGINE) and not os.environ.get("CI"),

@@ -42,18 +42,25 @@ LONGEST_SOCKET_UNDER_ROOT = 40
 SOCKET_PATH_MAX = 107
 
 
-def need() -> None:
-    """Refuse (exit 2) where the engine or the docker package is not installed."""
+def unavailable_reason() -> str:
+    """Why an engine of torchchaos's own cannot run here, or "" if it can."""
     missing = [p for p in PROGRAMS if shutil.which(p) is None]
     if missing:
-        raise Unavailable(f"no Docker engine here: {', '.join(missing)} not found"
-                          f" ({INSTALL})")
+        return f"no Docker engine here: {', '.join(missing)} not found ({INSTALL})"
     try:
         import docker  # noqa: F401
     except ImportError:
-        raise Unavailable("the docker package is not installed (pip install docker)") from None
+        return "the docker package is not installed (pip install docker)"
     if os.geteuid() != 0:
-        raise Unavailable("a Docker engine of torchchaos's own needs root")
+        return "a Docker engine of torchchaos's own needs root"
+    return ""
+
+
+def need() -> None:
+    """Refuse (exit 2) where the engine or the docker package is not installed."""
+    reason = unavailable_reason()
+    if reason:
+        raise Unavailable(reason)
 
 
 @dataclass

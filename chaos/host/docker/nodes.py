@@ -76,52 +76,39 @@ class ContainerNetwork(netns.Network):
         try:
             self.engine = Engine.start()  # the run's own, on the harness's lifeline
             self.base = images.base_image(self.engine)
-            netns._ip("link", "add", self.bridge, "type", "bridge")
-            netns._ip("link", "set", self.bridge, "up")
-            for node in list(self.nodes):
-                self._start(node.index)
         except BaseException:
             self.close()
             raise
+        super().create()  # the bridge, then each node through `_add`
         return self
 
-    def _start(self, index: int) -> None:
+    def _add(self, node: netns.Node) -> None:
+        """The node's container, its namespace named as a plain node's, then its link."""
         from docker.types import Mount
 
         assert self.engine is not None
-        old = self.nodes[index]
         client = self.engine.client(timeout=60)
         try:
             container = client.containers.run(
                 self.base, ["sh", "-c", f"mkdir -p {LOCAL} && exec sleep infinity"],
-                detach=True, network_mode="none", pid_mode="host", hostname=f"node-{index}",
-                name=old.namespace, mounts=[Mount(str(p), str(p), type="bind")
-                                            for p in self.shared])
+                detach=True, network_mode="none", pid_mode="host",
+                hostname=f"node-{node.index}", name=node.namespace,
+                mounts=[Mount(str(p), str(p), type="bind") for p in self.shared])
             container.reload()
         except Exception as exc:  # noqa: BLE001 - docker's errors, as one line
-            raise CannotJudge(f"node {index}'s container could not start: {exc}") from None
+            raise CannotJudge(f"node {node.index}'s container could not start: {exc}") from None
         finally:
             client.close()
-        self.containers[index] = container
+        self.containers[node.index] = container
         pid = int(container.attrs["State"]["Pid"])
-        netns._ip("netns", "attach", old.namespace, str(pid))  # partitions find it by name
-        node = ContainerNode(index, old.namespace, old.address, old.host_link, pid,
-                             str(self.workdir))
-        self.nodes[index] = node
-        self._plug(node)
-
-    def _plug(self, node: netns.Node) -> None:
-        netns._ip("link", "add", node.host_link, "type", "veth", "peer", "name",
-                  netns.INTERFACE, "netns", node.namespace)
-        netns._ip("link", "set", node.host_link, "master", self.bridge, "up")
-        inside = ("-n", node.namespace)
+        netns._ip("netns", "attach", node.namespace, str(pid))  # partitions find it by name
+        entered = ContainerNode(node.index, node.namespace, node.address, node.host_link, pid,
+                                str(self.workdir))
+        self.nodes[node.index] = entered
         # the node's MAC address is its own whatever container it runs in: the other nodes'
         # neighbour tables, which held the old one for up to 45 s, stay right after a
         # replacement (seen: a new node 0, the store's host, unreachable for a relaunch)
-        netns._ip(*inside, "link", "set", netns.INTERFACE, "address", self._mac(node.index))
-        netns._ip(*inside, "addr", "add", f"{node.address}/24", "dev", netns.INTERFACE)
-        netns._ip(*inside, "link", "set", netns.INTERFACE, "up")
-        netns._ip(*inside, "link", "set", "lo", "up")
+        self._plug(entered, self._mac(node.index))
 
     def _mac(self, index: int) -> str:
         """Locally administered (02:), from the run's tag and the node's index."""
@@ -130,16 +117,12 @@ class ContainerNetwork(netns.Network):
 
     def replace(self, index: int) -> None:
         """The node is a new machine: a new container, an empty disk, the same address."""
-        self._remove(index)
-        self._start(index)
-
-    def _remove(self, index: int) -> None:
         node = self.nodes[index]
-        netns._ip("netns", "del", node.namespace, check=False)
-        netns._ip("link", "del", node.host_link, check=False)
+        self._unplug(node)
         container = self.containers.pop(index, None)
         if container is not None:
             container.remove(force=True)  # type: ignore[attr-defined]
+        self._add(node)
 
     def close(self) -> None:
         """Every container with its disk, the engine, then the bridge and links."""
