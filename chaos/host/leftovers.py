@@ -131,7 +131,7 @@ def remove(items: list[Leftover], timeout: float = 10.0) -> list[str]:
         elif item.kind == "shortcut":
             Path(item.name).unlink(missing_ok=True)
         elif item.kind == "cluster":
-            shutil.rmtree(item.name, ignore_errors=True)
+            failures += _remove_folder(item)
         elif item.kind == "slurmjob":
             failures += slurm.cancel_noted(item.name)
         elif item.kind == "engine":
@@ -139,6 +139,13 @@ def remove(items: list[Leftover], timeout: float = 10.0) -> list[str]:
         elif item.kind in REMOVERS and _exists(item):
             failures += _run_quietly([*REMOVERS[item.kind], item.name], item)
     return failures
+
+
+def _remove_folder(item: Leftover) -> list[str]:
+    """A cluster's folder; still there means a dying daemon wrote into it meanwhile
+    (slurmctld saves its state on the way down): said, so the next round tries again."""
+    shutil.rmtree(item.name, ignore_errors=True)
+    return [f"{item.describe()}: still there after removal"] if _exists(item) else []
 
 
 def _exists(item: Leftover) -> bool:
