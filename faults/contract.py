@@ -235,6 +235,9 @@ class JobContext:
     network: Network | None = None  # the simulated nodes' namespaces (`--network netns`)
     store_port: int | None = None  # the rendezvous store's port on node 0
     resources: dict[str, JobResource] = field(default_factory=dict)  # by kind, once set up
+    # node K's processes now (its torchrun agent and everything under it), for kinds
+    # that act on a whole node from outside (a freeze); None outside a runner
+    node_pids: Callable[[int], list[int]] | None = None
 
 
 class JobResource(Protocol):

@@ -32,6 +32,7 @@ BUILTIN: dict[str, str] = {
     "oom": "torchchaos.faults.oom:OutOfMemory",
     "partition": "torchchaos.faults.partition:Partition",
     "link": "torchchaos.faults.link:Link",
+    "freeze": "torchchaos.faults.freeze:Freeze",
     "raise": "torchchaos.faults.exception:Raise",
     "storage": "torchchaos.faults.storage:Storage",
     "slurm": "torchchaos.faults.slurm:Slurm",

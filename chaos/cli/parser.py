@@ -54,6 +54,8 @@ fault specs (KIND:key=value,...):
                                          shape=halves|majority|oneway|store, sides=0+1/2)
   link:node=1,step=10,loss=5,for=5       drop 5 % of node 1's packets for 5 s (rate= KB/s;
                                          delay=, jitter=, reorder= need netem)
+  freeze:node=1,step=10,for=5            node 1 frozen for 5 s, then it goes on (docker
+                                         pause, or a freezer cgroup; as root)
   toxic:step=6,type=latency,latency=500,for=4
                                          500 ms more on the rendezvous store's TCP path
                                          for 4 s (Toxiproxy; --nodes 2+, --network host)

@@ -152,14 +152,14 @@ def torchrun_command(scenario: Scenario, node: int, run_id: str, port: int,
     if scenario.nodes == 1 and not scenario.min_nodes:
         cmd += ["--standalone"]
         if network is not None:  # one node of its own (a container: its disk too)
-            cmd = [*network.nodes[0].enter(), *cmd]
+            cmd = [*network.nodes[0].job_prefix(), *cmd]
     elif network is None:
         endpoint = endpoint or (proxied if proxied and node > 0 else f"127.0.0.1:{port}")
         cmd += ["--nnodes", size, "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
                 "--rdzv-id", run_id, "--rdzv-conf", f"is_host={int(node == 0)}"]
     else:
         me = network.nodes[node]
-        cmd = [*me.enter(), *cmd, "--nnodes", size, "--rdzv-backend", "c10d",
+        cmd = [*me.job_prefix(), *cmd, "--nnodes", size, "--rdzv-backend", "c10d",
                "--rdzv-endpoint", f"{network.nodes[0].address}:{port}", "--rdzv-id", run_id,
                # the store's host is told, not guessed from host names (all nodes share one)
                "--rdzv-conf", f"is_host={int(node == 0)}",
@@ -369,7 +369,8 @@ class Job:
 
     def _set_up_faults(self, log: HistoryWriter) -> None:
         """Let each fault kind set up what its faults need for the whole job."""
-        ctx = JobContext(self.layout.run_dir, self.run_id, self.network, self.store_port)
+        ctx = JobContext(self.layout.run_dir, self.run_id, self.network, self.store_port,
+                         node_pids=self._node_pids)
         if self.record is not None:
             self._recording = get_kind("storage").setup_recording(self.record, ctx)
             self.resources.append(self._recording)
@@ -381,6 +382,12 @@ class Job:
         if outside:
             self.nemesis = Nemesis(outside, ctx, log,
                                    lambda fault, c: get_kind(fault.kind).cut(fault, c))
+
+    def _node_pids(self, index: int) -> list[int]:
+        """Node `index`'s processes of the current launch: its agent and all under it."""
+        if index >= len(self.nodes):
+            return []
+        return procs.tree([self.nodes[index].pid])
 
     def _tear_down(self) -> None:
         """Heal every harness fault, close the kinds' resources, remove the network."""

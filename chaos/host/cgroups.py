@@ -1,5 +1,8 @@
 """Memory cgroups for the OOM fault: one folder per run, one per limited rank.
 
+(A frozen node's freezer cgroups are named the same way, `torchchaos.host.freezer`;
+`leftovers` lists both.)
+
 The kernel's OOM killer acts on a memory cgroup whose limit is reached: a
 rank moved into a cgroup of its own with a limit is killed by the kernel,
 as a rank of a real job is, and no other process of the machine feels it.
@@ -88,16 +91,17 @@ def remove(group: Path, wait: float = 0.0) -> bool:
 
 
 def leftovers() -> list[tuple[str, str]]:
-    """(folder, run id) of every run folder there is now."""
-    root = memory_root()
-    if root is None:
-        return []
-    found = []
-    for entry in sorted(root.iterdir()):
-        match = OURS.match(entry.name)
-        if match and entry.is_dir():
-            found.append((str(entry), match.group(1)))
-    return found
+    """(folder, run id) of every run folder there is now: the memory hierarchy's (an OOM
+    fault's) and the freezer's (a frozen node's, `torchchaos.faults.freeze`)."""
+    from torchchaos.host import freezer
+
+    found: set[tuple[str, str]] = set()
+    for root in {r for r in (memory_root(), freezer.root()) if r is not None}:
+        for entry in sorted(root.iterdir()):
+            match = OURS.match(entry.name)
+            if match and entry.is_dir():
+                found.add((str(entry), match.group(1)))
+    return sorted(found)
 
 
 def _rmdir(path: Path) -> None:

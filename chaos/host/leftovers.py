@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchchaos import env
-from torchchaos.host import cgroups, netns, procs, shortcuts
+from torchchaos.host import cgroups, freezer, netns, procs, shortcuts
 from torchchaos.host.docker import folders as docker
 from torchchaos.host.owners import (
     LockFile,
@@ -120,6 +120,7 @@ def remove(items: list[Leftover], timeout: float = 10.0) -> list[str]:
     """Take the things away (processes: SIGKILL, also when stopped, until none of those
     runs is left). Returns what could not be removed, in words."""
     failures: list[str] = []
+    _thaw(items)
     runs = {x.run for x in items if x.kind == "process"}
     if runs:
         failures += _kill(runs, timeout)
@@ -139,6 +140,16 @@ def remove(items: list[Leftover], timeout: float = 10.0) -> list[str]:
         elif item.kind in REMOVERS and _exists(item):
             failures += _run_quietly([*REMOVERS[item.kind], item.name], item)
     return failures
+
+
+def _thaw(items: list[Leftover]) -> None:
+    """Let frozen processes run (a node frozen by the freeze fault, a paused container):
+    SIGKILL reaches a frozen process only once it is thawed."""
+    for item in items:
+        if item.kind == "cgroup":
+            freezer.thaw(Path(item.name))
+        elif item.kind == "engine" and item.run:
+            docker.thaw(item.run)
 
 
 def _remove_folder(item: Leftover) -> list[str]:

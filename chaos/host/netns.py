@@ -74,6 +74,11 @@ class Node:
         """The command prefix that runs a program on this node."""
         return ["nsenter", f"--net={NETNS_DIR}/{self.namespace}", "--"]
 
+    def job_prefix(self) -> list[str]:
+        """The prefix a job's process (its torchrun agent) starts with: on a plain node
+        `enter()`; a container node's also makes it the container's (see there)."""
+        return self.enter()
+
     def run(self, *command: str, stdin: str | None = None,
             timeout: float = 30) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*self.enter(), *command], input=stdin, capture_output=True,

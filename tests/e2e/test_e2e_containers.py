@@ -83,3 +83,18 @@ def test_a_checkpoint_uploaded_before_it_is_committed_survives_the_node(chaos_ru
                        **NODES)
     assert report.restarts >= 1, report.table()
     _nothing_left(report)
+
+
+def test_a_paused_container_node_stalls_the_job_which_goes_on(chaos_run):
+    """`docker pause` of node 1's container for 3 s, shorter than the target's collective
+    timeout: node 0 cannot finish step 7 before node 1 is unpaused, then the job goes on
+    without a restart and matches the reference bitwise."""
+    from test_e2e_freeze import how_frozen, stall
+
+    report = chaos_run(TARGET, faults=["freeze:node=1,step=6,for=3"], args=STEPS,
+                       expect="pass", **NODES)
+    assert how_frozen(report.run_dir) == ["docker pause"], report.table()
+    assert report.restarts == 0, report.table()
+    assert stall(report.run_dir, 1, 0, 6) >= 3.0, report.table()
+    assert report.checks["deterministic_resume"]["ok"] is True, report.table()
+    _nothing_left(report)

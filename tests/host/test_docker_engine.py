@@ -146,22 +146,26 @@ def test_a_stopped_engine_leaves_no_process_mount_cgroup_network_or_folder() -> 
 
 
 @needs_engine
-def test_a_killed_harness_leaves_no_engine(tmp_path: Path) -> None:
+@pytest.mark.parametrize("state", ["running", "paused"])
+def test_a_killed_harness_leaves_no_engine(tmp_path: Path, state: str) -> None:
     """SIGKILL the harness while a container runs: its lifeline kills the daemon, its
     containerd, the shim and the container's processes (found by the engine's cgroup: they
     carry no mark), and the sweep removes the layers' mounts, the cgroups, the network's
-    bridge and the folder."""
+    bridge and the folder. Paused (a frozen node), its processes die only once thawed:
+    the watcher thaws first."""
     starter = tmp_path / "starter.py"
-    starter.write_text(textwrap.dedent("""
+    starter.write_text(textwrap.dedent(f"""
         import time
         from torchchaos.host.docker import containers, folders, images
         from torchchaos.host.docker.engine import Engine
         engine = Engine.start()
         bridge = containers.network(engine)
-        containers.run(engine, images.base_image(engine), ["sleep", "300"],
-                       network_name=bridge, detach=True)
+        sleeper = containers.run(engine, images.base_image(engine), ["sleep", "300"],
+                                 network_name=bridge, detach=True)
         while not folders.container_pids(engine.engine_id):
             time.sleep(0.1)
+        if {state!r} == "paused":
+            sleeper.pause()
         print(engine.engine_id, engine.root, bridge, *engine.pids(), flush=True)
         time.sleep(600)
     """))

@@ -47,6 +47,23 @@ def _groups(engine_id: str) -> list[Path]:
     return [g for g in [CGROUPS / name, *CGROUPS.glob(f"*/{name}")] if g.is_dir()]
 
 
+def container_groups(engine_id: str, container_id: str) -> list[Path]:
+    """One container's cgroup folders, in every hierarchy: a process that joins them all
+    is the container's as much as its own first process is (`docker pause` freezes it,
+    `docker stats` counts it)."""
+    return [g / container_id for g in _groups(engine_id) if (g / container_id).is_dir()]
+
+
+def thaw(engine_id: str) -> None:
+    """Unpause every container of the engine from outside it: its processes, SIGKILLed
+    while paused, die only once thawed (cgroup freezer)."""
+    from torchchaos.host import freezer
+
+    for group in _groups(engine_id):
+        if group.parent.name == "freezer" or group.parent == CGROUPS:
+            freezer.thaw(group)
+
+
 def container_pids(engine_id: str) -> list[int]:
     """Every process in a container of the engine."""
     pids: set[int] = set()
@@ -87,6 +104,8 @@ def remove(root: Path, engine_id: str) -> list[str]:
         _rmdir(group)
         if group.is_dir():
             failures.append(f"cgroup {group}: a process is still in it")
+    if failures:  # the folder is how a sweep finds the engine again: kept for the next
+        return failures
     shutil.rmtree(root, ignore_errors=True)
     if root.exists():
         failures.append(f"folder {root} could not be removed")

@@ -20,14 +20,15 @@ hostname and IPC namespaces.
 
 from __future__ import annotations
 
+import shlex
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from torchchaos.errors import CannotJudge
-from torchchaos.host import netns
-from torchchaos.host.docker import images
+from torchchaos.host import freezer, netns
+from torchchaos.host.docker import folders, images
 from torchchaos.host.docker.engine import Engine
 from torchchaos.host.owners import state_dir
 
@@ -38,11 +39,21 @@ LOCAL = "/local"  # a node's own disk, gone with the node
 class ContainerNode(netns.Node):
     pid: int = 0  # the container's first process, whose namespaces a node's processes join
     workdir: str = "/"
+    groups: tuple[str, ...] = ()  # the container's cgroup folders, one per hierarchy
 
     def enter(self) -> list[str]:
         # `nsenter --wd` leaves torch's oneMKL unable to load it (seen here): cd after
         return ["nsenter", "-t", str(self.pid), "-m", "-n", "-u", "-i", "--", "sh", "-c",
                 'cd "$0" && exec "$@"', self.workdir]
+
+    def job_prefix(self) -> list[str]:
+        """`enter()`, once the process joined the container's cgroups: the job's processes
+        are then the container's, and `docker pause` freezes them with it. The harness's
+        own commands on the node (`run`: nft, tc) stay outside, so a paused node can still
+        be healed."""
+        files = " ".join(shlex.quote(f"{g}/cgroup.procs") for g in self.groups)
+        joining = f"echo $$ | tee {files} > /dev/null && " if files else ""
+        return ["sh", "-c", f'{joining}exec "$@"', "sh", *self.enter()]
 
 
 def shared_folders(*extra: Path) -> list[Path]:
@@ -102,8 +113,10 @@ class ContainerNetwork(netns.Network):
         self.containers[node.index] = container
         pid = int(container.attrs["State"]["Pid"])
         netns._ip("netns", "attach", node.namespace, str(pid))  # partitions find it by name
+        groups = tuple(str(g) for g in folders.container_groups(self.engine.engine_id,
+                                                                 container.id))
         entered = ContainerNode(node.index, node.namespace, node.address, node.host_link, pid,
-                                str(self.workdir))
+                                str(self.workdir), groups)
         self.nodes[node.index] = entered
         # the node's MAC address is its own whatever container it runs in: the other nodes'
         # neighbour tables, which held the old one for up to 45 s, stay right after a
@@ -114,6 +127,39 @@ class ContainerNetwork(netns.Network):
         """Locally administered (02:), from the run's tag and the node's index."""
         tag = self.bridge[-6:]
         return f"02:77:{tag[0:2]}:{tag[2:4]}:{tag[4:6]}:{index:02x}"
+
+    def pause(self, index: int) -> Path:
+        """`docker pause` the node's container; returns its freezer cgroup, frozen."""
+        container = self.containers[index]
+        container.pause()  # type: ignore[attr-defined]
+        return self.freezer_group(index)
+
+    def unpause(self, index: int) -> None:
+        """Let the node run again (a container that is not paused, or gone, is fine)."""
+        container = self.containers.get(index)
+        if container is None:
+            return
+        try:
+            container.reload()  # type: ignore[attr-defined]
+            if container.attrs["State"]["Paused"]:  # type: ignore[attr-defined]
+                container.unpause()  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - gone, or the engine stopping: thaw it by hand
+            freezer.thaw(self.freezer_group(index))
+
+    def is_paused(self, index: int) -> bool:
+        """Docker's word that the node's container is paused."""
+        container = self.containers[index]
+        container.reload()  # type: ignore[attr-defined]
+        return bool(container.attrs["State"]["Paused"])  # type: ignore[attr-defined]
+
+    def freezer_group(self, index: int) -> Path:
+        node = self.nodes[index]
+        assert isinstance(node, ContainerNode)
+        # the v1 freezer where there is one: a hybrid machine's unified hierarchy also
+        # has cgroup.freeze, but docker pauses through the freezer controller's
+        groups = sorted((Path(g) for g in node.groups if freezer.is_group(Path(g))),
+                        key=lambda g: not (g / "freezer.state").exists())
+        return groups[0]
 
     def replace(self, index: int) -> None:
         """The node is a new machine: a new container, an empty disk, the same address."""
