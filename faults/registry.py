@@ -33,6 +33,7 @@ BUILTIN: dict[str, str] = {
     "partition": "torchchaos.faults.partition:Partition",
     "link": "torchchaos.faults.link:Link",
     "freeze": "torchchaos.faults.freeze:Freeze",
+    "miscompute": "torchchaos.faults.miscompute:Miscompute",
     "raise": "torchchaos.faults.exception:Raise",
     "storage": "torchchaos.faults.storage:Storage",
     "slurm": "torchchaos.faults.slurm:Slurm",

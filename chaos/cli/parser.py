@@ -32,6 +32,10 @@ fault specs (KIND:key=value,...):
                                          flip a high exponent bit of a seeded weight on
                                          rank 1 after step 20 (tensor=grad|optim|
                                          activation|loss|checkpoint; value=nan|inf)
+  miscompute:rank=1,step=20,pattern=warp,every=10
+                                         rank 1's device computes every 10th matrix
+                                         product wrong from step 20 on, 32 elements at a
+                                         time, also after restarts (persist=none: once)
   storage:mode=lose_unsynced,rank=0,step=12
                                          a power loss: what was not fsynced is gone
                                          (FUSE; dir=FOLDER where the job saves, default

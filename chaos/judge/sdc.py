@@ -35,6 +35,16 @@ class Injection:
         if self.tensor == "checkpoint":
             return (f"bit {e.get('bit')} of byte {e.get('offset')} of {e.get('file')}"
                     f" on rank {self.rank}")
+        if e.get("model") == "miscompute":  # a unit computing wrong (faults.miscompute)
+            block = f", {e.get('elements')} elements from" if e.get("elements", 1) > 1 else ""
+            flipped = e.get("bits") or []
+            what = (f"bits {flipped[0]}-{flipped[-1]}" if len(flipped) > 1
+                    else f"bit {e.get('bit')}" if flipped else "value")
+            return (f"the output of {e.get('name')} on rank {self.rank} during step {self.step}"
+                    f" computed wrong ({e.get('pattern')}{block} [{e.get('index')}], {what}"
+                    f" ({self.bit_class}): {_num(e.get('before'))} -> {_num(e.get('after'))})"
+                    + (f"; the device {e.get('device_id')} stays defective"
+                       if e.get("persist") == "device" else ""))
         where = "after" if e.get("when") == "after" else "during"
         what = f"bit {e['bit']} ({self.bit_class})" if e.get("bit") is not None \
             else f"value {self.bit_class}"

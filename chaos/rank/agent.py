@@ -246,9 +246,20 @@ class Agent:
         api._record = self._detection
         api._committed = self._committed
         self.history.record("boot", node=self.node, local_rank=self.local_rank)
+        self._carry_defects()
         self._dump_stacks_on_request()
         self.heartbeat.start()
         self._arm_timers()
+
+    def _carry_defects(self) -> None:
+        """A device a persistent fault made defective stays so in every process that
+        starts on it (`torchchaos.faults.miscompute`); cheap where there is none."""
+        if (self.layout.chaos_dir / "defects").is_dir():
+            from torchchaos.faults import miscompute
+
+            miscompute.rearm_here(FireContext(self.rank, self.local_rank, self.node,
+                                              self.history.record, None,
+                                              str(self.layout.run_dir), TrainingState(self)))
 
     def _dump_stacks_on_request(self) -> None:
         """The fallback for `torchchaos.host.stacks` where py-spy cannot attach: on STACK_SIGNAL,

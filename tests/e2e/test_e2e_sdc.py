@@ -96,3 +96,44 @@ def test_a_flipped_checkpoint_bit_is_refused_on_resume_and_the_run_ends_equal(ch
     assert report.restarts >= 1 and report.lost_steps == [6], report.table()
     flip = History.of_run(Path(report.run_dir)).of("bitflip")[0]
     assert flip["file"] == "ckpt/step-000010.pt"
+
+
+# A unit computing wrong (torchchaos.faults.miscompute): rank 1's 50th matrix product
+# after step 4 (in step 5) comes out wrong, and node 0 dies after step 8, so the job
+# restarts from its step-4 checkpoint, taken before the corruption, on the same devices.
+DEFECT = "miscompute:rank=1,step=4,every=50"
+CRASH = "kill:rank=0,step=8"
+DEFECT_ARGS = ["--steps", "12", "--ckpt-every", "4"]
+
+
+def _corrupted_by_attempt(report) -> dict[int, int]:
+    history = History.of_run(Path(report.run_dir))
+    counts: dict[int, int] = {}
+    for e in history.of("bitflip"):
+        counts[e["attempt"]] = counts.get(e["attempt"], 0) + 1
+    return counts
+
+
+def test_a_defective_device_stays_defective_across_the_restart(chaos_run):
+    """The restart's rank on the same device carries the defect: its products go on
+    coming out wrong, the replicas agree all along (the all-reduce spreads a wrong
+    gradient to both: the cross-replica hash is blind), and the rerun on the same device
+    cannot tell the corrupted steps from correct ones."""
+    report = chaos_run(TARGET, faults=[DEFECT, CRASH], args=DEFECT_ARGS, expect="fail")
+    check = report.checks["sdc_detected"]
+    assert check["ok"] is False, report.table()
+    assert "stays defective" in check["detail"], check["detail"]
+    assert report.restarts == 1, report.table()
+    counts = _corrupted_by_attempt(report)
+    assert counts.get(0, 0) >= 1 and counts.get(1, 0) >= 1, counts
+    carried = History.of_run(Path(report.run_dir)).of("defect_carried")
+    assert [(e["rank"], e["attempt"]) for e in carried] == [(1, 1)], carried
+
+
+def test_a_transient_fault_is_healed_by_the_restart_from_a_clean_checkpoint(chaos_run):
+    """The same wrong product, not persistent: the restart from step 4 recomputes the
+    steps right and the job ends bitwise equal to the reference."""
+    report = chaos_run(TARGET, faults=[f"{DEFECT},persist=none", CRASH], args=DEFECT_ARGS,
+                       expect="pass")
+    assert report.checks["sdc_detected"]["ok"] is True, report.table()
+    assert set(_corrupted_by_attempt(report)) == {0}, report.table()
