@@ -106,6 +106,11 @@ class FaultKind:
         """Inject the fault from inside the rank (agent kinds)."""
         raise NotImplementedError
 
+    def carry(self, fault: ResolvedFault, note: dict[str, Any], ctx: FireContext) -> None:
+        """In a starting rank: a lasting effect this kind wrote down when `fault` fired
+        (`note`, under `RunLayout.lasting_dir`). Carry it if it lasts where this process
+        runs (a defect of this device); by default a kind's effects do not last."""
+
     def fire_after_step(self, fault: ResolvedFault) -> int | None:
         """For `step=N`: after which completed step to fire. A fault that acts during
         step N (it hooks the next forward or backward) fires after step N - 1."""

@@ -20,7 +20,7 @@ backward: a `TorchDispatchMode` sees every aten call), from its trigger on:
 - `when_bit=K`: only calls whose first operand's first element has bit K set (a
   data-dependent defect: some inputs trip it, others never do);
 - `persist=device` (default) or `none`: a defective device stays defective. The
-  fault is written down under the run's `_chaos/defects/` with the device it struck (the
+  fault is written down under the run's `_chaos/lasting/` with the device it struck (the
   machine: its container, or its simulated node, or the host; and the local rank's
   slot, the GPU's UUID on CUDA), and every later process of the job that starts on
   that device carries it again, whatever its rank number is now. A relaunch on another
@@ -53,7 +53,7 @@ from torchchaos.faults.contract import (
     ResolvedFault,
 )
 from torchchaos.faults.params import BIT_CLASSES, choice, percentage, positive_int
-from torchchaos.rundir.layout import CHAOS_DIR
+from torchchaos.rundir.layout import RunLayout
 
 if TYPE_CHECKING:
     import torch
@@ -62,7 +62,6 @@ OPS = ("any", "mm", "bmm", "sdpa")
 PATTERNS = ("element", "warp", "burst")
 WARP = 32
 RECORDED = 50  # corrupted calls recorded in full per process; the rest are counted
-DEFECTS = "defects"  # under the run's _chaos/: one file per defective device
 
 # aten overload packets by family; names, so that the harness never imports torch
 FAMILIES = {
@@ -122,6 +121,14 @@ class Miscompute(FaultKind):
             write_defect(Path(ctx.run_dir), fault, device)
         arm(fault, ctx, device)
 
+    def carry(self, fault: ResolvedFault, note: dict[str, Any], ctx: FireContext) -> None:
+        """A process starting on the defective device computes wrong too, whatever its
+        rank number is now."""
+        device = device_id(ctx.local_rank)
+        if note.get("device") == device:
+            ctx.record("defect_carried", id=fault.id, device=device)
+            arm(fault, ctx, device)
+
 
 # -- the device a defect stays with ------------------------------------------------
 
@@ -157,12 +164,9 @@ def device_id(local_rank: int) -> str:
     return f"{machine_id()}/{slot}"
 
 
-def _defects_dir(run_dir: Path) -> Path:
-    return run_dir / CHAOS_DIR / DEFECTS
-
-
 def write_defect(run_dir: Path, fault: ResolvedFault, device: str) -> None:
-    folder = _defects_dir(run_dir)
+    """Write the defect down as a lasting effect (`RunLayout.lasting_dir`)."""
+    folder = RunLayout(run_dir).lasting_dir
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{fault.id}.tmp"
     tmp.write_text(json.dumps({"device": device, "fault": fault.to_dict()}))
@@ -170,27 +174,12 @@ def write_defect(run_dir: Path, fault: ResolvedFault, device: str) -> None:
 
 
 def defects_on(run_dir: Path, device: str) -> list[ResolvedFault]:
-    """The defects written down for `device` (a process starting there carries them)."""
-    folder = _defects_dir(run_dir)
-    if not folder.is_dir():
-        return []
-    found = []
-    for path in sorted(folder.glob("*.json")):
-        note = json.loads(path.read_text())
-        if note["device"] == device:
-            found.append(ResolvedFault.from_dict(note["fault"]))
-    return found
-
-
-def rearm_here(ctx: FireContext) -> None:
-    """In a starting rank: carry every defect of the device it runs on (the agent calls
-    this at install, before the first step)."""
-    if not _defects_dir(Path(ctx.run_dir)).is_dir():
-        return  # the common case: no file to read, torch untouched
-    device = device_id(ctx.local_rank)
-    for fault in defects_on(Path(ctx.run_dir), device):
-        ctx.record("defect_carried", id=fault.id, device=device)
-        arm(fault, ctx, device)
+    """The defects written down for `device`."""
+    folder = RunLayout(run_dir).lasting_dir
+    notes = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] \
+        if folder.is_dir() else []
+    return [ResolvedFault.from_dict(n["fault"]) for n in notes
+            if n["fault"]["kind"] == "miscompute" and n["device"] == device]
 
 
 # -- the corruption ----------------------------------------------------------------

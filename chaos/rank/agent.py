@@ -252,14 +252,17 @@ class Agent:
         self._arm_timers()
 
     def _carry_defects(self) -> None:
-        """A device a persistent fault made defective stays so in every process that
-        starts on it (`torchchaos.faults.miscompute`); cheap where there is none."""
-        if (self.layout.chaos_dir / "defects").is_dir():
-            from torchchaos.faults import miscompute
-
-            miscompute.rearm_here(FireContext(self.rank, self.local_rank, self.node,
-                                              self.history.record, None,
-                                              str(self.layout.run_dir), TrainingState(self)))
+        """Faults whose effect lasts (a device a persistent miscompute made defective)
+        are offered to every process that starts: each kind says whether its effect
+        lasts here (`FaultKind.carry`). One stat where there is none."""
+        if not self.layout.lasting_dir.is_dir():
+            return
+        ctx = FireContext(self.rank, self.local_rank, self.node, self.history.record, None,
+                          str(self.layout.run_dir), TrainingState(self))
+        for path in sorted(self.layout.lasting_dir.glob("*.json")):
+            note = json.loads(path.read_text())
+            fault = ResolvedFault.from_dict(note["fault"])
+            get_kind(fault.kind).carry(fault, note, ctx)
 
     def _dump_stacks_on_request(self) -> None:
         """The fallback for `torchchaos.host.stacks` where py-spy cannot attach: on STACK_SIGNAL,

@@ -68,9 +68,12 @@ EVENTS: dict[str, EventSpec] = {
     "fault_error": _e("rank", "a fault could not act", "id, error"),
     "fault_applied": _e("rank", "the storage fault acted on a write",
                         "id, size, kept, torn, reply"),
-    "bitflip": _e("rank", "bits flipped in a tensor or a file",
+    "bitflip": _e("rank", "bits flipped in a tensor or a file (model: miscompute for a"
+                  " wrong matrix product)",
                   "id, tensor, bit, bit_class, offset, file, when, step"),
     "bitflip_error": _e("rank", "a bit flip found nothing to flip", "id, name, error"),
+    "defect_carried": _e("rank", "a process started on a device a persistent miscompute made"
+                         " defective, and carries the defect", "id, device"),
     "hang_begin": _e("rank", "a fault froze the rank (hang; dataloader:mode=stop;"
                      " gpu:error=hang)",
                      "id, mode, where, seconds, step, device"),

@@ -30,6 +30,13 @@ class RunLayout:
         return self.chaos_dir / "fired"
 
     @property
+    def lasting_dir(self) -> Path:
+        """Faults whose effect outlives the process it fired in (a defective device):
+        one note each, `{"fault": ..., ...}`, carried by every process that starts where
+        it lasts (`FaultKind.carry`)."""
+        return self.chaos_dir / "lasting"
+
+    @property
     def logs_dir(self) -> Path:
         return self.chaos_dir / "logs"
 
