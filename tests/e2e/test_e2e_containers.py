@@ -98,3 +98,33 @@ def test_a_paused_container_node_stalls_the_job_which_goes_on(chaos_run):
     assert stall(report.run_dir, 1, 0, 6) >= 3.0, report.table()
     assert report.checks["deterministic_resume"]["ok"] is True, report.table()
     _nothing_left(report)
+
+
+# A defective device (torchchaos.faults.miscompute) stays with its machine: node 1's
+# rank computes every 50th product wrong from step 5 on, and node 1 dies after step 8.
+DEFECT = ["miscompute:rank=1,step=4,every=50", "kill:node=1,step=8"]
+
+
+def _carried(report) -> list:
+    from pathlib import Path
+
+    from torchchaos.rundir.history import History
+
+    return History.of_run(Path(report.run_dir)).of("defect_carried")
+
+
+def test_a_replaced_container_node_is_a_new_device_without_the_defect(chaos_run):
+    """The relaunch runs on a new container: a new machine, so the defect stays with the
+    one that died, and the restart from the clean step-4 checkpoint ends bitwise equal."""
+    report = chaos_run(TARGET, faults=DEFECT, args=STEPS, expect="pass", **NODES)
+    assert report.restarts >= 1, report.table()
+    assert _carried(report) == [], report.table()
+    assert report.checks["sdc_detected"]["ok"] is True, report.table()
+    _nothing_left(report)
+
+
+def test_on_namespace_nodes_the_same_node_is_the_same_defective_device(chaos_run):
+    report = chaos_run(TARGET, faults=DEFECT, args=STEPS, expect="fail", nproc=1, nodes=2,
+                       network="netns")
+    assert [e["rank"] for e in _carried(report)] == [1], report.table()
+    assert report.checks["sdc_detected"]["ok"] is False, report.table()
