@@ -16,7 +16,10 @@ backward: a `TorchDispatchMode` sees every aten call), from its trigger on:
   default 4); `bit=` the bit or class as for bitflip (default `mant_high`), or
   `value=nan|inf|-inf` (the rare case the field sees in about 1 % of outcomes);
 - how often: `every=N` (every Nth matching call, default 1) or `rate=P` (each call
-  with probability P percent, seeded);
+  with probability P percent). Which call a rate hits, which element and which bit
+  are drawn from the call's operands, not from the order of calls: the same inputs
+  give the same wrong result, so a step rerun on the same device reproduces it
+  exactly (`every=` counts calls, so a rerun's hits move);
 - `when_bit=K`: only calls whose first operand's first element has bit K set (a
   data-dependent defect: some inputs trip it, others never do);
 - `persist=device` (default) or `none`: a defective device stays defective. The
@@ -208,19 +211,20 @@ def _mode_class() -> type:
             super().__init__()
             self.fault, self.ctx, self.device = fault, ctx, device
             self.wanted = _wanted(str(fault.params.get("op", "any")))
-            self.rng = random.Random(f"{fault.seed}-{device}")
             self.calls = self.corrupted = 0
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                                kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
-            if str(func.overloadpacket) in self.wanted:
+            op = str(func.overloadpacket)
+            if op in self.wanted:
                 first = out[0] if isinstance(out, tuple) else out
-                if self._due(args, first):
-                    self._corrupt(str(func.overloadpacket), first)
+                rng = _operand_rng(f"{self.fault.seed}-{self.device}-{op}", args)
+                if self._due(args, first, rng):
+                    self._corrupt(op, first, rng)
             return out
 
-        def _due(self, args: Any, out: Any) -> bool:
+        def _due(self, args: Any, out: Any, rng: random.Random) -> bool:
             import torch
 
             if not isinstance(out, torch.Tensor) or not out.is_floating_point() \
@@ -233,12 +237,12 @@ def _mode_class() -> type:
                 return False
             self.calls += 1
             if "rate" in self.fault.params:
-                return self.rng.random() * 100 < float(self.fault.params["rate"])  # type: ignore[arg-type]
+                return rng.random() * 100 < float(self.fault.params["rate"])  # type: ignore[arg-type]
             return self.calls % int(self.fault.params.get("every", 1)) == 0  # type: ignore[call-overload]
 
-        def _corrupt(self, op: str, out: Any) -> None:
+        def _corrupt(self, op: str, out: Any, rng: random.Random) -> None:
             with torch_no_dispatch():
-                done = corrupt(out, self.fault.params, self.rng)
+                done = corrupt(out, self.fault.params, rng)
             self.corrupted += 1
             if self.corrupted <= RECORDED or self.corrupted % 1000 == 0:
                 self.ctx.record("bitflip", id=self.fault.id, model="miscompute",
@@ -261,6 +265,25 @@ class torch_no_dispatch:  # noqa: N801 - reads as the context it is
 
     def __exit__(self, *exc: object) -> None:
         self._guard.__exit__(*exc)
+
+
+def _operand_rng(salt: str, args: Any) -> random.Random:
+    """The draws of one call (whether it is hit, which element, which bit), from its
+    operands: a defective unit gives the same wrong result for the same inputs, so a
+    step rerun on the same device reproduces it exactly. A sample of each operand's
+    bytes (its first 64 elements and its shape) stands for the whole."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.blake2b(salt.encode(), digest_size=8)
+    with torch_no_dispatch():
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.numel():
+                h.update(repr(tuple(a.shape)).encode())
+                sample = a.detach().reshape(-1)[:64].contiguous().cpu()
+                h.update(sample.view(torch.uint8).numpy().tobytes())
+    return random.Random(h.digest())
 
 
 def _operand_bit(args: Any, bit: int) -> bool:

@@ -169,3 +169,18 @@ def test_cuda_products_compute_wrong_through_the_same_code():
     finally:
         mode.__exit__(None, None, None)
     assert len(_changed(clean, wrong)) == 32 and events[0]["device"].startswith("cuda")
+
+
+def test_the_same_operands_give_the_same_wrong_result():
+    """A rerun on the defective device reproduces the corruption bit for bit; other
+    operands are hit elsewhere."""
+    a, b, c = torch.randn(16, 16), torch.randn(16, 16), torch.randn(16, 16)
+    events: list[dict] = []
+    mode = _armed(events, op="mm", rate=100, pattern="element")
+    try:
+        first, again, other = torch.mm(a, b), torch.mm(a, b), torch.mm(c, b)
+    finally:
+        mode.__exit__(None, None, None)
+    assert torch.equal(first, again) and _changed(a @ b, first)
+    assert [e["index"] for e in events[:2]] == [events[0]["index"]] * 2
+    assert (events[2]["index"], events[2]["bit"]) != (events[0]["index"], events[0]["bit"])
