@@ -20,6 +20,8 @@ backward: a `TorchDispatchMode` sees every aten call), from its trigger on:
   are drawn from the call's operands, not from the order of calls: the same inputs
   give the same wrong result, so a step rerun on the same device reproduces it
   exactly (`every=` counts calls, so a rerun's hits move);
+- `times=N`: at most N wrong calls (`times=1`: one wrong result, once: the transient
+  case), default no limit;
 - `when_bit=K`: only calls whose first operand's first element has bit K set (a
   data-dependent defect: some inputs trip it, others never do);
 - `persist=device` (default) or `none`: a defective device stays defective. The
@@ -92,7 +94,8 @@ class Miscompute(FaultKind):
     choices = {"op": OPS, "pattern": PATTERNS, "bit": BIT_CLASSES}
     params = {"op": choice(OPS), "pattern": choice(PATTERNS), "bit": _bit,
               "value": choice(("nan", "inf", "-inf")), "bits": positive_int,
-              "every": positive_int, "rate": percentage, "when_bit": positive_int,
+              "every": positive_int, "rate": percentage, "times": positive_int,
+              "when_bit": positive_int,
               "persist": choice(("device", "none")), "device": choice(("any", "cuda"))}
 
     def validate(self, params: dict[str, object]) -> None:
@@ -227,6 +230,8 @@ def _mode_class() -> type:
         def _due(self, args: Any, out: Any, rng: random.Random) -> bool:
             import torch
 
+            if self.corrupted >= int(self.fault.params.get("times", 0) or 1 << 62):  # type: ignore[call-overload]
+                return False
             if not isinstance(out, torch.Tensor) or not out.is_floating_point() \
                     or out.numel() == 0:
                 return False

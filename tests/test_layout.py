@@ -29,7 +29,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("torchchaos.faults.*", "torchchaos.rank"),
     ("torchchaos.harness",),
     ("torchchaos.engine",),
-    ("torchchaos.explore",),
+    ("torchchaos.explore", "torchchaos.sdc"),
     ("torchchaos.incident",),
     ("torchchaos.cli", "torchchaos.plugin", "torchchaos"),
 ]

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchchaos.cli import cluster, docker, multinode
+from torchchaos.cli import cluster, detectors, docker, multinode
 from torchchaos.cli.incident import cmd_incident
 from torchchaos.cli.output import print_report, progress_printer
 from torchchaos.cli.parser import build_parser
@@ -700,7 +700,8 @@ def main(argv: list[str] | None = None) -> int:
                     "search": cmd_search, "shrink": cmd_shrink,
                     "faults": cmd_faults, "export": cmd_export, "doctor": cmd_doctor,
                     "clean": cmd_clean, "merge": cmd_merge, "incident": cmd_incident,
-                    **multinode.COMMANDS, **cluster.COMMANDS, **docker.COMMANDS}
+                    **multinode.COMMANDS, **cluster.COMMANDS, **docker.COMMANDS,
+                    **detectors.COMMANDS}
         return commands[ns.command](ns)
     except ChaosError as exc:
         print(f"torchchaos: error: {exc}", file=sys.stderr)

@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, NoReturn
 
-from torchchaos.cli import cluster, docker, multinode
+from torchchaos.cli import cluster, detectors, docker, multinode
 from torchchaos.errors import ChaosError, UsageError, did_you_mean
 
 EXAMPLES = """\
@@ -297,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     multinode.add_commands(sub, _positive_int, _positive_seconds)
     cluster.add_commands(sub, _positive_int)
     docker.add_commands(sub)
+    detectors.add_commands(sub)
     _add_export_command(sub)
     _add_incident_command(sub)
     merge = sub.add_parser(
