@@ -111,8 +111,10 @@ def run(campaign: Campaign, progress: Progress) -> Outcome:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(campaign.ranks), "-m", "torchchaos.sdc.trials",
                str(config)]
+    scratch = campaign.out / "tmp"  # torchrun's own temporary folders: inside the run's
+    scratch.mkdir()
     environ = {**os.environ, env.RUN_ID: run_id, **lifeline.lock_env(),
-               "OMP_NUM_THREADS": "1",
+               "OMP_NUM_THREADS": "1", "TMPDIR": str(scratch),
                "PYTHONPATH": os.pathsep.join(p for p in (*env.import_path(),
                                                          os.environ.get("PYTHONPATH", ""))
                                              if p)}
@@ -128,9 +130,7 @@ def run(campaign: Campaign, progress: Progress) -> Outcome:
     finally:
         procs.reap(run_id, [job.pid])
     if code != 0:
-        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
-        raise CannotJudge(f"the trials' job exited {code} ({tail[0] if tail else 'no output'});"
-                          f" its log: {log}")
+        raise CannotJudge(f"the trials' job exited {code} ({_cause(log)}); its log: {log}")
     return score_folder(campaign)
 
 
@@ -144,6 +144,16 @@ def _watch(job: subprocess.Popen[bytes], results: Path, total: int,
             progress(f"trials {done}/{total}")
             said, last = done, time.monotonic()
     return code
+
+
+def _cause(log: Path) -> str:
+    """The line of the job's log that says what failed: the last exception's, else the
+    root cause torchrun names."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    said = [line.strip() for line in lines
+            if line and not line.startswith(" ") and ("Error" in line or "error" in line)
+            and "ChildFailedError" not in line]
+    return said[-1][:300] if said else "no error line; see the log"
 
 
 def _lines(path: Path) -> int:
