@@ -6,10 +6,10 @@ A trial that needs no restart does not need a new job: this loop trains a few wa
 steps, keeps the state in memory (weights, optimizer state, each detector's history),
 runs the fault-free steps once as the reference, and then for each trial restores the
 state, injects the trial's fault on its rank, runs the same steps with every detector
-watching, compares the final weights with the reference's (bitwise: equal means the
-fault was masked) and restores again. The training is the trainee's own (real DDP on
-gloo, its model, its optimizer, its batches); every step is seeded by its number, so a
-clean trial repeats the reference bit for bit.
+watching, compares the weights after each step with the reference's (bitwise: equal
+all along means the fault was masked) and restores again. The training is the
+trainee's own (real DDP on gloo, its model, its optimizer, its batches); every step is
+seeded by its number, so a clean trial repeats the reference bit for bit.
 
 Run by `torchchaos detectors` as `torchrun ... -m torchchaos.sdc.trials CONFIG`; rank 0
 writes one JSON line per trial to `trials.jsonl` and the costs to `costs.json`.
@@ -147,9 +147,10 @@ class Loop:
             return copy.deepcopy(kept)
 
         detectors = restore()
+        reference = []  # this rank's weights after each step, as hashes
         for number in self._numbers():
             self.step(number, True, detectors)
-        reference = [p.detach().clone() for p in self.trainee.params]
+            reference.append(detector_kinds.weights_hash(self.trainee.params))
         trials = plan(self.config["models"], int(self.config["trials"]),
                       int(self.config["clean"]), self.steps, self.world,
                       int(self.config["seed"]))
@@ -166,11 +167,15 @@ class Loop:
     def _numbers(self) -> range:
         return range(self.warmup + 1, self.warmup + self.steps + 1)
 
-    def trial(self, trial: Trial, detectors: list[Any],
-              reference: list[torch.Tensor]) -> dict[str, Any]:
+    def trial(self, trial: Trial, detectors: list[Any], reference: list[int]
+              ) -> dict[str, Any]:
+        """One trial. Corrupted: after some step this rank's weights differ from the
+        reference's after the same step, on any rank (as the chaos runs' judge counts a
+        divergence, also one that rounding heals by the end: `healed`)."""
         first: dict[str, int | None] = dict.fromkeys(self.labels)
         hits: list[dict[str, Any]] = []
         mode = None
+        diverged = 0
         for number in self._numbers():
             local = number - self.warmup
             if trial.model != CLEAN and local == trial.step and trial.rank == self.rank \
@@ -186,18 +191,23 @@ class Loop:
             for label, seen in zip(self.labels, fired, strict=True):
                 if seen and first[label] is None:
                     first[label] = local
+            if not diverged and detector_kinds.weights_hash(self.trainee.params) \
+                    != reference[local - 1]:
+                diverged = local
         if mode is not None:
             mode.__exit__(None, None, None)
-        same = torch.tensor([float(all(detector_kinds.same_bits(p, r) for p, r in
-                                       zip(self.trainee.params, reference, strict=True)))])
-        dist.all_reduce(same, op=dist.ReduceOp.MIN)
+        ended_equal = detector_kinds.weights_hash(self.trainee.params) == reference[-1]
+        found = torch.tensor([float(bool(diverged)), float(not ended_equal)])
+        dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        corrupted, ended_apart = (bool(x) for x in found.tolist())
         struck = torch.tensor([float(len(hits))])
         dist.all_reduce(struck, op=dist.ReduceOp.SUM)
         told: list[Any] = [hits[0] if hits else None]
         if trial.model != CLEAN:  # what the struck rank did, for rank 0's line
             dist.broadcast_object_list(told, src=trial.rank)
-        return {**trial.to_dict(), "corrupted": not bool(same.item()),
-                "struck": int(struck.item()), "detected": first, "first_hit": told[0]}
+        return {**trial.to_dict(), "corrupted": corrupted,
+                "healed": corrupted and not ended_apart, "struck": int(struck.item()),
+                "detected": first, "first_hit": told[0]}
 
     def _arm(self, trial: Trial, hits: list[dict[str, Any]]) -> Any:
         """The trial's wrong products on this rank, from this step on."""

@@ -1,0 +1,69 @@
+"""The SDC trainee as a plain training script, for one chaos run per trial.
+
+`torchchaos detectors` runs many trials inside one job (`torchchaos.sdc.trials`). This
+script runs the same training, step for step (the same trainee, the same per-step
+seeds, the same detector watching after each backward), as an ordinary torchrun job, so
+that a trial can also be run the old way, as a whole chaos run with a `bitflip` fault:
+`bench/sdc_trials.py` runs a sample both ways and compares the verdicts and the cost.
+A detection is reported to torchchaos (`torchchaos.api.report_detection`); the job goes
+on, as the campaign's detectors do.
+
+    torchchaos run --nproc 2 --fault bitflip:rank=1,step=10,tensor=param \\
+        -- targets/sdc_trainee_run.py --warmup 8 --steps 8 --detector replica:every=2
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from torchchaos import api
+from torchchaos.sdc import detectors
+from torchchaos.sdc.trials import load_trainee, seed_step
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--detector", default="replica:every=2")
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    trainee = load_trainee(str(Path(__file__).with_name("sdc_trainee.py")),
+                           dist.get_rank(), dist.get_world_size())
+    detector = detectors.make(args.detector, trainee.guard)
+    for number in range(1, args.warmup + args.steps + 1):
+        seed_step(number)
+        trainee.optimizer.zero_grad(set_to_none=True)
+        batch = trainee.batch(number)
+        loss = trainee.loss(trainee.model, batch)
+        loss.backward()
+        view = detectors.StepView(number - args.warmup, float(loss.detach()), trainee.params,
+                                  lambda n=number, b=batch: _rerun(trainee, n, b))
+        fired = torch.tensor([float(detector.check(view))])
+        dist.all_reduce(fired, op=dist.ReduceOp.MAX)
+        if fired.item() and number > args.warmup:
+            api.report_detection("sdc", detector=args.detector, step=number)
+        trainee.optimizer.step()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _rerun(trainee, number, batch):  # noqa: ANN001, ANN202 - the campaign's, in a script
+    first = [p.grad for p in trainee.params]
+    for p in trainee.params:
+        p.grad = None
+    seed_step(number)
+    trainee.loss(trainee.model, batch).backward()
+    again = [p.grad.clone() for p in trainee.params]
+    for p, g in zip(trainee.params, first, strict=True):
+        p.grad = g
+    return again
+
+
+if __name__ == "__main__":
+    main()
