@@ -5,7 +5,8 @@ the trials' configuration into a folder of its own, starts one torchrun job
 (`torchchaos.sdc.trials`, its processes marked with the campaign's run id and on the
 harness's lifeline), says how far it got while it runs, reaps it on every exit path,
 and then scores what rank 0 wrote: the table, `detectors.json` (every cell, the false
-alarms, the costs, what was asked and what failed) and `detectors.svg`.
+alarms, the costs, what was asked and what failed), `detectors.svg` (by model) and
+`detectors-bits.svg` (by model and bit class).
 """
 
 from __future__ import annotations
@@ -190,6 +191,8 @@ def score_folder(campaign: Campaign) -> Outcome:
         "failures": failures}, indent=1))
     (out / "detectors.svg").write_text(score.plot_svg(
         table, f"detection probability by fault model, 95 % intervals ({len(results)} trials)"))
+    (out / "detectors-bits.svg").write_text(score.plot_svg(
+        by_class, "detection probability by fault model and bit class, 95 % intervals"))
     return Outcome(results, table, by_class, alarms, costs, failures, text)
 
 

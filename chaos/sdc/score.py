@@ -144,9 +144,13 @@ def table_text(table: list[Cell], alarms: dict[str, dict[str, float | int]],
 
 
 def plot_svg(table: list[Cell], title: str) -> str:
-    """Detection probability by model (rows) and detector (bars), with the intervals as
-    whiskers: a small SVG, no plotting library."""
-    models = list(dict.fromkeys(c.model for c in table))
+    """Detection probability by model (rows; by model and bit class for cells that have
+    one) and detector (bars), with the intervals as whiskers: a small SVG, no plotting
+    library."""
+    def row(c: Cell) -> str:
+        return f"{c.model} {c.bit_class}".strip()
+
+    models = list(dict.fromkeys(row(c) for c in table))
     detectors = list(dict.fromkeys(c.detector for c in table))
     bar, gap, left, top, width = 12, 10, 150, 40, 400
     height = top + len(models) * (len(detectors) * bar + gap) + 60
@@ -158,7 +162,7 @@ def plot_svg(table: list[Cell], title: str) -> str:
     for model in models:
         out.append(f'<text x="10" y="{y + len(detectors) * bar / 2 + 4}">{_escape(model)}</text>')
         for k, detector in enumerate(detectors):
-            cell = next((c for c in table if c.model == model and c.detector == detector), None)
+            cell = next((c for c in table if row(c) == model and c.detector == detector), None)
             if cell is not None:
                 colour = colours[k % len(colours)]
                 out.append(f'<rect x="{left}" y="{y}" width="{cell.probability * width:.1f}"'

@@ -55,6 +55,7 @@ def test_each_detector_sees_what_it_is_for_and_is_blind_where_it_must_be(tmp_pat
     assert cell(out, "element", "replica:every=2")["detected"] == 0
     assert cell(out, "element", "loss_spike")["detected"] <= 1
     assert (out / "detectors.svg").read_text().startswith("<svg")
+    assert (out / "detectors-bits.svg").read_text().count("<rect") > 10
     alarms = json.loads((out / "detectors.json").read_text())["false_alarms"]
     assert {a["alarms"] for a in alarms.values()} == {0}  # the clean trials: none
 
