@@ -28,10 +28,10 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "targets"))
 
-from tiny_lm import TinyLM  # noqa: E402
-
 from torchchaos.faults import bits  # noqa: E402
 from torchchaos.sdc.models import plan  # noqa: E402
+
+from tiny_lm import TinyLM  # noqa: E402
 
 WARMUP, STEPS, RANKS = 8, 8, 2
 
