@@ -2,7 +2,7 @@
 
 A sample of `param_flip` trials of the detector campaign (`torchchaos detectors`:
 trials inside one torchrun job, state restored in memory between them), and the same
-trials as whole chaos runs (`torchchaos run` of `targets/sdc_trainee_run.py`, the same
+trials as whole chaos runs (`torchchaos run` of `bench/targets/sdc_trainee_run.py`, the same
 training step for step, with a `bitflip` fault naming the same parameter, element and
 bit after the same step, and the same detector reporting through
 `torchchaos.api.report_detection`). For each trial the outcome both ways (masked,
@@ -66,7 +66,7 @@ def _outcome(result: dict, detector: str) -> str:
 def one_chaos_run(out: Path, spec: str, detector: str) -> str:
     subprocess.run([sys.executable, "-m", "torchchaos.cli", "run", "--quiet", "--nproc",
                     str(RANKS), "--out", str(out), "--cache-dir", str(out.parent / "cache"),
-                    "--fault", spec, "--", str(REPO / "targets" / "sdc_trainee_run.py"),
+                    "--fault", spec, "--", str(REPO / "bench" / "targets" / "sdc_trainee_run.py"),
                     "--warmup", str(WARMUP), "--steps", str(STEPS), "--detector", detector],
                    capture_output=True)
     report = json.loads((out / "report.json").read_text())

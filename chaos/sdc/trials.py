@@ -14,8 +14,9 @@ seeded by its number, so a clean trial repeats the reference bit for bit.
 Run by `torchchaos detectors` as `torchrun ... -m torchchaos.sdc.trials CONFIG`; rank 0
 writes one JSON line per trial to `trials.jsonl` and the costs to `costs.json`.
 
-A trainee is a Python file with a `build(rank, world) -> Trainee` function (the bundled
-one: `targets/sdc_trainee.py`).
+A trainee is a Python file with a `build(rank, world)` function that returns a `Trainee`,
+or the same parts by name in a dict or an object, so that it need not import torchchaos
+(the bundled one: `targets/sdc_trainee.py`).
 """
 
 from __future__ import annotations
@@ -63,7 +64,13 @@ def load_trainee(spec: str, rank: int, world: int) -> Trainee:
     assert module_spec is not None and module_spec.loader is not None
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
-    trainee = getattr(module, function or "build")(rank, world)
+    parts = getattr(module, function or "build")(rank, world)
+    if isinstance(parts, Trainee):
+        trainee = parts
+    else:  # a dict or an object: a trainee file need not import torchchaos
+        get = parts.get if isinstance(parts, dict) else lambda k, d=None: getattr(parts, k, d)
+        trainee = Trainee(model=get("model"), optimizer=get("optimizer"), batch=get("batch"),
+                          loss=get("loss"), guard=get("guard"), params=get("params") or [])
     if not trainee.params:
         trainee.params = [p for p in trainee.model.parameters() if p.requires_grad]
     return trainee

@@ -1,4 +1,7 @@
-"""The SDC trainee as a plain training script, for one chaos run per trial.
+"""The bundled SDC trainee as a plain training script, for one chaos run per trial.
+
+A bench script, not a target: it uses the campaign's own detectors and step seeding
+(`torchchaos.sdc`), so that both ways run the same code.
 
 `torchchaos detectors` runs many trials inside one job (`torchchaos.sdc.trials`). This
 script runs the same training, step for step (the same trainee, the same per-step
@@ -9,7 +12,7 @@ A detection is reported to torchchaos (`torchchaos.api.report_detection`); the j
 on, as the campaign's detectors do.
 
     torchchaos run --nproc 2 --fault bitflip:rank=1,step=10,tensor=param \\
-        -- targets/sdc_trainee_run.py --warmup 8 --steps 8 --detector replica:every=2
+        -- bench/targets/sdc_trainee_run.py --warmup 8 --steps 8 --detector replica:every=2
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ def main() -> None:
     args = p.parse_args()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
-    trainee = load_trainee(str(Path(__file__).with_name("sdc_trainee.py")),
-                           dist.get_rank(), dist.get_world_size())
+    bundled = Path(__file__).resolve().parents[2] / "targets" / "sdc_trainee.py"
+    trainee = load_trainee(str(bundled), dist.get_rank(), dist.get_world_size())
     detector = detectors.make(args.detector, trainee.guard)
     for number in range(1, args.warmup + args.steps + 1):
         seed_step(number)
