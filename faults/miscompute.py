@@ -222,12 +222,12 @@ def _mode_class() -> type:
             op = str(func.overloadpacket)
             if op in self.wanted:
                 first = out[0] if isinstance(out, tuple) else out
-                rng = _operand_rng(f"{self.fault.seed}-{self.device}-{op}", args)
-                if self._due(args, first, rng):
-                    self._corrupt(op, first, rng)
+                if self._counts(args, first):
+                    self._maybe_corrupt(op, args, first)
             return out
 
-        def _due(self, args: Any, out: Any, rng: random.Random) -> bool:
+        def _counts(self, args: Any, out: Any) -> bool:
+            """A call the defect can hit (counted for every=); cheap checks only."""
             import torch
 
             if self.corrupted >= int(self.fault.params.get("times", 0) or 1 << 62):  # type: ignore[call-overload]
@@ -241,9 +241,18 @@ def _mode_class() -> type:
                     args, int(self.fault.params["when_bit"])):  # type: ignore[call-overload]
                 return False
             self.calls += 1
-            if "rate" in self.fault.params:
-                return rng.random() * 100 < float(self.fault.params["rate"])  # type: ignore[arg-type]
-            return self.calls % int(self.fault.params.get("every", 1)) == 0  # type: ignore[call-overload]
+            return True
+
+        def _maybe_corrupt(self, op: str, args: Any, out: Any) -> None:
+            """every=: by the count, no operand read; rate=: drawn from the operands,
+            hashed only here (a sample copied to the host: not for every call)."""
+            rate = self.fault.params.get("rate")
+            if rate is None and self.calls % int(self.fault.params.get("every", 1)):  # type: ignore[call-overload]
+                return
+            rng = _operand_rng(f"{self.fault.seed}-{self.device}-{op}", args)
+            if rate is not None and rng.random() * 100 >= float(rate):  # type: ignore[arg-type]
+                return
+            self._corrupt(op, out, rng)
 
         def _corrupt(self, op: str, out: Any, rng: random.Random) -> None:
             with torch_no_dispatch():

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from torchchaos import api
 from torchchaos.sdc import detectors
-from torchchaos.sdc.trials import load_trainee, seed_step
+from torchchaos.sdc.trials import load_trainee, rerun_gradients, seed_step
 
 
 def main() -> None:
@@ -46,7 +46,7 @@ def main() -> None:
         loss = trainee.loss(trainee.model, batch)
         loss.backward()
         view = detectors.StepView(number - args.warmup, float(loss.detach()), trainee.params,
-                                  lambda n=number, b=batch: _rerun(trainee, n, b))
+                                  lambda n=number, b=batch: rerun_gradients(trainee, n, b))
         fired = torch.tensor([float(detector.check(view))])
         dist.all_reduce(fired, op=dist.ReduceOp.MAX)
         if fired.item() and number > args.warmup:
@@ -54,18 +54,6 @@ def main() -> None:
         trainee.optimizer.step()
     dist.barrier()
     dist.destroy_process_group()
-
-
-def _rerun(trainee, number, batch):  # noqa: ANN001, ANN202 - the campaign's, in a script
-    first = [p.grad for p in trainee.params]
-    for p in trainee.params:
-        p.grad = None
-    seed_step(number)
-    trainee.loss(trainee.model, batch).backward()
-    again = [p.grad.clone() for p in trainee.params]
-    for p, g in zip(trainee.params, first, strict=True):
-        p.grad = g
-    return again
 
 
 if __name__ == "__main__":

@@ -246,12 +246,12 @@ class Agent:
         api._record = self._detection
         api._committed = self._committed
         self.history.record("boot", node=self.node, local_rank=self.local_rank)
-        self._carry_defects()
+        self._carry_lasting()
         self._dump_stacks_on_request()
         self.heartbeat.start()
         self._arm_timers()
 
-    def _carry_defects(self) -> None:
+    def _carry_lasting(self) -> None:
         """Faults whose effect lasts (a device a persistent miscompute made defective)
         are offered to every process that starts: each kind says whether its effect
         lasts here (`FaultKind.carry`). One stat where there is none."""

@@ -83,6 +83,20 @@ def seed_step(step: int) -> None:
     random.seed(step)
 
 
+def rerun_gradients(t: Trainee, number: int, batch: Any) -> list[torch.Tensor]:
+    """Step `number`'s gradients computed again on the same batch (the `rerun`
+    detector's second look), the first ones put back."""
+    first = [p.grad for p in t.params]
+    for p in t.params:
+        p.grad = None
+    seed_step(number)
+    t.loss(t.model, batch).backward()
+    again = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in t.params]
+    for p, g in zip(t.params, first, strict=True):
+        p.grad = g
+    return again
+
+
 class Loop:
     """One rank's trials (see the module's docstring)."""
 
@@ -112,7 +126,7 @@ class Loop:
         if watched:
             self.step_seconds += time.perf_counter() - started
         view = detector_kinds.StepView(number - self.warmup, float(loss.detach()), t.params,
-                                       lambda: self._rerun(number, batch))
+                                       lambda: rerun_gradients(t, number, batch))
         flags = []
         for k, detector in enumerate(detectors):
             began = time.perf_counter()
@@ -124,19 +138,6 @@ class Loop:
         t.optimizer.step()
         self.checked_steps += int(watched)
         return [bool(x) for x in found.tolist()][:len(detectors)]
-
-    def _rerun(self, number: int, batch: Any) -> list[torch.Tensor]:
-        """The step's gradients computed again, the first ones put back."""
-        t = self.trainee
-        first = [p.grad for p in t.params]
-        for p in t.params:
-            p.grad = None
-        seed_step(number)
-        t.loss(t.model, batch).backward()
-        again = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in t.params]
-        for p, g in zip(t.params, first, strict=True):
-            p.grad = g
-        return again
 
     # -- the campaign ------------------------------------------------------------
     def run(self, out: Path) -> None:
@@ -248,19 +249,17 @@ class Loop:
         throwaway copy of the state."""
         state = copy.deepcopy(self.trainee.model.state_dict())
         optim = copy.deepcopy(self.trainee.optimizer.state_dict())
-        counted: list[dict[str, Any]] = []
         fault = ResolvedFault("count", "miscompute", "rank", self.rank, Trigger(step=1),
-                              {"every": 1 << 40}, "count", 0)
+                              {"every": 1 << 40}, "count", 0)  # counts, never strikes
         mode = miscompute.arm(fault, FireContext(self.rank, 0, 0, lambda *a, **k: None,
                                                  training=_AtStep(0)), "count")
         try:
             self.step(number, False, [])
-            counted.append({"calls": mode.calls})
         finally:
             mode.__exit__(None, None, None)
         self.trainee.model.load_state_dict(state)
         self.trainee.optimizer.load_state_dict(optim)
-        return int(counted[0]["calls"])
+        return int(mode.calls)
 
     def _write_costs(self, out: Path, trials: int, seconds: float) -> None:
         if self.rank != 0:
