@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from torchchaos import api
 from torchchaos.sdc import detectors
-from torchchaos.sdc.trials import load_trainee, rerun_gradients, seed_step
+from torchchaos.sdc.trials import load_trainee, rerun_step, seed_step
+from torchchaos.sdc.view import StepView
 
 
 def main() -> None:
@@ -45,9 +46,9 @@ def main() -> None:
         batch = trainee.batch(number)
         loss = trainee.loss(trainee.model, batch)
         loss.backward()
-        view = detectors.StepView(number - args.warmup, float(loss.detach()), trainee.params,
-                                  lambda n=number, b=batch: rerun_gradients(trainee, n, b))
-        fired = torch.tensor([float(detector.check(view))])
+        seen = StepView(number - args.warmup, float(loss.detach()), trainee.params,
+                        lambda n=number, b=batch: rerun_step(trainee, n, b))
+        fired = torch.tensor([float(detector.check(seen))])
         dist.all_reduce(fired, op=dist.ReduceOp.MAX)
         if fired.item() and number > args.warmup:
             api.report_detection("sdc", detector=args.detector, step=number)

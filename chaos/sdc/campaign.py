@@ -65,6 +65,9 @@ class Campaign:
                 detector_kinds.parse(spec)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
+            missing = detector_kinds.missing_package(spec)
+            if missing:
+                raise UsageError(missing)
         labels = set(self.detectors)
         for key, low in self.required.items():
             detector, _, model = key.partition("/")
@@ -197,6 +200,4 @@ def score_folder(campaign: Campaign) -> Outcome:
 
 
 def _action(spec: str) -> str:
-    name, _ = detector_kinds.parse(spec)
-    kind = detector_kinds.BUILTIN.get(name, detector_kinds.TargetGuard)
-    return kind.action
+    return detector_kinds.action_of(detector_kinds.parse(spec)[0])

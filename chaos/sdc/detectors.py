@@ -15,6 +15,8 @@ are what teams put in their loops today:
   A defective device computes the same wrong result twice: they agree, and it cannot
   tell (Megatron's rerun state machine reruns on *another* GPU for that reason).
 
+`megatron_rerun` is that state machine itself, from megatron-core (`megatron.py`).
+
 `check` is called by every rank at every step (some detectors run a collective); it
 returns this rank's finding, and the trial loop combines the ranks' findings. `action`
 is what a job does when the detector fires, for the campaign's table.
@@ -22,37 +24,16 @@ is what a job does when the detector fires, for the campaign's table.
 
 from __future__ import annotations
 
-import hashlib
+import importlib.util
 import math
 import statistics
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-
-@dataclass
-class StepView:
-    """One step as a detector sees it, after backward and before the optimizer step."""
-
-    step: int
-    loss: float  # this rank's
-    params: list[torch.Tensor]
-    rerun: Callable[[], list[torch.Tensor]]  # the step's gradients computed again
-
-
-class Detector:
-    name = "detector"
-    action = "roll back"  # what a job does when it fires
-
-    def check(self, view: StepView) -> bool:
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        return self.name
+from torchchaos.sdc.view import Detector, StepView, same_bits, weights_hash
 
 
 class LossSpike(Detector):
@@ -100,14 +81,6 @@ class GradNormZ(Detector):
         return f"grad_z:z={self.z:g}"
 
 
-def weights_hash(params: list[torch.Tensor]) -> int:
-    """A 63-bit hash of the parameters' exact bytes."""
-    h = hashlib.blake2b(digest_size=8)
-    for p in params:
-        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return int.from_bytes(h.digest(), "little") >> 1
-
-
 class ReplicaChecksum(Detector):
     name = "replica"
     action = "exclude a rank"  # the odd replica is known
@@ -132,14 +105,8 @@ class RerunStep(Detector):
 
     def check(self, view: StepView) -> bool:
         first = [p.grad.clone() for p in view.params if p.grad is not None]
-        again = view.rerun()
+        _, again = view.rerun()
         return any(not same_bits(a, b) for a, b in zip(first, again, strict=True))
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit for bit (a NaN equals the same NaN: `torch.equal` would call them different)."""
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
-        a.detach().contiguous().view(torch.uint8), b.detach().contiguous().view(torch.uint8))
 
 
 class TargetGuard(Detector):
@@ -160,7 +127,8 @@ BUILTIN: dict[str, type[Detector]] = {
     "rerun": RerunStep,
 }
 PARAMS = {"loss_spike": {"factor": float, "window": int}, "grad_z": {"z": float, "window": int},
-          "replica": {"every": int}, "rerun": {}, "target_guard": {}}
+          "replica": {"every": int}, "rerun": {}, "target_guard": {},
+          "megatron_rerun": {"spiky": float, "samples": int}}
 
 
 def parse(spec: str) -> tuple[str, dict[str, Any]]:
@@ -183,10 +151,38 @@ def parse(spec: str) -> tuple[str, dict[str, Any]]:
     return name, params
 
 
+# Detectors that live in a package of their own: the package, and how to install it.
+PACKAGES = {"megatron_rerun": ("megatron.core", "megatron-core")}
+
+
+def missing_package(spec: str) -> str | None:
+    """Why a detector cannot be made here (its package is not installed), or None."""
+    name = parse(spec)[0]
+    if name not in PACKAGES:
+        return None
+    module, package = PACKAGES[name]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        found = False
+    return None if found else (f"detector {name} needs {package}, which is not installed"
+                               f" (pip install {package})")
+
+
+def action_of(name: str) -> str:
+    """What a job does when this detector fires, as the table shows it."""
+    if name == "megatron_rerun":
+        return "Megatron decides per trial"
+    return BUILTIN.get(name, TargetGuard).action
+
+
 def make(spec: str, target_guard: Any = None) -> Detector:
     name, params = parse(spec)
     if name == "target_guard":
         if target_guard is None:
             raise ValueError("detector target_guard: the trainee brings no guard of its own")
         return TargetGuard(target_guard)
+    if name == "megatron_rerun":  # megatron-core is imported only when asked for
+        from torchchaos.sdc import megatron
+        return megatron.MegatronRerun(**params)
     return BUILTIN[name](**params)

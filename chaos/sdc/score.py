@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 Z95 = 1.959964
@@ -45,6 +46,8 @@ class Cell:
     latency_median: float | None
     latency_worst: int | None
     within_bound: bool | None  # None: no bound asked, or nothing detected
+    # what the job did next, by how often, where the detector decides it per trial
+    decisions: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,11 +70,14 @@ def cells(results: list[dict[str, Any]], detectors: list[str], bound: int | None
             missed = len(latencies) < len(corrupted)
             within = None if bound is None or not corrupted else (
                 not missed and worst is not None and worst <= bound)
+            decisions = Counter(r.get("decided", {}).get(detector) for r in corrupted
+                                if r["detected"].get(detector) is not None)
+            decisions.pop(None, None)
             found.append(Cell(model, detector, bit_class, len(mine), len(corrupted),
                               len(latencies), len(latencies) / len(corrupted) if corrupted
                               else 0.0, low, high,
                               statistics.median(latencies) if latencies else None, worst,
-                              within))
+                              within, dict(decisions.most_common())))
     return found
 
 
@@ -118,10 +124,19 @@ def _pct(x: float) -> str:
     return f"{100 * x:5.1f}"
 
 
+def _then(cell: Cell, actions: dict[str, str]) -> str:
+    """What the job did next: the detector's decisions with their counts where it
+    decides per trial, else the action declared for it."""
+    if cell.decisions:
+        return ", ".join(f"{what} {count}" for what, count in cell.decisions.items())
+    return actions.get(cell.detector, "")
+
+
 def table_text(table: list[Cell], alarms: dict[str, dict[str, float | int]],
                costs: dict[str, Any], actions: dict[str, str]) -> str:
     """The campaign's table as the terminal shows it."""
-    lines = [f"{'model':<11} {'detector':<18} {'detected':>9} {'P %':>6} {'95 % interval':>15}"
+    w = max([18, *(len(c.detector) for c in table), *(len(d) for d in alarms)])
+    lines = [f"{'model':<11} {'detector':<{w}} {'detected':>9} {'P %':>6} {'95 % interval':>15}"
              f" {'latency':>8} {'worst':>5} {'masked':>6}  then"]
     for cell in table:
         interval = f"[{_pct(cell.low)}, {_pct(cell.high)}]"
@@ -129,16 +144,15 @@ def table_text(table: list[Cell], alarms: dict[str, dict[str, float | int]],
         worst = "-" if cell.latency_worst is None else str(cell.latency_worst)
         bound = "" if cell.within_bound is None else (" in bound" if cell.within_bound
                                                       else " OUT of bound")
-        lines.append(f"{cell.model:<11} {cell.detector:<18} {cell.detected:>4}/{cell.corrupted:<4}"
+        lines.append(f"{cell.model:<11} {cell.detector:<{w}} {cell.detected:>4}/{cell.corrupted:<4}"
                      f" {_pct(cell.probability):>6} {interval:>15} {latency:>8} {worst:>5}"
-                     f" {cell.trials - cell.corrupted:>6}  {actions.get(cell.detector, '')}"
-                     f"{bound}")
+                     f" {cell.trials - cell.corrupted:>6}  {_then(cell, actions)}{bound}")
     lines.append("")
-    lines.append(f"{'detector':<18} {'false alarms':>12} {'95 % interval':>15} {'ms/step':>8}")
+    lines.append(f"{'detector':<{w}} {'false alarms':>12} {'95 % interval':>15} {'ms/step':>8}")
     for detector, seen in alarms.items():
         interval = f"[{_pct(float(seen['low']))}, {_pct(float(seen['high']))}]"
         cost = costs.get("check_ms", {}).get(detector)
-        lines.append(f"{detector:<18} {seen['alarms']:>5}/{seen['clean']:<6} {interval:>15}"
+        lines.append(f"{detector:<{w}} {seen['alarms']:>5}/{seen['clean']:<6} {interval:>15}"
                      f" {'-' if cost is None else f'{cost:.3f}':>8}")
     return "\n".join(lines)
 

@@ -41,6 +41,7 @@ from torchchaos.faults import bits, miscompute
 from torchchaos.faults.contract import FireContext, ResolvedFault, Trigger
 from torchchaos.sdc import detectors as detector_kinds
 from torchchaos.sdc.models import CLEAN, MODELS, Trial, plan
+from torchchaos.sdc.view import StepView, weights_hash
 
 
 @dataclass
@@ -83,18 +84,20 @@ def seed_step(step: int) -> None:
     random.seed(step)
 
 
-def rerun_gradients(t: Trainee, number: int, batch: Any) -> list[torch.Tensor]:
-    """Step `number`'s gradients computed again on the same batch (the `rerun`
-    detector's second look), the first ones put back."""
+def rerun_step(t: Trainee, number: int, batch: Any) -> tuple[float, list[torch.Tensor]]:
+    """Step `number`'s loss and gradients computed again on the same batch (the second
+    look of the `rerun` detectors), the first gradients put back: a detector watches,
+    the step goes on with what it computed first."""
     first = [p.grad for p in t.params]
     for p in t.params:
         p.grad = None
     seed_step(number)
-    t.loss(t.model, batch).backward()
+    loss = t.loss(t.model, batch)
+    loss.backward()
     again = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in t.params]
     for p, g in zip(t.params, first, strict=True):
         p.grad = g
-    return again
+    return float(loss.detach()), again
 
 
 class Loop:
@@ -111,6 +114,7 @@ class Loop:
         self.checked_steps = 0
         self.step_seconds = 0.0
         self.products = 0  # matrix products per step, counted once
+        self.decisions: list[str | None] = []  # the detectors' at the last step
 
     # -- one step ----------------------------------------------------------------
     def step(self, number: int, watched: bool, detectors: list[Any]) -> list[bool]:
@@ -125,14 +129,15 @@ class Loop:
         loss.backward()
         if watched:
             self.step_seconds += time.perf_counter() - started
-        view = detector_kinds.StepView(number - self.warmup, float(loss.detach()), t.params,
-                                       lambda: rerun_gradients(t, number, batch))
+        view = StepView(number - self.warmup, float(loss.detach()), t.params,
+                                       lambda: rerun_step(t, number, batch))
         flags = []
         for k, detector in enumerate(detectors):
             began = time.perf_counter()
             flags.append(detector.check(view))
             if watched:
                 self.check_seconds[k] += time.perf_counter() - began
+        self.decisions = [getattr(d, "decision", None) for d in detectors]
         found = torch.tensor([float(f) for f in flags] or [0.0])
         dist.all_reduce(found, op=dist.ReduceOp.MAX)
         t.optimizer.step()
@@ -158,7 +163,7 @@ class Loop:
         reference = []  # this rank's weights after each step, as hashes
         for number in self._numbers():
             self.step(number, True, detectors)
-            reference.append(detector_kinds.weights_hash(self.trainee.params))
+            reference.append(weights_hash(self.trainee.params))
         trials = plan(self.config["models"], int(self.config["trials"]),
                       int(self.config["clean"]), self.steps, self.world,
                       int(self.config["seed"]))
@@ -181,6 +186,7 @@ class Loop:
         reference's after the same step, on any rank (as the chaos runs' judge counts a
         divergence, also one that rounding heals by the end: `healed`)."""
         first: dict[str, int | None] = dict.fromkeys(self.labels)
+        decided: dict[str, str | None] = dict.fromkeys(self.labels)  # what the job did next
         hits: list[dict[str, Any]] = []
         mode = None
         diverged = 0
@@ -196,15 +202,15 @@ class Loop:
             if trial.model != CLEAN and local == trial.step and trial.rank == self.rank \
                     and not MODELS[trial.model].compute:
                 hits.append(self._flip_weight(trial))
-            for label, seen in zip(self.labels, fired, strict=True):
+            for label, seen, decision in zip(self.labels, fired, self.decisions, strict=True):
                 if seen and first[label] is None:
-                    first[label] = local
-            if not diverged and detector_kinds.weights_hash(self.trainee.params) \
+                    first[label], decided[label] = local, decision
+            if not diverged and weights_hash(self.trainee.params) \
                     != reference[local - 1]:
                 diverged = local
         if mode is not None:
             mode.__exit__(None, None, None)
-        ended_equal = detector_kinds.weights_hash(self.trainee.params) == reference[-1]
+        ended_equal = weights_hash(self.trainee.params) == reference[-1]
         found = torch.tensor([float(bool(diverged)), float(not ended_equal)])
         dist.all_reduce(found, op=dist.ReduceOp.MAX)
         corrupted, ended_apart = (bool(x) for x in found.tolist())
@@ -215,7 +221,7 @@ class Loop:
             dist.broadcast_object_list(told, src=trial.rank)
         return {**trial.to_dict(), "corrupted": corrupted,
                 "healed": corrupted and not ended_apart, "struck": int(struck.item()),
-                "detected": first, "first_hit": told[0]}
+                "detected": first, "decided": decided, "first_hit": told[0]}
 
     def _arm(self, trial: Trial, hits: list[dict[str, Any]]) -> Any:
         """The trial's wrong products on this rank, from this step on."""

@@ -120,3 +120,27 @@ def _under(pid: int, out: Path) -> bool:
         return os.readlink(f"/proc/{pid}/cwd").startswith(str(out))
     except OSError:
         return False
+
+
+def test_megatrons_rerun_state_machine_tells_a_transient_fault_from_a_reproducible_one(
+        tmp_path):
+    """Megatron-Core's own RerunStateMachine, scored: a NaN that does not come back is
+    called transient (the job stops); a defective unit's wrong result comes back the
+    same, so Megatron cannot judge it on that device and resumes elsewhere, where the
+    plain `rerun` check sees nothing at all."""
+    out = tmp_path / "d"
+    done = detectors(out, "--trials", "10", "--clean", "4", "--model", "nan",
+                     "--model", "persistent", "--detector", "megatron_rerun",
+                     "--detector", "rerun")
+    assert done.returncode == 0, done.stderr
+    nan = cell(out, "nan", "megatron_rerun")
+    assert nan["corrupted"] >= 8 and nan["detected"] == nan["corrupted"], nan
+    assert nan["decisions"] == {"stop: not reproducible (transient)": nan["detected"]}
+    persistent = cell(out, "persistent", "megatron_rerun")
+    assert persistent["detected"] >= 1, persistent  # the wrong products large enough
+    assert persistent["decisions"] == {
+        "checkpoint, resume on another GPU": persistent["detected"]}
+    assert cell(out, "persistent", "rerun")["detected"] == 0
+    alarms = json.loads((out / "detectors.json").read_text())["false_alarms"]
+    assert alarms["megatron_rerun"]["alarms"] == 0
+    assert "stop: not reproducible (transient)" in done.stdout

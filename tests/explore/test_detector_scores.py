@@ -72,3 +72,30 @@ def test_the_plot_has_a_bar_and_a_whisker_per_cell():
 def test_a_bad_detector_spec_says_why(spec, words):
     with pytest.raises(ValueError, match=words):
         detectors.parse(spec)
+
+
+def test_a_detector_whose_package_is_missing_is_named_with_how_to_install_it(monkeypatch):
+    assert detectors.missing_package("megatron_rerun") is None  # installed by [test]
+    monkeypatch.setitem(detectors.PACKAGES, "megatron_rerun",
+                        ("megatron_is_not_here.core", "megatron-core"))
+    said = detectors.missing_package("megatron_rerun:spiky=5")
+    assert said == ("detector megatron_rerun needs megatron-core, which is not installed"
+                    " (pip install megatron-core)")
+    assert detectors.missing_package("rerun") is None
+
+
+def test_decisions_a_detector_makes_per_trial_are_counted_in_its_cell():
+    results = [
+        {"model": "m", "bit_class": "", "step": 1, "corrupted": True,
+         "detected": {"d": 1}, "decided": {"d": "stop"}},
+        {"model": "m", "bit_class": "", "step": 1, "corrupted": True,
+         "detected": {"d": 2}, "decided": {"d": "go on"}},
+        {"model": "m", "bit_class": "", "step": 1, "corrupted": True,
+         "detected": {"d": 1}, "decided": {"d": "stop"}},
+        {"model": "m", "bit_class": "", "step": 1, "corrupted": True,
+         "detected": {"d": None}, "decided": {"d": None}},
+    ]
+    (found,) = score.cells(results, ["d"], bound=None)
+    assert found.decisions == {"stop": 2, "go on": 1}
+    text = score.table_text([found], {}, {}, {"d": "declared"})
+    assert "stop 2, go on 1" in text and "declared" not in text
