@@ -3,6 +3,7 @@
 What a user imports lives here; everything else is the engine (ARCHITECTURE.md
 draws the packages). The names are loaded on first use: the agent imports this
 package inside every training rank, and a rank must not pay for the harness.
+Type checkers read the names' types from `__init__.pyi` beside this file.
 
     from torchchaos import Scenario, run_scenario
     report = run_scenario(Scenario.build("train.py", faults=["kill:rank=1,step=12"]),
@@ -13,7 +14,7 @@ package inside every training rank, and a rank must not pay for the harness.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 # name -> the module that defines it
 _PUBLIC = {
@@ -46,17 +47,6 @@ __all__ = [
     "report_detection",
     "run_scenario",
 ]
-
-if TYPE_CHECKING:
-    from torchchaos.api import report_checkpoint_committed, report_detection
-    from torchchaos.engine import run_scenario
-    from torchchaos.errors import CannotJudge, ChaosError, UsageError
-    from torchchaos.explore.stateful import chaos_machine
-    from torchchaos.faults.contract import FaultKind, HarnessKind
-    from torchchaos.report.model import Report
-    from torchchaos.scenario.files import load as load_scenario_file
-    from torchchaos.scenario.model import Scenario
-
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":  # kept in torchchaos.version, the lowest floor's

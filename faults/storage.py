@@ -64,6 +64,13 @@ if TYPE_CHECKING:
     from torchchaos.faults.shape import JobShape
 
 MODES = ("lose_unsynced", "torn", "enospc", "eio", "slow", "bitrot")
+DEFAULT_DIR = "ckpt"  # where a storage fault acts when it names no dir=
+
+
+def dir_pairs(folder: str) -> tuple[tuple[str, str], ...]:
+    """`dir=FOLDER` for a spec, nothing for the default: the specs of jobs writing
+    there read as they always did."""
+    return () if folder == DEFAULT_DIR else (("dir", folder),)
 SOCKETS_ENV = "TORCHCHAOS_FAULTFS"  # JSON: checkpoint dir -> daemon socket path
 
 
@@ -124,7 +131,7 @@ class Storage(FaultKind):
 
     def check_together(self, faults: list[dict[str, object]]) -> None:
         """Raise UsageError if the mounts of these faults (their params) would nest."""
-        dirs = sorted({Path(str(p.get("dir", "ckpt"))) for p in faults
+        dirs = sorted({Path(str(p.get("dir", DEFAULT_DIR))) for p in faults
                        if p.get("via", "fuse") == "fuse"}, key=lambda d: len(d.parts))
         for number, outer in enumerate(dirs):
             for inner in dirs[number + 1:]:
@@ -133,7 +140,7 @@ class Storage(FaultKind):
                                      " combined: one folder is inside the other")
 
     def setup_job(self, faults: list[ResolvedFault], ctx: JobContext) -> JobResource:
-        dirs = dict.fromkeys(str(f.params.get("dir", "ckpt")) for f in faults
+        dirs = dict.fromkeys(str(f.params.get("dir", DEFAULT_DIR)) for f in faults
                              if f.params.get("via", "fuse") == "fuse")
         return _mount_all(list(dirs), ctx, record=False)
 
@@ -186,7 +193,7 @@ class Storage(FaultKind):
             return
         from torchchaos.faults.faultfs.client import request
 
-        socket_path = json.loads(os.environ[SOCKETS_ENV])[str(params.get("dir", "ckpt"))]
+        socket_path = json.loads(os.environ[SOCKETS_ENV])[str(params.get("dir", DEFAULT_DIR))]
         if mode == "lose_unsynced":
             command = {"cmd": "crash", "lose_unsynced": True}
         elif mode == "bitrot":

@@ -51,7 +51,8 @@ def test_the_wheel_installs_one_top_level_package_and_every_source_file(wheel: P
     # (a new subpackage left out of pyproject.toml's list would be missing here)
     wanted = {f"{installed}/{path.relative_to(REPO / folder).as_posix()}"
               for folder, installed in SOURCE_PACKAGES.items()
-              for path in (REPO / folder).rglob("*") if path.suffix in {".py", ".yaml", ".json"}
+              for path in (REPO / folder).rglob("*")
+              if path.suffix in {".py", ".pyi", ".yaml", ".json"}
               and "__pycache__" not in path.parts}
     assert sorted(wanted - set(names)) == []
 

@@ -157,7 +157,7 @@ def _finish_sweep(command: str, entries: list[Entry], numbers: list[int], out: P
     sweep.write_index(entries, out, sweep.TITLES[command], numbers, digits)
     if junitxml is not None:
         junit.write(junitxml, sweep.TITLES[command], [
-            (f"{n:0{digits}d}", entries[n - 1].name, entries[n - 1].fault,
+            (f"{n:0{digits}d}", entries[n - 1].name, str(entries[n - 1].fault),
              entries[n - 1].report, entries[n - 1].error) for n in numbers])
     if command != "campaign":
         return _print_battery(chosen if rows is None else rows, out, summary)

@@ -32,10 +32,12 @@ from torchchaos.explore.crash import shapes
 from torchchaos.explore.keywords import PLACE
 from torchchaos.explore.sweep import Entry
 from torchchaos.faults.registry import get_kind
+from torchchaos.faults.storage import dir_pairs
 from torchchaos.harness.reference import get_reference
 from torchchaos.progress import Progress
 from torchchaos.rundir.history import Event, History
 from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.spec import Spec
 
 BUNDLED_TARGET = env.package_dir("torchchaos.targets") / "ddp_lm.py"
 BUNDLED_ARGS = ["--steps", "20", "--ckpt-every", "5"]
@@ -73,27 +75,28 @@ IN_SAVE = (("write", "mid-write"), ("rename", "right after a rename"))
 
 
 def _kill(rank: int | str, step: int | str) -> Entry:
-    return Entry(f"kill rank {rank} at step {step}", f"kill:rank={rank},step={step}")
+    return Entry(f"kill rank {rank} at step {step}", Spec.make("kill", rank=rank, step=step))
 
 
 def _node_kill(step: int | str) -> Entry:
-    return Entry(f"kill node 0 at step {step}", f"kill:node=0,step={step}")
+    return Entry(f"kill node 0 at step {step}", Spec.make("kill", node=0, step=step))
 
 
 def _in_save_kill(writer: int | str, what: str, index: int | str) -> Entry:
     return Entry(f"kill rank {writer} {what} in its 2nd save",
-                 f"kill:rank={writer},phase=checkpoint_save,save=2,event={index}")
+                 Spec.make("kill", rank=writer, phase="checkpoint_save", save=2, event=index))
 
 
 def _in_save_stopped(writer: int | str, index: int | str) -> Entry:
     return Entry(f"stop rank {writer} mid-write in its 2nd save (SIGSTOP)",
-                 f"hang:rank={writer},phase=checkpoint_save,save=2,event={index},mode=stop")
+                 Spec.make("hang", rank=writer, phase="checkpoint_save", save=2, event=index,
+                         mode="stop"))
 
 
 def _delete_kill(rank: int | str, save: int | str, index: int | str) -> Entry:
     return Entry(f"kill rank {rank} right after a delete in its {_nth(save)} save (the first"
                  " that deletes)",
-                 f"kill:rank={rank},phase=checkpoint_save,save={save},event={index}")
+                 Spec.make("kill", rank=rank, phase="checkpoint_save", save=save, event=index))
 
 
 def _nth(number: int | str) -> str:
@@ -105,25 +108,26 @@ def _nth(number: int | str) -> str:
 
 def _torn(writer: int | str, index: int | str) -> Entry:
     return Entry(f"tear rank {writer}'s last write in its 2nd save",
-                 f"storage:mode=torn,via=agent,rank={writer},phase=checkpoint_save,save=2,"
-                 f"event={index}")
+                 Spec.make("storage", mode="torn", via="agent", rank=writer,
+                         phase="checkpoint_save", save=2, event=index))
 
 
 def _power_loss_at_rename(writer: int | str, index: int | str, folder: str) -> Entry:
     return Entry(f"power loss on rank {writer} after a rename in its 2nd save",
-                 f"storage:mode=lose_unsynced,rank={writer},phase=checkpoint_save,"
-                 f"save=2,event={index}{dir_param(folder)}")
+                 Spec.make("storage", mode="lose_unsynced", rank=writer,
+                         phase="checkpoint_save", save=2, event=index).plus(dir_pairs(folder)))
 
 
 def _power_loss_after(writer: int | str, step: int | str, folder: str) -> Entry:
     return Entry(f"power loss at step {step}, after rank {writer}'s 2nd save (which"
                  " renames nothing) ended",
-                 f"storage:mode=lose_unsynced,rank={writer},step={step}{dir_param(folder)}")
+                 Spec.make("storage", mode="lose_unsynced", rank=writer, step=step)
+                 .plus(dir_pairs(folder)))
 
 
 def _preempt(step: int | str) -> Entry:
     return Entry(f"preempt rank 0 (SIGTERM) at step {step}",
-                 f"kill:rank=0,step={step},signal=SIGTERM,grace=30")
+                 Spec.make("kill", rank=0, step=step, signal="SIGTERM", grace=30))
 
 
 def outline(base: Scenario, progress: Progress) -> list[tuple[Entry, str]]:
@@ -165,12 +169,6 @@ def cached_history(base: Scenario, cache_dir: Path, progress: Progress) -> Histo
     if meta is None or meta["runs"] < base.reference_runs:
         return None
     return History.of_run(entry / "run-0")
-
-
-def dir_param(folder: str) -> str:
-    """`,dir=X` for a storage spec on the fault filesystem; nothing for the default,
-    `ckpt`, so that the specs of jobs writing there read as they always did."""
-    return "" if folder == "ckpt" else f",dir={folder}"
 
 
 def _save_events(history: History, writer: int, save: int) -> list[Event]:

@@ -21,6 +21,7 @@ from torchchaos.harness.reference import get_reference
 from torchchaos.judge.sdc import CATEGORIES
 from torchchaos.progress import Progress
 from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.spec import Spec
 
 # The in-memory tensors a campaign flips (the bit flip kind's others: the loss, a file).
 TENSORS = ("param", "grad", "optim", "activation")
@@ -45,7 +46,7 @@ def plan(base: Scenario, cache_dir: Path, progress: Progress, runs: int, seed: i
         tensor, bit = rng.choice(tensors), rng.choice(bit_classes)
         rank, step = rng.randrange(base.world_size), rng.randint(1, final - 1)
         entries.append(Entry(f"{tensor} {bit} rank {rank} step {step}",
-                             f"bitflip:rank={rank},step={step},tensor={tensor},bit={bit}",
+                             Spec.make("bitflip", rank=rank, step=step, tensor=tensor, bit=bit),
                              seed=rng.randrange(2**31)))
     return entries
 
@@ -123,7 +124,7 @@ def write(entries: list[Entry], out_dir: Path, numbers: list[int] | None = None)
     if numbers is not None:
         entries = [entries[n - 1] for n in numbers]
     path = out_dir / "campaign.json"
-    runs = [{"name": e.name, "fault": e.fault, "seed": e.seed, "outcome": outcome(e),
+    runs = [{"name": e.name, "fault": str(e.fault), "seed": e.seed, "outcome": outcome(e),
              "details": e.report.checks.get("sdc_detected") if e.report else None}
             for e in entries]
     path.write_text(json.dumps({"runs": runs, "by_bit_class": counts(entries, 1),

@@ -22,7 +22,7 @@ from torchchaos.harness.reference import Unjudgeable, get_reference
 from torchchaos.progress import Progress
 from torchchaos.rundir.history import History
 from torchchaos.scenario.model import Scenario
-from torchchaos.scenario.spec import parse_fault_spec
+from torchchaos.scenario.spec import Spec
 
 MARKS = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "----"}
 
@@ -131,8 +131,8 @@ def _resumes(base: Scenario, history: History, cache_dir: Path, out_dir: Path,
     final = history.final_step()
     step = min(saves[0] + max((saves[1] - saves[0]) // 2 if len(saves) > 1 else 1, 1),
                max(final - 1, 1))
-    fault = f"kill:rank=0,step={step}"
-    scenario = dataclasses.replace(base, faults=[parse_fault_spec(fault)])
+    fault = Spec.make("kill", rank=0, step=step)
+    scenario = dataclasses.replace(base, faults=[fault.parse()])
     progress(f"doctor: does it resume? {fault}")
     report = run_scenario(scenario, out_dir / "resume", cache_dir, progress)
     failed = [(name, report.checks[name]["detail"]) for name in report.failing()]

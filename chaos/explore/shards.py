@@ -35,7 +35,7 @@ import json
 import os
 import shutil
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchchaos.engine import check_out_dir
@@ -109,7 +109,7 @@ def write_manifest(out_dir: Path, command: str, title: str, shard: Shard,
                     "report": entries[n - 1].report is not None}
            for n in shard.numbers(len(entries))}
     manifest = {"command": command, "title": title, "shard": [shard.index, shard.count],
-                "plan": [{k: asdict(e)[k] for k in PLAN_FIELDS} for e in entries],
+                "plan": [e.plan_row() for e in entries],
                 "runs": ran, "extra": extra or {}, "details": details or {},
                 "out": str(out_dir.resolve())}  # where the reports say they are
     path = out_dir / MANIFEST
@@ -186,7 +186,7 @@ def _merge_runs(manifests: list[tuple[Path, dict]], staging: Path,
                 out_dir: Path) -> list[Entry]:
     """Every shard's run folders into `staging`, their reports naming `out_dir`."""
     first = manifests[0][1]
-    entries = [Entry(**{k: p[k] for k in PLAN_FIELDS}) for p in first["plan"]]
+    entries = [Entry.from_plan_row(p) for p in first["plan"]]
     digits = folder_digits(first["command"])
     for directory, manifest in manifests:
         if first["command"] == CRASH_STATES:  # what crash states' reports name besides

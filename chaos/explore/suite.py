@@ -23,12 +23,13 @@ from torchchaos.explore import battery, campaign
 from torchchaos.explore.crash import points as crashpoints
 from torchchaos.explore.sweep import Entry
 from torchchaos.faults.registry import get_kind
+from torchchaos.faults.storage import dir_pairs
 from torchchaos.harness.reference import get_reference
 from torchchaos.host import netns
 from torchchaos.progress import Progress
 from torchchaos.rundir.history import Event, History
 from torchchaos.scenario.model import Scenario
-from torchchaos.scenario.spec import FaultSpec, parse_fault_spec
+from torchchaos.scenario.spec import FaultSpec, Pairs, Spec, pairs
 
 PARTITION_SECONDS = 8  # long enough for a job tuned to react (collective timeout) to react
 STRAGGLER_STEPS = 5
@@ -78,7 +79,7 @@ class Plan:
     def battery(self) -> list[tuple[Entry, FaultSpec]]:
         entries = self.cached("battery", lambda: battery.plan(
             self.fresh_base(), self.cache_dir, self.progress))
-        return [(e, parse_fault_spec(e.fault)) for e in entries]
+        return [(e, e.fault.parse()) for e in entries]
 
     def crash_points(self, mode: str) -> list[crashpoints.CrashPoint]:
         """The crash points of the 2nd save, started from step 0 (no snapshot: the
@@ -115,7 +116,7 @@ class Plan:
         if case not in CASES:
             raise UsageError(f"unknown suite case {case!r} (known: {', '.join(CASES)})")
         entry = CASES[case](self)
-        scenario = dataclasses.replace(self.fresh_base(), faults=[parse_fault_spec(entry.fault)])
+        scenario = dataclasses.replace(self.fresh_base(), faults=[entry.fault.parse()])
         if entry.seed is not None:
             scenario.seed = entry.seed
         return scenario
@@ -188,8 +189,8 @@ def _preempt(plan: Plan) -> Entry:
 
 # -- storage (the fault filesystem over the checkpoint folder) ---------------------------
 
-def _storage_dir(plan: Plan) -> str:
-    """`,dir=X` for the folder the 2nd save writes in (`History.checkpoint_dir`), when it
+def _storage_dir(plan: Plan) -> Pairs:
+    """`dir=X` for the folder the 2nd save writes in (`History.checkpoint_dir`), when it
     is not the default `ckpt`; the fault filesystem is mounted there, so a fault
     elsewhere would test nothing. The battery's and the crash points' storage specs
     carry it already."""
@@ -203,7 +204,7 @@ def _storage_dir(plan: Plan) -> str:
         raise NotApplicable(f"the 2nd save writes outside one folder of the run directory"
                             f" ({', '.join(tops)}); put the checkpoints under"
                             " '{run_dir}/...' in the script's arguments")
-    return battery.dir_param(folder)
+    return dir_pairs(folder)
 
 
 def _first_point(plan: Plan, mode: str, op: str) -> crashpoints.CrashPoint:
@@ -241,8 +242,8 @@ def _enospc(plan: Plan) -> Entry:
     where = _storage_dir(plan)
     point = _first_point(plan, "torn", "write")  # armed on the event before the write
     return Entry(f"ENOSPC on rank {point.rank}'s first write of its 2nd save",
-                 f"storage:mode=enospc,rank={point.rank},phase=checkpoint_save,save=2,"
-                 f"event={point.event['index'] - 1}{where}")
+                 Spec.make("storage", mode="enospc", rank=point.rank, phase="checkpoint_save",
+                         save=2, event=point.event["index"] - 1).plus(where))
 
 
 @case("bit rot in the newest checkpoint")
@@ -253,7 +254,8 @@ def _bit_rot(plan: Plan) -> Entry:
     if not saved:
         raise NotApplicable(f"no checkpoint is saved before step {step}")
     return Entry(f"bit rot after step {step}",
-                 f"storage:mode=bitrot,bits=64,rank={plan.writer()},step={step}{where}")
+                 Spec.make("storage", mode="bitrot", bits=64, rank=plan.writer(), step=step)
+                 .plus(where))
 
 
 # -- silent data corruption --------------------------------------------------------------
@@ -279,7 +281,7 @@ def _flip_optimizer(plan: Plan) -> Entry:
 def _nan_loss(plan: Plan) -> Entry:
     rank, step = plan.base.world_size - 1, plan.mid_step()
     return Entry(f"NaN loss on rank {rank} at step {step}",
-                 f"bitflip:rank={rank},step={step},tensor=loss,value=nan")
+                 Spec.make("bitflip", rank=rank, step=step, tensor="loss", value="nan"))
 
 
 # -- hangs -------------------------------------------------------------------------------
@@ -288,7 +290,7 @@ def _hang(plan: Plan, mode: str) -> Entry:
     rank, step = plan.last_rank("a hang someone else notices"), plan.mid_step()
     extra = f",mode={mode}" if mode else ""
     return Entry(f"hang{extra} rank {rank} at step {step}",
-                 f"hang:rank={rank},step={step}{extra}")
+                 Spec.make("hang", rank=rank, step=step, mode=mode or None))
 
 
 @case("stop a rank with SIGSTOP")
@@ -314,8 +316,8 @@ def _straggler(plan: Plan) -> Entry:
     per_step = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.1
     steps = max(1, min(STRAGGLER_STEPS, plan.history().final_step() - step))
     return Entry(f"straggler rank {rank} from step {step}",
-                 f"straggler:rank={rank},step={step},delay={max(per_step, 0.05):.3f},"
-                 f"steps={steps}")
+                 Spec.make("straggler", rank=rank, step=step,
+                         delay=f"{max(per_step, 0.05):.3f}", steps=steps))
 
 
 # -- partitions --------------------------------------------------------------------------
@@ -327,10 +329,10 @@ def _partition(plan: Plan, shape: str) -> Entry:
                             " nodes = 2 under [tool.torchchaos], or --chaos-nodes 2")
     if plan.base.network_kind != "netns":
         raise NotApplicable(netns.unavailable_reason() or "partitions need network = netns")
-    target = f"node={nodes - 1}" if shape == "isolate" else f"shape={shape}"
+    target = pairs(node=nodes - 1) if shape == "isolate" else pairs(shape=shape)
     step = plan.mid_step()
-    return Entry(f"partition {target} at step {step}",
-                 f"partition:{target},step={step},for={PARTITION_SECONDS}")
+    spec = Spec.make("partition", target, step=step, **{"for": PARTITION_SECONDS})
+    return Entry(f"partition {'='.join(target[0])} at step {step}", spec)
 
 
 @case("isolate the last node")

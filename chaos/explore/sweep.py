@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from torchchaos.engine import run_scenario
 from torchchaos.errors import CannotJudge, UsageError
@@ -25,7 +26,7 @@ from torchchaos.progress import Progress
 from torchchaos.report import html_report
 from torchchaos.report.model import Report
 from torchchaos.scenario.model import Scenario
-from torchchaos.scenario.spec import parse_fault_spec
+from torchchaos.scenario.spec import Spec
 
 # the page title of each sweep
 TITLES = {"battery": "torchchaos battery", "crashpoints": "torchchaos crash points",
@@ -35,11 +36,21 @@ TITLES = {"battery": "torchchaos battery", "crashpoints": "torchchaos crash poin
 @dataclass
 class Entry:
     name: str
-    fault: str
+    fault: Spec
     report: Report | None = None
     seed: int | None = None  # for the fault's seeded picks; None: the base scenario's
     start_from: str | None = None  # Scenario.start_from for this run
     error: str = ""  # why the run could not be judged, where it made no report
+
+    def plan_row(self) -> dict[str, object]:
+        """What a shard's manifest keeps of the row: its fault as text."""
+        return {"name": self.name, "fault": str(self.fault), "seed": self.seed,
+                "start_from": self.start_from}
+
+    @classmethod
+    def from_plan_row(cls, row: dict[str, Any]) -> Entry:
+        return cls(row["name"], Spec.read(row["fault"]), seed=row["seed"],
+                   start_from=row["start_from"])
 
 
 def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: Path,
@@ -116,7 +127,7 @@ class SweepInterrupted(KeyboardInterrupt):
 def _run_entry(entry: Entry, number: int, total: int, base: Scenario, out_dir: Path,
                cache_dir: Path, progress: Progress) -> None:
     progress(f"[{number}/{total}] {entry.name}: {entry.fault}")
-    scenario = dataclasses.replace(base, faults=[parse_fault_spec(entry.fault)])
+    scenario = dataclasses.replace(base, faults=[entry.fault.parse()])
     if entry.seed is not None:
         scenario.seed = entry.seed
     if entry.start_from is not None:
@@ -155,10 +166,10 @@ def progress_bar(done: int, total: int, elapsed: float, left: float, width: int 
             f" {_duration(elapsed)}, about {_duration(left)} left")
 
 
-def row_kind(fault: str) -> str:
+def row_kind(fault: Spec) -> str:
     """Rows that cost alike: the fault's kind, and whether it fires inside a save (its
     resume then meets a torn or lost checkpoint, and often fails and restarts)."""
-    return fault.split(":", 1)[0] + (" in a save" if "phase=checkpoint_save" in fault else "")
+    return fault.kind + (" in a save" if fault.get("phase") == "checkpoint_save" else "")
 
 
 def time_left(costs: dict[str, list[float]], remaining: list[str], jobs: int = 1) -> float:
@@ -183,7 +194,7 @@ def write_index(entries: list[Entry], out_dir: Path, title: str,
     folders are their numbers with `digits` digits."""
     chosen = numbers if numbers is not None else range(1, len(entries) + 1)
     return html_report.write_index(
-        out_dir, [(f"{n:0{digits}d}", entries[n - 1].name, entries[n - 1].fault,
+        out_dir, [(f"{n:0{digits}d}", entries[n - 1].name, str(entries[n - 1].fault),
                    entries[n - 1].report) for n in chosen], title)
 
 

@@ -18,7 +18,6 @@ from torchchaos.incident.mapping import Placement, faults_for
 from torchchaos.incident.signature import Signature
 from torchchaos.scenario.files import Expectation, ScenarioFile
 from torchchaos.scenario.model import Scenario
-from torchchaos.scenario.spec import parse_fault_spec
 
 # A hang the scheduler's time limit ended, replayed: the job's own collective timeout (an
 # hour, as on many clusters) is what the limit cut short, so the replay bounds the hang
@@ -41,7 +40,7 @@ def bounded_as_the_limit(incident: Incident, scenario: Scenario) -> tuple[Scenar
 def build(incident: Incident, gathered: Gathered, scenario: Scenario, place: Placement,
           same_script: bool) -> ScenarioFile:
     faults = faults_for(incident, place, same_script)
-    scenario = dataclasses.replace(scenario, faults=[parse_fault_spec(s) for s, _ in faults])
+    scenario = dataclasses.replace(scenario, faults=[s.parse() for s, _ in faults])
     signature = Signature.of(incident)
     return ScenarioFile(scenario, name=f"incident: {signature.describe()}",
                         summary=timeline_text(incident),

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from torchchaos.faults.hang import COLLECTIVES as HELD_IN
 from torchchaos.incident.attribute import LOADER_WAIT, Incident
+from torchchaos.scenario.spec import Pairs, Spec, pairs
 
 if TYPE_CHECKING:
     from torchchaos.rundir.history import History
@@ -37,12 +38,12 @@ class Placement:
     writer: int = 0
     last_rank: int = 1
     between: int | None = None   # a step between two checkpoints
-    in_save: str = "phase=checkpoint_save,save=2,event=1"
+    in_save: Pairs = pairs(phase="checkpoint_save", save=2, event=1)  # a trigger
     # the battery's kill right after a rename in the save: late in it, where a save that
     # every rank takes part in has the others inside it too
-    late_in_save: str | None = None
-    torn: str | None = None      # the battery's torn-write spec, where the script has one
-    power_loss: str | None = None
+    late_in_save: Pairs | None = None
+    torn: Spec | None = None      # the battery's torn-write spec, where the script has one
+    power_loss: Spec | None = None
     source: str = "the incident's own steps"
     first_save: int | None = None  # the replay script's first save, after that step
     interval: int | None = None    # and the steps between its saves
@@ -56,17 +57,17 @@ def placement_from_reference(history: History, scenario: Scenario) -> Placement:
     """Placed as the battery places its rows on this script's reference run."""
     from torchchaos.explore import battery
 
-    entries = battery.plan_from(history, scenario, lambda _m: None)
-    writer = history.checkpoint_writer()
-    between = next(int(e.fault.split("step=")[1].split(",")[0]) for e in entries
-                   if e.fault.startswith("kill:rank=0,step="))
-    in_saves = [e for e in entries
-                if e.fault.startswith(f"kill:rank={writer},phase=checkpoint_save,save=2,")]
-    in_save = next((e.fault.split(",", 1)[1] for e in in_saves), None)
-    late = next((e.fault.split(",", 1)[1] for e in in_saves if "after a rename" in e.name),
-                None)
-    torn = next((e.fault for e in entries if e.fault.startswith("storage:mode=torn")), None)
-    power = next((e.fault for e in entries if "lose_unsynced" in e.fault), None)
+    faults = [(e.name, e.fault) for e in battery.plan_from(history, scenario, lambda _m: None)]
+    writer = str(history.checkpoint_writer())
+    between = next(int(str(f.get("step"))) for _, f in faults
+                   if f.kind == "kill" and f.get("rank") == "0" and f.get("step")
+                   and f.get("signal") is None)
+    in_saves = [(name, f) for name, f in faults if f.kind == "kill" and f.get("rank") == writer
+                and f.get("phase") == "checkpoint_save" and f.get("save") == "2"]
+    in_save = next((f.trigger() for _, f in in_saves), None)
+    late = next((f.trigger() for name, f in in_saves if "after a rename" in name), None)
+    torn = next((f for _, f in faults if f.kind == "storage" and f.get("mode") == "torn"), None)
+    power = next((f for _, f in faults if f.get("mode") == "lose_unsynced"), None)
     saves = history.of("save_begin")
     return Placement(writer, scenario.world_size - 1, between, in_save or Placement.in_save,
                      late, torn, power, "the replay script's fault-free reference run",
@@ -74,7 +75,8 @@ def placement_from_reference(history: History, scenario: Scenario) -> Placement:
                      history.save_interval() or None)
 
 
-def faults_for(incident: Incident, place: Placement, same_script: bool) -> list[tuple[str, str]]:
+def faults_for(incident: Incident, place: Placement,
+               same_script: bool) -> list[tuple[Spec, str]]:
     """(spec, note) pairs that replay the incident: its first failure, then the restart's
     failure where that was a fault of its own."""
     return _first_failure(incident, place, same_script) + \
@@ -82,7 +84,7 @@ def faults_for(incident: Incident, place: Placement, same_script: bool) -> list[
 
 
 def _restart_failure(incident: Incident, place: Placement,
-                     same_script: bool) -> list[tuple[str, str]]:
+                     same_script: bool) -> list[tuple[Spec, str]]:
     """A restart whose load raised on data that was fine (an I/O error, a timeout) met a
     fault of its own: replayed as that exception out of the resume's first read. One whose
     data was bad (a file that does not load) is the script's own doing after the first
@@ -93,89 +95,92 @@ def _restart_failure(incident: Incident, place: Placement,
             or incident.finding.phase == "load" or failed.rank is None:
         return []
     rank = _replay_rank(failed.rank, failed.role, place, same_script)
-    return [(f"raise:rank={rank},phase=checkpoint_load,event=1"
-             f",type={exception_name(failed.how)}",
+    return [(Spec.make("raise", rank=rank, phase="checkpoint_load", event=1,
+                     type=exception_name(failed.how)),
              f"then the restart's load on rank {failed.rank} raised {failed.how[:100]}"
              f" ({failed.source}), with nothing in the error saying the checkpoint was bad")]
 
 
 def _first_failure(incident: Incident, place: Placement,
-                   same_script: bool) -> list[tuple[str, str]]:
+                   same_script: bool) -> list[tuple[Spec, str]]:
     f = incident.finding
     rank = _rank(incident, place, same_script)
     step, why = _step(incident, place, same_script)
-    at = f"step={step}"
+    at = pairs(step=step)
+    power_loss = place.power_loss or Spec.make("storage", mode="lose_unsynced",
+                                             rank=place.writer).plus(at)
+    torn = place.torn or Spec.make("storage", mode="torn", via="agent",
+                                 rank=place.writer).plus(place.in_save)
     if f.kind == "node" and "power_loss" in f.alternatives and \
             incident.recovery.startswith("restarted from scratch"):
-        spec = place.power_loss or f"storage:mode=lose_unsynced,rank={place.writer},{at}"
-        return [(spec, "the node went down and its relaunch said it found no checkpoint:"
+        return [(power_loss, "the node went down and its relaunch said it found no checkpoint:"
                        " what the job had saved was gone, which a node's death alone does"
                        " not do (its checkpoint stays for the restart) and a power loss"
                        " does; replayed as the power loss")]
     if f.kind == "node" and f.phase == "mid_save":
-        spec = place.torn or f"storage:mode=torn,via=agent,rank={place.writer},{place.in_save}"
-        return [(spec, "the node went down inside a save: replayed as its last write cut"
+        return [(torn, "the node went down inside a save: replayed as its last write cut"
                        " short and the whole job killed there")]
     if f.kind == "node":
-        return [(f"kill:node=0,{at}", f"the node went down ({f.how}); {why}")]
+        return [(Spec.make("kill", pairs(node=0), at), f"the node went down ({f.how}); {why}")]
     if f.kind == "torn_write":
-        spec = place.torn or f"storage:mode=torn,via=agent,rank={place.writer},{place.in_save}"
-        return [(spec, "a checkpoint file that does not load: its last write torn")]
+        return [(torn, "a checkpoint file that does not load: its last write torn")]
     if f.kind == "power_loss":
-        spec = place.power_loss or f"storage:mode=lose_unsynced,rank={place.writer},{at}"
-        return [(spec, "a power loss: what was not fsynced is gone")]
+        return [(power_loss, "a power loss: what was not fsynced is gone")]
     if f.kind == "hang" and f.how == LOADER_WAIT:
-        return [(f"dataloader:rank={rank},{at},mode=stop",
+        return [(Spec.make("dataloader", pairs(rank=rank), at, mode="stop"),
                  f"rank {rank}'s DataLoader worker stops; the rank waits for its batch and"
                  f" the others for the rank; {why}")]
     if f.kind == "hang":
         mode = "collective" if f.collective or f.phase_seen else "stop"
-        held = ""
+        held = None
         if same_script and f.collective in HELD_IN:  # the calls `hang op=` can hold
             # the peers waited in that call: the rank is held in its next one, so they
             # wait there again (a backward's all-reduce where the call is not named)
-            mode, held = "collective", f",op={f.collective}"
-        return [(f"hang:rank={rank},{at},mode={mode}{held}",
+            mode, held = "collective", f.collective
+        return [(Spec.make("hang", pairs(rank=rank), at, mode=mode, op=held),
                  f"rank {rank} stops making progress; the others wait ({f.how}"
                  f"{', in ' + f.collective if held else ''}); {why}")]
     kind, params = _kind_and_params(incident)
+    who = pairs(rank=rank)
     note = STAND_IN_NOTES.get(f.kind, f"rank {rank} {_what(incident)}")
     if f.phase == "mid_save" and f.peers_in_save and place.late_in_save:
-        return [(f"{kind}:rank={rank},{place.late_in_save}{params}",
+        return [(Spec.make(kind, who, place.late_in_save, params),
                  f"{note}, late inside a checkpoint save (right after a rename), where the"
                  " other ranks waited inside the save too, as in the incident")]
     if f.phase == "mid_save" and same_script and f.save:
-        return [(f"{kind}:rank={rank},phase=checkpoint_save,save={f.save},event=1{params}",
+        return [(Spec.make(kind, who, pairs(phase="checkpoint_save", save=f.save, event=1),
+                         params),
                  f"{note}, at the start of the save the logs place it in (save {f.save}"
                  " of the launch)")]
     if f.phase == "mid_save":
-        return [(f"{kind}:rank={rank},{place.in_save}{params}",
+        return [(Spec.make(kind, who, place.in_save, params),
                  f"{note}, inside a checkpoint save")]
     if f.phase in ("load", "after_resume"):
-        first = (f"kill:rank={rank},{at}", "a first failure, so that there is a resume")
-        trigger = "phase=checkpoint_load,event=1" if f.phase == "load" else f"step={step + 1}"
-        return [first, (f"{kind}:rank={rank},{trigger}{params}",
+        first = (Spec.make("kill", who, at), "a first failure, so that there is a resume")
+        trigger = pairs(phase="checkpoint_load", event=1) if f.phase == "load" \
+            else pairs(step=step + 1)
+        return [first, (Spec.make(kind, who, trigger, params),
                         f"{note}, {'while loading' if f.phase == 'load' else 'right after'}"
                         " the resume")]
-    return [(f"{kind}:rank={rank},{at}{params}", f"{note}; {why}")]
+    return [(Spec.make(kind, who, at, params), f"{note}; {why}")]
 
 
-def _kind_and_params(incident: Incident) -> tuple[str, str]:
+def _kind_and_params(incident: Incident) -> tuple[str, Pairs]:
     """The fault kind that makes what the rank died of, and its parameters."""
     f = incident.finding
     if f.kind == "oom" and f.how.startswith("allocation"):
-        return "oom", ",mode=raise"  # the allocator's own error, raised out of a step
+        return "oom", pairs(mode="raise")  # the allocator's own error, raised out of a step
     if f.kind == "oom":
-        return "oom", ""  # the kernel's OOM killer, under a cgroup limit on that rank
+        return "oom", ()  # the kernel's OOM killer, under a cgroup limit on that rank
     if f.kind == "exception":
-        return "raise", f",type={exception_name(f.how)}"
+        return "raise", pairs(type=exception_name(f.how))
     if f.kind == "dataloader":
-        return "dataloader", ",mode=kill"
+        return "dataloader", pairs(mode="kill")
     if f.kind == "abort":
-        return "abort", ""
+        return "abort", ()
     if f.kind == "crash":  # another fatal signal (SIGILL, SIGFPE): the nearest, a NULL read
-        return "crash", f",signal={CRASH_SIGNALS.get(f.how, 'segv')}"
-    return "kill", ",signal=SIGTERM,grace=30" if f.kind == "preempt" else ""
+        return "crash", pairs(signal=CRASH_SIGNALS.get(f.how, "segv"))
+    return "kill", pairs(signal="SIGTERM", grace=30) if f.kind == "preempt" else ()
 
 
 def exception_name(how: str) -> str:

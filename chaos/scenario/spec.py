@@ -1,4 +1,10 @@
-"""Fault specs: `KIND:key=value,key=value` parsed into `FaultSpec`.
+"""Fault specs: `KIND:key=value,key=value`, built as a `Spec`, parsed into `FaultSpec`.
+
+A `Spec` is the value every planner builds (the battery, the crash points and states,
+the suites, the incident mapping): a kind and its pairs in the order given. Its text
+is made in one place, `str(spec)`, where it is shown, written or parsed;
+`Spec.read` takes a text back into pairs, and `parse_fault_spec` checks it against its
+kind. Nothing else takes a spec's text apart.
 
 A spec has three parts, told apart by key:
 - target: `rank=` or `node=` (an index, or `one` for a seeded random pick);
@@ -9,6 +15,7 @@ A spec has three parts, told apart by key:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from torchchaos.errors import UsageError, did_you_mean
@@ -19,6 +26,56 @@ PHASES = ("checkpoint_save", "checkpoint_load")
 TARGET_KEYS = ("rank", "node")
 TRIGGER_KEYS = ("step", "phase", "save", "event", "time", "p")
 SYMBOLIC_TARGETS = ("one",)
+
+
+Pairs = tuple[tuple[str, str], ...]  # a spec's key=value pairs, or a part of them
+
+
+def pairs(**given: object) -> Pairs:
+    """Key=value pairs in the order given, values as text; a None value is left out
+    (`for=` is a Python keyword: pass it as `**{"for": ...}`)."""
+    return tuple((key, str(value)) for key, value in given.items() if value is not None)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A fault spec as a value (see the module's docstring)."""
+
+    kind: str
+    pairs: Pairs = ()
+
+    @classmethod
+    def make(cls, kind: str, *parts: Iterable[tuple[str, str]], **given: object) -> Spec:
+        """`kind` with `parts` (pairs made before: a trigger, a target) and then `given`,
+        in that order."""
+        return cls(kind, ()).plus(*parts, **given)
+
+    def plus(self, *parts: Iterable[tuple[str, str]], **given: object) -> Spec:
+        """These pairs after the ones it has."""
+        more = tuple(pair for part in parts for pair in part) + pairs(**given)
+        return Spec(self.kind, self.pairs + more)
+
+    def get(self, key: str) -> str | None:
+        return next((value for k, value in self.pairs if k == key), None)
+
+    def trigger(self) -> Pairs:
+        """Its trigger's pairs (`step=`, or `phase=` with `save=` and `event=`, ...)."""
+        return tuple((k, v) for k, v in self.pairs if k in TRIGGER_KEYS)
+
+    def parse(self) -> FaultSpec:
+        return parse_fault_spec(str(self))
+
+    @classmethod
+    def read(cls, text: str) -> Spec:
+        """A spec's text back into pairs, in its order; checks only its shape
+        (`parse_fault_spec` checks it against its kind)."""
+        kind, sep, body = text.partition(":")
+        found = _split_pairs(text, body) if sep and body.strip() else {}
+        return cls(kind.strip(), tuple(found.items()))
+
+    def __str__(self) -> str:
+        body = ",".join(f"{key}={value}" for key, value in self.pairs)
+        return f"{self.kind}:{body}" if body else self.kind
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from torchchaos.harness import runner
 from torchchaos.report.model import Report
 from torchchaos.rundir.history import History
 from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.spec import Spec
 
 CLI = [sys.executable, "-m", "torchchaos.cli"]
 
@@ -121,8 +122,8 @@ def test_every_placed_row_is_one_of_the_outlined_rows(monkeypatch, save):
                                 base, lambda _m: None)
     assert len(placed) >= 4
     for entry in placed:
-        assert any(pattern(o.name).fullmatch(entry.name) and pattern(o.fault).fullmatch(
-            entry.fault) for o in outlined), entry
+        assert any(pattern(o.name).fullmatch(entry.name) and pattern(str(o.fault)).fullmatch(
+            str(entry.fault)) for o in outlined), entry
 
 
 def test_the_first_save_that_deletes_gets_a_kill_right_after_its_first_delete(monkeypatch):
@@ -135,7 +136,7 @@ def test_the_first_save_that_deletes_gets_a_kill_right_after_its_first_delete(mo
                                           [("rename", "ckpt/step-10.pt")], PRUNING),
                                Scenario(script=str(TARGET)), said.append)
     rows = [e for e in placed if "delete" in e.name]
-    assert [(e.name, e.fault) for e in rows] == [
+    assert [(e.name, str(e.fault)) for e in rows] == [
         ("kill rank 0 right after a delete in its 3rd save (the first that deletes)",
          "kill:rank=0,phase=checkpoint_save,save=3,event=4")]
     assert any("save 3 is the first that deletes" in line for line in said)
@@ -225,7 +226,7 @@ def test_exitfirst_stops_at_the_first_run_that_does_not_pass(monkeypatch, tmp_pa
 
     monkeypatch.setattr(sweep, "_run_entry", run_entry)
     monkeypatch.setattr(sweep, "write_index", lambda *a, **k: None)
-    entries = [sweep.Entry(f"row {n}", f"kill:rank=0,step={n}") for n in verdicts]
+    entries = [sweep.Entry(f"row {n}", Spec.make("kill", rank=0, step=n)) for n in verdicts]
     with pytest.raises(sweep.SweepStopped) as stop:
         sweep.run_entries(entries, Scenario(script=str(TARGET)), tmp_path, tmp_path,
                           lambda _m: None, jobs=jobs, exitfirst=True)
@@ -279,10 +280,10 @@ def test_the_table_names_checks_as_check_does_and_fits_100_columns():
             name: {"ok": False if name in failing else (True if name in CHECKS[:5] else None),
                    "detail": f"{name} went wrong"} for name in CHECKS})
 
-    entries = [sweep.Entry("kill rank 0 at step 12", "kill:rank=0,step=12", report()),
-               sweep.Entry("kill rank 0 mid-write in its 2nd save", "kill:rank=0,...",
+    entries = [sweep.Entry("kill rank 0 at step 12", Spec.read("kill:rank=0,step=12"), report()),
+               sweep.Entry("kill rank 0 mid-write in its 2nd save", Spec("kill"),
                              report("completes", "atomic_recovery")),
-               sweep.Entry("power loss on rank 0 after a rename in its 2nd save", "s",
+               sweep.Entry("power loss on rank 0 after a rename in its 2nd save", Spec("storage"),
                              error="no FUSE")]
     lines = sweep.table(entries).splitlines()
     assert lines[0].split() == ["scenario", "verdict", "failing", "checks"]

@@ -17,6 +17,7 @@ from conftest import REPO, TARGET, chaos_processes
 
 from torchchaos.explore.shards import Shard, write_manifest
 from torchchaos.explore.sweep import Entry
+from torchchaos.scenario.spec import Spec
 
 CLI = [sys.executable, "-m", "torchchaos.cli"]
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
@@ -122,7 +123,7 @@ def test_a_merge_into_a_read_only_folder_is_refused_before_anything(tmp_path):
     for index in (1, 2):
         (tmp_path / f"shard-{index}").mkdir()
         write_manifest(tmp_path / f"shard-{index}", "battery", "torchchaos battery",
-                       Shard(index, 2), [Entry("run 1", "kill:rank=0,step=5")])
+                       Shard(index, 2), [Entry("run 1", Spec.read("kill:rank=0,step=5"))])
     with tmpfs(tmp_path / "ro", "ro") as place:
         before = tree(tmp_path)
         result = cli("merge", str(tmp_path / "shard-1"), str(tmp_path / "shard-2"), "--out",

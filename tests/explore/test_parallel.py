@@ -18,6 +18,7 @@ from torchchaos.explore import sweep
 from torchchaos.harness import runner
 from torchchaos.harness.runner import Job
 from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.spec import Spec
 
 SLEEPER = ("import time, torch.distributed as dist\n"
            "dist.init_process_group('gloo')\ntime.sleep(120)\n")
@@ -96,8 +97,8 @@ def test_every_error_row_of_a_sweep_says_why() -> None:
 
     judged = Report(verdict="error", checks={"completes": {"ok": True, "detail": "ok"}},
                     reason="fault(s) never fired: kill:rank=0,step=99")
-    entries = [sweep.Entry("kill late", "kill:rank=0,step=99", report=judged),
-               sweep.Entry("bad dir", "storage:mode=lose_unsynced,dir=x",
+    entries = [sweep.Entry("kill late", Spec.read("kill:rank=0,step=99"), report=judged),
+               sweep.Entry("bad dir", Spec.read("storage:mode=lose_unsynced,dir=x"),
                              error="storage dir=x: leads outside the run directory")]
     table = sweep.table(entries)
     assert "  kill late: could not judge: fault(s) never fired: kill:rank=0,step=99" in table

@@ -29,6 +29,7 @@ from torchchaos.explore.shards import (
 from torchchaos.explore.sweep import Entry
 from torchchaos.faults.faultfs.mount import unavailable_reason
 from torchchaos.report.model import Report
+from torchchaos.scenario.spec import Spec
 
 
 @given(total=st.integers(0, 60), count=st.integers(1, 9))
@@ -74,7 +75,7 @@ def test_auto_without_the_variables_is_bad_input_before_any_run(tmp_path) -> Non
 
 
 def _plan(faults: list[str]) -> list[Entry]:
-    return [Entry(f"run {n}", fault) for n, fault in enumerate(faults, 1)]
+    return [Entry(f"run {n}", Spec.read(fault)) for n, fault in enumerate(faults, 1)]
 
 
 def _shard_dirs(tmp: Path, count: int, faults: list[str], command: str = "battery"

@@ -26,6 +26,7 @@ from torchchaos.faults.faultfs.mount import unavailable_reason
 from torchchaos.host import netns
 from torchchaos.rundir.history import History
 from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.spec import Spec
 
 pytest_plugins = ["pytester"]
 
@@ -93,7 +94,8 @@ def _saved_in(*paths: str) -> Plan:
     events += [{"ev": "file", "t": 1.0 + i, "rank": 0, "save": 2, "index": i + 1, "op": "write",
                 "path": path} for i, path in enumerate(paths)]
     plan.cached("history", lambda: History(events=events))
-    plan.cached("battery", lambda: [Entry("kill rank 0 at step 12", "kill:rank=0,step=12")])
+    plan.cached("battery", lambda: [Entry("kill rank 0 at step 12",
+                                          Spec.read("kill:rank=0,step=12"))])
     return plan
 
 

@@ -61,6 +61,7 @@ from torchchaos.explore.sweep import Entry
 from torchchaos.faults.faultfs.mount import unavailable_reason
 from torchchaos.harness.reference import get_reference
 from torchchaos.rundir.history import History
+from torchchaos.scenario.spec import Spec
 
 TARGETS = {t.name: t for t in [
     Target("shard_pointer", ("--ckpt-dir", "ckpt")),
@@ -326,7 +327,7 @@ def test_correct_variant_passes_battery_row(target: str, row: str, repeat: int, 
     if planned:
         entry = planned[0]
         report, error = run_one(entry, base, out, cache)
-        outcome = Outcome(target, "correct", entry.name, entry.fault, None, report=report,
+        outcome = Outcome(target, "correct", entry.name, str(entry.fault), None, report=report,
                           out_dir=str(out), error=error, repeat=repeat)
     else:
         outcome = Outcome(target, "correct", row, "-", None, out_dir=str(out), repeat=repeat,
@@ -360,7 +361,7 @@ def test_correct_variant_survives_crash_points(target: str, cap: int | None, rep
     incidents: list[Incident] = []
     for number, entry in enumerate(crashpoints.entries(found, 2), 1):
         report, error = run_one(entry, base, out / f"point-{number:02d}", cache)
-        incidents += tally.add(Outcome(target, "correct", entry.name, entry.fault, None,
+        incidents += tally.add(Outcome(target, "correct", entry.name, str(entry.fault), None,
                                        report=report, out_dir=str(out), error=error,
                                        repeat=repeat))
     assert not incidents, _complain(incidents)
@@ -392,7 +393,7 @@ def test_correct_variant_survives_every_crash_state(target: str, repeat: int, ta
                                        out_dir=str(out), error=error, repeat=repeat))
     for entry in entries:
         report = dataclasses.asdict(entry.report) if entry.report else None
-        incidents += tally.add(Outcome(target, "correct", entry.name, entry.fault, None,
+        incidents += tally.add(Outcome(target, "correct", entry.name, str(entry.fault), None,
                                        report=report, out_dir=str(out), error=entry.error,
                                        repeat=repeat))
     assert entries and not incidents, _complain(incidents) or error
@@ -422,7 +423,8 @@ def test_planted_bug_is_caught(target: str, variant: str, repeat: int, tally: Ta
         except LookupError as exc:
             error = str(exc)
     if not error:
-        report, error = run_one(Entry(f"{variant}: {bug.fault}", spec), base, out, cache)
+        report, error = run_one(Entry(f"{variant}: {bug.fault}", Spec.read(spec)), base, out,
+                                cache)
     incidents = tally.add(Outcome(target, variant, bug.what, spec, bug.check, bug.words,
                                   report=report, out_dir=str(out), error=error,
                                   repeat=repeat))
@@ -459,7 +461,7 @@ def test_planted_bug_is_caught_in_the_crash_states(target: str, variant: str, ta
     caught = next(((e, r) for e, r in reports if names_it(r)), None)
     entry, report = caught or (reports[0] if reports else (None, None))
     incidents = tally.add(Outcome(target, variant, f"crash states: {bug.what}",
-                                  entry.fault if entry else "-", bug.check, bug.words,
+                                  str(entry.fault) if entry else "-", bug.check, bug.words,
                                   report=report, out_dir=str(out), error=error,
                                   repeat=0))
     assert caught and not incidents, _complain(incidents) or error or "no state caught it"
@@ -488,10 +490,10 @@ def test_the_first_save_that_deletes_is_crashed_in_by_default(tally: Tally, cach
         judged = [e for e in entries if e.report]
         if variant != "correct":  # the state that names it stands for the bug
             judged = [e for e in judged if not e.report.checks[bug.check]["ok"]][:1] or judged[:1]
-        for entry in judged or [Entry("save 3", "-")]:
+        for entry in judged or [Entry("save 3", Spec("-"))]:
             report = dataclasses.asdict(entry.report) if entry.report else None
             incidents += tally.add(Outcome("rank_folders", variant, f"save 3: {entry.name}",
-                                           entry.fault, expects, words, report=report,
+                                           str(entry.fault), expects, words, report=report,
                                            out_dir=str(out), error=error or entry.error,
                                            repeat=0))
     assert not incidents, _complain(incidents)
@@ -507,9 +509,9 @@ def test_a_checkpoint_that_names_its_own_folder_is_judged_where_it_was_written(
     out = tmp_path_factory.mktemp("matrix-rank_folders-own_path") / "states"
     entries, error = sweep_states(base, out, cache, _state_modes())
     incidents: list[Incident] = []
-    for entry in entries or [Entry("crash states of save 2", "-")]:
+    for entry in entries or [Entry("crash states of save 2", Spec("-"))]:
         report = dataclasses.asdict(entry.report) if entry.report else None
-        incidents += tally.add(Outcome(OWN_PATH.name, "correct", entry.name, entry.fault, None,
+        incidents += tally.add(Outcome(OWN_PATH.name, "correct", entry.name, str(entry.fault), None,
                                        report=report, out_dir=str(out),
                                        error=error or entry.error, repeat=0))
     assert entries and not incidents, _complain(incidents) or error
@@ -541,7 +543,7 @@ def test_a_rank_stopped_at_points_of_its_save_is_ended_by_the_jobs_timeout(
     for number, entry in enumerate(crashpoints.entries(found, 2), 1):
         report, error = run_one(entry, base, out / f"point-{number:02d}", cache)
         incidents += tally.add(Outcome(
-            target.name, variant, entry.name, entry.fault, bug.check if bug else None,
+            target.name, variant, entry.name, str(entry.fault), bug.check if bug else None,
             bug.words if bug else (), report=report, out_dir=str(out), error=error,
             repeat=0))
     assert len(found.points) == STOPPED_POINTS and not incidents, _complain(incidents)

@@ -88,7 +88,7 @@ class BatteryRow:
     def resolve(self, base: Scenario, cache: Path) -> str:
         for entry in battery.plan(base, cache, progress):
             if self.contains in entry.name:
-                return entry.fault
+                return str(entry.fault)
         raise LookupError(f"the battery planned no row named like {self.contains!r}")
 
 

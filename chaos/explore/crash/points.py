@@ -42,14 +42,15 @@ from typing import TypeVar
 
 from torchchaos import env
 from torchchaos.errors import CannotJudge, UsageError
-from torchchaos.explore.battery import dir_param
 from torchchaos.explore.sweep import Entry
+from torchchaos.faults.storage import dir_pairs
 from torchchaos.harness.reference import get_reference
 from torchchaos.progress import Progress
 from torchchaos.rundir.history import Event, History
 from torchchaos.rundir.layout import RunLayout
 from torchchaos.rundir.written import holds_bytes
 from torchchaos.scenario.model import Scenario
+from torchchaos.scenario.spec import Spec, pairs
 
 MODES = ("kill", "lose_unsynced", "torn")  # what a recording's crash states hold
 PER_POINT_MODES = (*MODES, "stop")
@@ -68,17 +69,18 @@ class CrashPoint:
         return (f"{self.mode} rank {self.rank} at #{self.event['index']}"
                 f" {self.event['op']} {self.event['path']}")
 
-    def spec(self, save: int) -> str:
-        where = f"rank={self.rank},phase=checkpoint_save,save={save}"
+    def spec(self, save: int) -> Spec:
+        where = pairs(rank=self.rank, phase="checkpoint_save", save=save)
         index = self.event["index"]
         if self.mode == "kill":
-            return f"kill:{where},event={index}"
+            return Spec.make("kill", where, event=index)
         if self.mode == "stop":
-            return f"hang:{where},event={index},mode=stop"
-        on = dir_param(self.folder)
+            return Spec.make("hang", where, event=index, mode="stop")
+        on = dir_pairs(self.folder)
         if self.mode == "lose_unsynced":
-            return f"storage:mode=lose_unsynced,{where},event={index}{on}"
-        return f"storage:mode=torn,{where},event={index - 1}{on}"  # armed before this write
+            return Spec.make("storage", pairs(mode="lose_unsynced"), where, pairs(event=index), on)
+        # armed before this write
+        return Spec.make("storage", pairs(mode="torn"), where, pairs(event=index - 1), on)
 
 
 def enumerate_points(events: list[Event], modes: list[str],

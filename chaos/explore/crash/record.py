@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchchaos.errors import CannotJudge
-from torchchaos.explore.battery import dir_param
 from torchchaos.explore.crash.extents import Blobs
 from torchchaos.explore.crash.states import Ranks, StateSpec, replayable
+from torchchaos.faults.storage import dir_pairs
 from torchchaos.rundir.history import Event, History
 from torchchaos.rundir.layout import RunLayout
+from torchchaos.scenario.spec import Spec, pairs
 
 
 @dataclass
@@ -75,7 +76,7 @@ class Crash:
     t_cut: float
     rank: int
     process: Event  # the boot event of the crashed rank's process
-    spec: str
+    spec: Spec
     # when the filesystem saw the next operation of the process the crash follows: that
     # process's word for its last operation comes before it (its calls return in order),
     # though on a busy machine often after another rank's next operation
@@ -144,18 +145,18 @@ class Places:
                    key=lambda e: e["rank"])
         return boot["rank"], boot
 
-    def _spec(self, spec: StateSpec, rank: int, t_cut: float) -> str:
+    def _spec(self, spec: StateSpec, rank: int, t_cut: float) -> Spec:
         """The chaos-run fault that leads to this state, as near as one spec says it (the
         rank's last file event in the save before the crash): `--per-point` replays it."""
         events = self.saved.get(rank, [])
         before = bisect.bisect_right(events, (t_cut, float("inf")))
-        where = f"rank={rank},phase=checkpoint_save,save={self.save}"
-        if before:
-            where += f",event={max(index for _, index in events[:before])}"
+        where = pairs(rank=rank, phase="checkpoint_save", save=self.save,
+                      event=max(index for _, index in events[:before]) if before else None)
         if spec.mode == "kill":
-            return f"kill:{where}"
+            return Spec.make("kill", where)
+        on = dir_pairs(self.folder)
         if spec.mode == "torn":
-            return f"storage:mode=torn,keep={spec.keep},{where}{dir_param(self.folder)}"
-        return f"storage:mode=lose_unsynced,{where}{dir_param(self.folder)}"
+            return Spec.make("storage", pairs(mode="torn", keep=spec.keep), where, on)
+        return Spec.make("storage", pairs(mode="lose_unsynced"), where, on)
 
 

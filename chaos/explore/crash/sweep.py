@@ -82,7 +82,6 @@ from torchchaos.rundir.written import files_differ, holds_bytes, written_files
 from torchchaos.scenario import files as scenario_file
 from torchchaos.scenario import schedule
 from torchchaos.scenario.model import Scenario
-from torchchaos.scenario.spec import parse_fault_spec
 
 RESTART_GAP = 0.5  # seconds between a crash and its recovery in a judged history
 DONE = "done"  # in a cached recording, written last: its files, with sizes and digests
@@ -451,15 +450,15 @@ def _end_recovery(running: HeldJob, folder: str, state: CrashState) -> StateReco
 # -- judging -----------------------------------------------------------------
 def _judge(base: Scenario, reference: Reference, record: Record, recovery: StateRecovery,
            state: CrashState, crash: Crash, folder: str, out_dir: Path) -> Entry:
-    t_cut, rank, process, spec = crash.t_cut, crash.rank, crash.process, crash.spec
-    fault = schedule.resolve([parse_fault_spec(spec)], base.seed, base.nproc, base.nodes)[0]
+    t_cut, rank, process, spec = crash.t_cut, crash.rank, crash.process, crash.spec.parse()
+    fault = schedule.resolve([spec], base.seed, base.nproc, base.nodes)[0]
     events = [e for e in record.history.events
               if (e["t"] <= t_cut and e["ev"] != "stopped") or _echo(e, crash, folder)]
     # the crash follows every operation up to the cut, the ranks' words for them too
     t_crash = max([t_cut] + [e["t"] + 1e-6 for e in events if e["t"] > t_cut])
     events.append({"ev": "fault", "t": t_crash, "rank": rank, "pid": process["pid"],
                    "launch": process["launch"], "attempt": process["attempt"],
-                   "id": fault.id, "kind": fault.kind, "spec": spec, "target": f"rank:{rank}",
+                   "id": fault.id, "kind": fault.kind, "spec": spec.text, "target": f"rank:{rank}",
                    "step": max((e["step"] for e in events if e["ev"] == "step"
                                 and e.get("rank") == rank), default=0), "params": {}})
     if state.mode != "kill":
@@ -476,13 +475,13 @@ def _judge(base: Scenario, reference: Reference, record: Record, recovery: State
                    operations=_operations(record, state))
     out_dir.mkdir()
     if report.verdict != "pass":  # the nearest chaos run: `torchchaos replay` runs it
-        scenario = dataclasses.replace(base, faults=[parse_fault_spec(spec)])
+        scenario = dataclasses.replace(base, faults=[spec])
         report.replay = str(scenario_file.for_run(scenario, [fault], report).save(
             out_dir / scenario_file.REPLAY_FILE))
     report.write(out_dir)
     if report.verdict != "pass":
         write_html(report, out_dir, evidence, lambda _msg: None)
-    return Entry(f"{state.detail}", spec, report)
+    return Entry(f"{state.detail}", crash.spec, report)
 
 
 def _echo(event: Event, crash: Crash, folder: str) -> bool:
