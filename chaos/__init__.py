@@ -20,7 +20,7 @@ from typing import Any
 _PUBLIC = {
     "Scenario": "torchchaos.scenario.model",
     "run_scenario": "torchchaos.engine",
-    "Report": "torchchaos.report.model",
+    "Report": "torchchaos.report.report_file",
     "report_detection": "torchchaos.api",
     "report_checkpoint_committed": "torchchaos.api",
     "load_scenario_file": "torchchaos.scenario.files",

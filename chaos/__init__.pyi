@@ -7,7 +7,7 @@ from torchchaos.engine import run_scenario
 from torchchaos.errors import CannotJudge, ChaosError, UsageError
 from torchchaos.explore.stateful import chaos_machine
 from torchchaos.faults.contract import FaultKind, HarnessKind
-from torchchaos.report.model import Report
+from torchchaos.report.report_file import Report
 from torchchaos.scenario.files import load as load_scenario_file
 from torchchaos.scenario.model import Scenario
 

@@ -12,7 +12,7 @@ from torchchaos.harness.reference import check_cache_dir, get_reference
 from torchchaos.harness.runner import Job, torchrun_command
 from torchchaos.judge import interval
 from torchchaos.progress import Progress
-from torchchaos.report.model import Report
+from torchchaos.report.report_file import Report
 from torchchaos.report.verdict import fault_summary, judge, write_html
 from torchchaos.rundir.folders import unwritable
 from torchchaos.rundir.history import History

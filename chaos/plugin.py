@@ -41,7 +41,7 @@ import pytest
 
 from torchchaos import env
 from torchchaos.errors import ChaosError, Unavailable
-from torchchaos.report.model import MARK, Report
+from torchchaos.report.report_file import MARK, Report
 
 if TYPE_CHECKING:
     from torchchaos.explore.suite import Plan

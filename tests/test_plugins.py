@@ -25,7 +25,7 @@ from torchchaos import entrypoints
 from torchchaos.cli.main import main as cli
 from torchchaos.errors import UsageError
 from torchchaos.faults import registry as kind_registry
-from torchchaos.judge import registry as check_registry
+from torchchaos.judge import checks_by_name as check_registry
 
 EXAMPLE = REPO / "examples" / "plugin"
 STEPS = ["--steps", "20", "--ckpt-every", "5"]  # test_e2e_kill's: its reference run is reused

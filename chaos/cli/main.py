@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchchaos.cli import cluster, detectors, docker, multinode
+from torchchaos.cli import cluster, detectors, docker, nodes
 from torchchaos.cli.incident import cmd_incident
 from torchchaos.cli.output import print_report, progress_printer
 from torchchaos.cli.parser import build_parser
@@ -27,7 +27,7 @@ from torchchaos.harness.reference import check_cache_dir, default_cache_dir
 from torchchaos.host import leftovers, owners
 
 if TYPE_CHECKING:
-    from torchchaos.explore.sweep import Entry
+    from torchchaos.explore.runs import Entry
     from torchchaos.progress import Progress
     from torchchaos.scenario.model import Scenario
 
@@ -107,13 +107,13 @@ def _battery_base(ns: argparse.Namespace) -> tuple[Scenario, Path, Path]:
 
 
 def _print_battery(entries: list[Entry], out: Path, summary: str = "") -> int:
-    from torchchaos.explore import sweep
+    from torchchaos.explore import runs
 
-    print(sweep.table(entries))
+    print(runs.table(entries))
     if summary:
         print(summary)
     print(f"runs: {out} (pages: {out / 'index.html'})")
-    return sweep.exit_code(entries)
+    return runs.exit_code(entries)
 
 
 
@@ -121,23 +121,23 @@ def _print_battery(entries: list[Entry], out: Path, summary: str = "") -> int:
 def _run_sweep(ns: argparse.Namespace, command: str, entries: list[Entry], base: Scenario,
                out: Path, cache: Path, extra: dict[str, object] | None = None) -> list[int]:
     """Run the planned entries (this shard's, with --shard); returns their numbers."""
-    from torchchaos.explore import sweep
+    from torchchaos.explore import runs
 
     numbers = ns.shard.numbers(len(entries)) if ns.shard else list(range(1, len(entries) + 1))
     if ns.shard:
         progress_printer(ns.quiet)(f"shard {ns.shard}: runs {', '.join(map(str, numbers))}"
                                    f" of {len(entries)}")
     try:
-        sweep.run_entries(entries, base, out, cache, progress_printer(ns.quiet),
-                          title=sweep.TITLES[command], jobs=ns.jobs, numbers=numbers,
+        runs.run_entries(entries, base, out, cache, progress_printer(ns.quiet),
+                          title=runs.TITLES[command], jobs=ns.jobs, numbers=numbers,
                           exitfirst=getattr(ns, "exitfirst", False))
-    except sweep.SweepInterrupted as stop:  # what finished is shown, then exit 130
+    except runs.SweepInterrupted as stop:  # what finished is shown, then exit 130
         _finish_sweep(command, entries, stop.finished, out, ns.junitxml, f"{stop}")
         raise
     if ns.shard:
         from torchchaos.explore.shards import write_manifest
 
-        write_manifest(out, command, sweep.TITLES[command], ns.shard, entries, extra)
+        write_manifest(out, command, runs.TITLES[command], ns.shard, entries, extra)
     return numbers
 
 
@@ -148,15 +148,15 @@ def _finish_sweep(command: str, entries: list[Entry], numbers: list[int], out: P
     """What every way of running a sweep ends with: the table (of `rows` where given:
     crash states in groups), the pages, campaign.json, JUnit XML, the exit status; over
     the runs `numbers` (a shard's, or all)."""
-    from torchchaos.explore import campaign, sweep
+    from torchchaos.explore import campaign, runs
     from torchchaos.explore.shards import folder_digits
     from torchchaos.report import junit
 
     chosen = [entries[n - 1] for n in numbers]
     digits = folder_digits(command)
-    sweep.write_index(entries, out, sweep.TITLES[command], numbers, digits)
+    runs.write_index(entries, out, runs.TITLES[command], numbers, digits)
     if junitxml is not None:
-        junit.write(junitxml, sweep.TITLES[command], [
+        junit.write(junitxml, runs.TITLES[command], [
             (f"{n:0{digits}d}", entries[n - 1].name, str(entries[n - 1].fault),
              entries[n - 1].report, entries[n - 1].error) for n in numbers])
     if command != "campaign":
@@ -200,7 +200,7 @@ def _merge_searches(searches: list[tuple[Path, dict]], out: Path) -> int:
 
 def cmd_battery(ns: argparse.Namespace) -> int:
     from torchchaos.engine import prepare_out_dir
-    from torchchaos.explore import battery, sweep
+    from torchchaos.explore import battery, runs
     from torchchaos.explore.keywords import Keywords
 
     keywords = Keywords(ns.keyword) if ns.keyword is not None else None
@@ -220,7 +220,7 @@ def cmd_battery(ns: argparse.Namespace) -> int:
     prepare_out_dir(out)
     try:
         numbers = _run_sweep(ns, "battery", entries, base, out, cache)
-    except sweep.SweepStopped as stop:  # -x: what finished is shown, the exit as theirs
+    except runs.SweepStopped as stop:  # -x: what finished is shown, the exit as theirs
         return _finish_sweep("battery", entries, stop.finished, out, ns.junitxml, f"{stop}")
     return _finish_sweep("battery", entries, numbers, out, ns.junitxml)
 
@@ -419,8 +419,8 @@ def _crash_states(ns: argparse.Namespace, base: Scenario, out: Path, cache: Path
                                              stop.result.groups()))
         raise
     if ns.shard:
+        from torchchaos.explore.runs import TITLES
         from torchchaos.explore.shards import CRASH_STATES, write_manifest
-        from torchchaos.explore.sweep import TITLES
 
         write_manifest(out, CRASH_STATES, TITLES[CRASH_STATES], ns.shard, result.entries,
                        crashsweep.shard_extra(base, result, save, modes, ns.cap),
@@ -611,7 +611,7 @@ def cmd_export(ns: argparse.Namespace) -> int:
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
-    from torchchaos.report.model import Report
+    from torchchaos.report.report_file import Report
 
     path = ns.out / "report.json"
     if not path.is_file():
@@ -700,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
                     "search": cmd_search, "shrink": cmd_shrink,
                     "faults": cmd_faults, "export": cmd_export, "doctor": cmd_doctor,
                     "clean": cmd_clean, "merge": cmd_merge, "incident": cmd_incident,
-                    **multinode.COMMANDS, **cluster.COMMANDS, **docker.COMMANDS,
+                    **nodes.COMMANDS, **cluster.COMMANDS, **docker.COMMANDS,
                     **detectors.COMMANDS}
         return commands[ns.command](ns)
     except ChaosError as exc:

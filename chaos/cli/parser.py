@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, NoReturn
 
-from torchchaos.cli import cluster, detectors, docker, multinode
+from torchchaos.cli import cluster, detectors, docker, nodes
 from torchchaos.errors import ChaosError, UsageError, did_you_mean
 
 EXAMPLES = """\
@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_crashpoints_command(sub)
     _add_campaign_command(sub)
     _add_exploration_commands(sub)
-    multinode.add_commands(sub, _positive_int, _positive_seconds)
+    nodes.add_commands(sub, _positive_int, _positive_seconds)
     cluster.add_commands(sub, _positive_int)
     docker.add_commands(sub)
     detectors.add_commands(sub)
@@ -634,7 +634,7 @@ def _add_search_options(sweeps: Any) -> None:
 
 
 def _check_names() -> str:
-    from torchchaos.judge.registry import BUILTIN, OPT_IN
+    from torchchaos.judge.checks_by_name import BUILTIN, OPT_IN
 
     names = [name for name in BUILTIN if name not in OPT_IN]
     return (f"{', '.join(names)}; {', '.join(OPT_IN)} only when named; a plug-in's"

@@ -6,7 +6,7 @@ directory is the run directory), is it seeded (two fault-free runs agree
 bitwise), does it train (parameters that never change make every step look
 alike), where does it save and how often, does it fsync what it saves, and
 does it resume (one kill between two checkpoints, judged like any run).
-Each answer is a `Finding`: ok, warn (judging works, a check may fail) or
+Each answer is a `Diagnosis`: ok, warn (judging works, a check may fail) or
 fail (no verdict can be trusted until it is fixed), with what to do.
 """
 
@@ -28,14 +28,14 @@ MARKS = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "----"}
 
 
 @dataclass
-class Finding:
+class Diagnosis:
     topic: str  # runs, seeded, trains, saves, fsyncs, resumes
     status: str  # ok, warn, fail, skip
     detail: str
 
 
 def examine(base: Scenario, cache_dir: Path, out_dir: Path, progress: Progress
-            ) -> list[Finding]:
+            ) -> list[Diagnosis]:
     """Every finding, in the order a user fixes them: a later one needs the earlier."""
     try:
         reference = get_reference(dataclasses.replace(base, reference_runs=2), cache_dir,
@@ -45,32 +45,32 @@ def examine(base: Scenario, cache_dir: Path, out_dir: Path, progress: Progress
     except CannotJudge as exc:  # it fails, hangs or never steps without faults
         return _refused("runs", str(exc))
     history = reference.history()
-    found = [Finding("runs", "ok", f"{history.final_step()} steps on"
+    found = [Diagnosis("runs", "ok", f"{history.final_step()} steps on"
                                    f" {len(history.ranks())} rank(s) in"
                                    f" {reference.wall_seconds:.1f} s without faults"),
-             Finding("seeded", "ok", reference.detail),
-             Finding("trains", "ok", "its parameters change from step to step")]
+             Diagnosis("seeded", "ok", reference.detail),
+             Diagnosis("trains", "ok", "its parameters change from step to step")]
     saves = _saves(history)
     found.append(saves)
     found.append(_fsyncs(history) if saves.status == "ok" else
-                 Finding("fsyncs", "skip", "no checkpoint save to look at"))
+                 Diagnosis("fsyncs", "skip", "no checkpoint save to look at"))
     found.append(_resumes(base, history, cache_dir, out_dir, progress)
                  if saves.status == "ok" else
-                 Finding("resumes", "fail", "no checkpoint to resume from: a restart starts"
+                 Diagnosis("resumes", "fail", "no checkpoint to resume from: a restart starts"
                                             " over and loses every step"))
     return found
 
 
-def _refused(topic: str, reason: str) -> list[Finding]:
+def _refused(topic: str, reason: str) -> list[Diagnosis]:
     """The reference runs' refusal (about `topic`: runs, seeded or trains) as the first
     finding that failed, after those that passed."""
     order = ["runs", "seeded", "trains"]
     said = {"runs": "it ran to its last step without faults",
             "seeded": "two fault-free runs agreed bitwise"}
-    passed = [Finding(t, "ok", said[t]) for t in order[:order.index(topic)]]
-    rest = [Finding(t, "skip", f"needs '{topic}' first")
+    passed = [Diagnosis(t, "ok", said[t]) for t in order[:order.index(topic)]]
+    rest = [Diagnosis(t, "skip", f"needs '{topic}' first")
             for t in [*order[order.index(topic) + 1:], "saves", "fsyncs", "resumes"]]
-    return [*passed, Finding(topic, "fail", reason), *rest]
+    return [*passed, Diagnosis(topic, "fail", reason), *rest]
 
 
 def _writer_saves(history: History) -> list[int]:
@@ -80,10 +80,10 @@ def _writer_saves(history: History) -> list[int]:
                    if e["rank"] == writer and e.get("launch", 0) == 0})
 
 
-def _saves(history: History) -> Finding:
+def _saves(history: History) -> Diagnosis:
     steps = _writer_saves(history)
     if not steps:
-        return Finding("saves", "fail", "no checkpoint save under the run directory: it"
+        return Diagnosis("saves", "fail", "no checkpoint save under the run directory: it"
                                         " saves nowhere, or somewhere else (an absolute"
                                         " path); pass '{run_dir}/ckpt' as its folder")
     every = steps[1] - steps[0] if len(steps) > 1 else None
@@ -96,10 +96,10 @@ def _saves(history: History) -> Finding:
     detail = f"{len(steps)} save(s), {how_often}, by {by}, {where}"
     if folder is not None:
         detail += f" (storage faults: dir={folder})"
-    return Finding("saves", "ok", detail)
+    return Diagnosis("saves", "ok", detail)
 
 
-def _fsyncs(history: History) -> Finding:
+def _fsyncs(history: History) -> Diagnosis:
     """Whether the writer's second save (or its first) makes its files and their
     folder entries durable: an fsync of a written file, and of the folder a file
     was renamed into."""
@@ -113,19 +113,19 @@ def _fsyncs(history: History) -> Finding:
     files = bool(written & synced)
     folders = not moved or all(str(Path(p).parent) in synced for p in moved)
     if files and folders:
-        return Finding("fsyncs", "ok", "it fsyncs the files it writes"
+        return Diagnosis("fsyncs", "ok", "it fsyncs the files it writes"
                                        + (" and the folder it renames them into"
                                           if moved else ""))
     missing = [what for what, ok in (("the files it writes", files),
                                      ("the folder after a rename", folders)) if not ok]
-    return Finding("fsyncs", "warn", f"it does not fsync {' nor '.join(missing)}: a power"
+    return Diagnosis("fsyncs", "warn", f"it does not fsync {' nor '.join(missing)}: a power"
                                      " loss can drop a checkpoint it had finished"
                                      " (durable_checkpoints will fail under"
                                      " storage:mode=lose_unsynced)")
 
 
 def _resumes(base: Scenario, history: History, cache_dir: Path, out_dir: Path,
-             progress: Progress) -> Finding:
+             progress: Progress) -> Diagnosis:
     """One kill between the first two checkpoints' successors, judged in full."""
     saves = _writer_saves(history)
     final = history.final_step()
@@ -139,21 +139,21 @@ def _resumes(base: Scenario, history: History, cache_dir: Path, out_dir: Path,
     if report.verdict == "pass":
         lost = report.lost_steps[0] if report.lost_steps else 0
         bitwise = report.checks.get("deterministic_resume", {}).get("detail", "")
-        return Finding("resumes", "ok", f"killed after step {step}, it resumed from step"
+        return Diagnosis("resumes", "ok", f"killed after step {step}, it resumed from step"
                                         f" {step - lost} ({lost} step(s) redone): {bitwise}")
     if failed:
         name, detail = failed[0]
-        return Finding("resumes", "fail", f"killed after step {step}: {name}: {detail}")
-    return Finding("resumes", "fail", f"killed after step {step}: could not judge:"
+        return Diagnosis("resumes", "fail", f"killed after step {step}: {name}: {detail}")
+    return Diagnosis("resumes", "fail", f"killed after step {step}: could not judge:"
                                       f" {report.reason}")
 
 
-def table(findings: list[Finding]) -> str:
+def table(findings: list[Diagnosis]) -> str:
     width = max(len(f.topic) for f in findings)
     return "\n".join(f"{MARKS[f.status]:<4}  {f.topic:<{width}}  {f.detail}".rstrip()
                      for f in findings)
 
 
-def exit_code(findings: list[Finding]) -> int:
+def exit_code(findings: list[Diagnosis]) -> int:
     """0: ready to be judged (warnings allowed); 1: something must be fixed first."""
     return 1 if any(f.status == "fail" for f in findings) else 0

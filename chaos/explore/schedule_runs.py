@@ -14,7 +14,7 @@ from torchchaos.engine import run_scenario
 from torchchaos.errors import CannotJudge
 from torchchaos.explore.search import ERROR
 from torchchaos.progress import Progress
-from torchchaos.report.model import Report
+from torchchaos.report.report_file import Report
 from torchchaos.scenario.model import Scenario
 from torchchaos.scenario.spec import parse_fault_spec
 

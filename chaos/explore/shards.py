@@ -40,8 +40,8 @@ from pathlib import Path
 
 from torchchaos.engine import check_out_dir
 from torchchaos.errors import UsageError
-from torchchaos.explore.sweep import Entry
-from torchchaos.report.model import Report
+from torchchaos.explore.runs import Entry
+from torchchaos.report.report_file import Report
 
 MANIFEST = "shard.json"
 CRASH_STATES = "crashstates"  # `crashpoints` without --per-point

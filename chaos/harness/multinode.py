@@ -63,10 +63,10 @@ from torchchaos.harness.runner import (
     torchrun_command,
 )
 from torchchaos.host import procs
+from torchchaos.judge import checks_by_name as check_registry
 from torchchaos.judge import interval
-from torchchaos.judge import registry as check_registry
 from torchchaos.judge.evidence import Evidence
-from torchchaos.report.model import Report
+from torchchaos.report.report_file import Report
 from torchchaos.report.verdict import judge, write_html
 from torchchaos.rundir.history import Event, History, HistoryWriter, read_stream
 from torchchaos.rundir.layout import RunLayout
@@ -480,7 +480,7 @@ def _evidence(run_dir: Path, nodes: list[dict[str, Any]], reference: Path,
     )
 
 
-def gather(run_dir: Path, reference: Path | None, checks: list[str] | None, wait: float,
+def judge_nodes(run_dir: Path, reference: Path | None, checks: list[str] | None, wait: float,
            progress: Progress, max_lost_steps: int | None = None,
            ended_by: str | None = None) -> Report:
     """Judge a finished multi-node run; writes report.json and report.html into it.

@@ -46,13 +46,13 @@ from torchchaos.errors import CannotJudge, UsageError
 from torchchaos.faults.faultfs.client import request
 from torchchaos.faults.faultfs.mount import Mount
 from torchchaos.faults.slurm import JOB_MARK
-from torchchaos.harness.multinode import REFERENCE_ID, finished_nodes, gather
+from torchchaos.harness.multinode import REFERENCE_ID, finished_nodes, judge_nodes
 from torchchaos.harness.runner import Progress
 from torchchaos.host import lifeline, netns
 from torchchaos.host.slurm import folders, jobs
 from torchchaos.host.slurm.cluster import Cluster
 from torchchaos.host.slurm.config import URGENT
-from torchchaos.report.model import Report
+from torchchaos.report.report_file import Report
 from torchchaos.rundir.history import HistoryWriter
 from torchchaos.rundir.layout import RunLayout
 from torchchaos.scenario import schedule
@@ -142,9 +142,9 @@ def run(spec: SlurmRun, cluster: Cluster | None, environ: Mapping[str, str],
     elif not spec.faults:
         progress(f"the fault-free job already ran in {reference}")
     if not spec.faults:
-        return gather(reference, reference, spec.checks, 0.0, progress)
+        return judge_nodes(reference, reference, spec.checks, 0.0, progress)
     ended = _run_job(spec, cluster, environ, progress)
-    return gather(spec.shared / spec.run_id(), reference, spec.checks, SETTLE_SECONDS,
+    return judge_nodes(spec.shared / spec.run_id(), reference, spec.checks, SETTLE_SECONDS,
                   progress, ended_by=ended)
 
 

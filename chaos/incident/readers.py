@@ -41,7 +41,7 @@ class Reader:
 BUILTIN: dict[str, str] = {
     "torchrun": "torchchaos.incident.formats.torchrun:TorchrunLog",
     "collectives": "torchchaos.incident.formats.collectives:CollectiveErrors",
-    "stacks": "torchchaos.incident.formats.stacks:Stacks",
+    "stacks": "torchchaos.incident.formats.stack_dumps:Stacks",
     "kernel": "torchchaos.incident.formats.kernel:KernelLog",
     "trainlog": "torchchaos.incident.formats.trainlog:TrainingLog",
     "errorfile": "torchchaos.incident.formats.errorfile:ErrorFile",

@@ -22,7 +22,7 @@ from typing import Any
 from torchchaos.judge import interval
 from torchchaos.judge.evidence import Evidence, Recovery
 from torchchaos.report import timeline
-from torchchaos.report.model import MARK, Report
+from torchchaos.report.report_file import MARK, Report
 from torchchaos.rundir.history import History
 
 HTML_FILE = "report.html"

@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 
-from torchchaos.report.model import MARK, Report
+from torchchaos.report.report_file import MARK, Report
 
 Row = tuple[str, str, str, "Report | None", str]  # folder, name, fault, report, error
 

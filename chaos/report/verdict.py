@@ -12,11 +12,11 @@ from typing import Any
 from torchchaos.faults.contract import ResolvedFault
 from torchchaos.faults.registry import get_kind
 from torchchaos.judge.checkers import CheckResult
+from torchchaos.judge.checks_by_name import run_checks
 from torchchaos.judge.evidence import Evidence
-from torchchaos.judge.registry import run_checks
 from torchchaos.progress import Progress
 from torchchaos.report import html_report
-from torchchaos.report.model import Report
+from torchchaos.report.report_file import Report
 from torchchaos.rundir.history import History
 
 

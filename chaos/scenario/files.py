@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from torchchaos.errors import UsageError
-from torchchaos.report.model import Report
+from torchchaos.report.report_file import Report
 from torchchaos.scenario import schedule
 from torchchaos.scenario.model import Scenario
 from torchchaos.scenario.spec import parse_fault_spec
@@ -368,7 +368,7 @@ def _expectation(value: Any) -> Expectation | None:
 
 
 def _check_names() -> list[str]:
-    from torchchaos.judge.registry import check_paths
+    from torchchaos.judge.checks_by_name import check_paths
 
     return list(check_paths())
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from torchchaos.errors import UsageError
 from torchchaos.faults.registry import get_kind
 from torchchaos.host import netns
-from torchchaos.judge import registry as check_registry
+from torchchaos.judge import checks_by_name as check_registry
 from torchchaos.rundir.layout import CHAOS_DIR
 from torchchaos.scenario.spec import FaultSpec, parse_fault_spec
 

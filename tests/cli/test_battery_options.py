@@ -20,10 +20,10 @@ from conftest import REPO, TARGET, chaos_processes
 from histories import Timeline
 
 from torchchaos.errors import UsageError
-from torchchaos.explore import battery, sweep
+from torchchaos.explore import battery, runs
 from torchchaos.explore.keywords import Keywords
 from torchchaos.harness import runner
-from torchchaos.report.model import Report
+from torchchaos.report.report_file import Report
 from torchchaos.rundir.history import History
 from torchchaos.scenario.model import Scenario
 from torchchaos.scenario.spec import Spec
@@ -224,11 +224,11 @@ def test_exitfirst_stops_at_the_first_run_that_does_not_pass(monkeypatch, tmp_pa
             raise KeyboardInterrupt
         entry.report = _report(verdicts[number])
 
-    monkeypatch.setattr(sweep, "_run_entry", run_entry)
-    monkeypatch.setattr(sweep, "write_index", lambda *a, **k: None)
-    entries = [sweep.Entry(f"row {n}", Spec.make("kill", rank=0, step=n)) for n in verdicts]
-    with pytest.raises(sweep.SweepStopped) as stop:
-        sweep.run_entries(entries, Scenario(script=str(TARGET)), tmp_path, tmp_path,
+    monkeypatch.setattr(runs, "_run_entry", run_entry)
+    monkeypatch.setattr(runs, "write_index", lambda *a, **k: None)
+    entries = [runs.Entry(f"row {n}", Spec.make("kill", rank=0, step=n)) for n in verdicts]
+    with pytest.raises(runs.SweepStopped) as stop:
+        runs.run_entries(entries, Scenario(script=str(TARGET)), tmp_path, tmp_path,
                           lambda _m: None, jobs=jobs, exitfirst=True)
     runner.reset_cancel()
     assert stop.value.finished == [1, 2] and stop.value.planned == 4
@@ -280,12 +280,12 @@ def test_the_table_names_checks_as_check_does_and_fits_100_columns():
             name: {"ok": False if name in failing else (True if name in CHECKS[:5] else None),
                    "detail": f"{name} went wrong"} for name in CHECKS})
 
-    entries = [sweep.Entry("kill rank 0 at step 12", Spec.read("kill:rank=0,step=12"), report()),
-               sweep.Entry("kill rank 0 mid-write in its 2nd save", Spec("kill"),
+    entries = [runs.Entry("kill rank 0 at step 12", Spec.read("kill:rank=0,step=12"), report()),
+               runs.Entry("kill rank 0 mid-write in its 2nd save", Spec("kill"),
                              report("completes", "atomic_recovery")),
-               sweep.Entry("power loss on rank 0 after a rename in its 2nd save", Spec("storage"),
+               runs.Entry("power loss on rank 0 after a rename in its 2nd save", Spec("storage"),
                              error="no FUSE")]
-    lines = sweep.table(entries).splitlines()
+    lines = runs.table(entries).splitlines()
     assert lines[0].split() == ["scenario", "verdict", "failing", "checks"]
     assert lines[2].endswith("  PASS")
     assert lines[3].endswith("  FAIL     atomic_recovery, completes")  # the cause first

@@ -122,7 +122,7 @@ def test_an_existing_output_directory_is_never_touched(tmp_path):
 
 def test_help_explains_fault_specs_and_exit_codes(tmp_path):
     from torchchaos.faults.registry import all_kinds
-    from torchchaos.judge.registry import BUILTIN
+    from torchchaos.judge.checks_by_name import BUILTIN
     from torchchaos.scenario.spec import parse_fault_spec
 
     result = cli("run", "--help", cwd=tmp_path)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TARGET, chaos_processes
 
+from torchchaos.explore.runs import Entry
 from torchchaos.explore.shards import Shard, write_manifest
-from torchchaos.explore.sweep import Entry
 from torchchaos.scenario.spec import Spec
 
 CLI = [sys.executable, "-m", "torchchaos.cli"]

@@ -18,7 +18,7 @@ from conftest import PLAIN, REPO, TARGET, cases, chaos_processes
 
 from torchchaos.engine import run_scenario
 from torchchaos.errors import CannotJudge
-from torchchaos.judge.registry import default_checks
+from torchchaos.judge.checks_by_name import default_checks
 from torchchaos.scenario.model import Scenario
 
 STEPS = ["--steps", "12", "--ckpt-every", "4"]

@@ -48,7 +48,7 @@ def test_a_missing_fsync_of_the_file_or_of_the_folder_is_a_warning():
 
 def test_where_and_how_often_it_saves():
     found = doctor._saves(saving(ATOMIC).history())
-    assert found == doctor.Finding("saves", "ok", "2 save(s), every 5 steps, by rank 0,"
+    assert found == doctor.Diagnosis("saves", "ok", "2 save(s), every 5 steps, by rank 0,"
                                                   " into ckpt/ (storage faults: dir=ckpt)")
     timeline = Timeline()
     timeline.train(2, range(1, 11), save_every=0)

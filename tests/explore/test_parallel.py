@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import chaos_processes
 
-from torchchaos.explore import sweep
+from torchchaos.explore import runs
 from torchchaos.harness import runner
 from torchchaos.harness.runner import Job
 from torchchaos.scenario.model import Scenario
@@ -65,7 +65,7 @@ def test_parallel_sweep_runs_each_number_once_and_reports_in_order() -> None:
         with lock:
             seen.append(number)
 
-    sweep._in_parallel(run, done.append, range(1, 5), jobs=3)
+    runs._in_parallel(run, done.append, range(1, 5), jobs=3)
     assert sorted(seen) == [1, 2, 3, 4]
     assert sorted(done) == [1, 2, 3, 4]
     assert done != [1, 2, 3, 4]  # reported as they finish, not held back
@@ -85,7 +85,7 @@ def test_an_interrupt_in_the_sweep_cancels_the_runs_still_going() -> None:
         cancelled.set()
 
     with pytest.raises(KeyboardInterrupt):
-        sweep._in_parallel(run, lambda _n: None, range(1, 3), jobs=2)
+        runs._in_parallel(run, lambda _n: None, range(1, 3), jobs=2)
     runner.reset_cancel()
     assert cancelled.is_set()  # the other run saw the cancel before the sweep returned
 
@@ -93,13 +93,13 @@ def test_an_interrupt_in_the_sweep_cancels_the_runs_still_going() -> None:
 def test_every_error_row_of_a_sweep_says_why() -> None:
     """A run that could not be judged (no report) or judged 'error' prints its reason
     under the table, not a bare ERROR (issue 22)."""
-    from torchchaos.report.model import Report
+    from torchchaos.report.report_file import Report
 
     judged = Report(verdict="error", checks={"completes": {"ok": True, "detail": "ok"}},
                     reason="fault(s) never fired: kill:rank=0,step=99")
-    entries = [sweep.Entry("kill late", Spec.read("kill:rank=0,step=99"), report=judged),
-               sweep.Entry("bad dir", Spec.read("storage:mode=lose_unsynced,dir=x"),
+    entries = [runs.Entry("kill late", Spec.read("kill:rank=0,step=99"), report=judged),
+               runs.Entry("bad dir", Spec.read("storage:mode=lose_unsynced,dir=x"),
                              error="storage dir=x: leads outside the run directory")]
-    table = sweep.table(entries)
+    table = runs.table(entries)
     assert "  kill late: could not judge: fault(s) never fired: kill:rank=0,step=99" in table
     assert "  bad dir: could not judge: storage dir=x: leads outside the run directory" in table

@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from torchchaos.errors import UsageError
+from torchchaos.explore.runs import Entry
 from torchchaos.explore.shards import (
     Shard,
     from_environment,
@@ -26,9 +27,8 @@ from torchchaos.explore.shards import (
     write_manifest,
     write_search_manifest,
 )
-from torchchaos.explore.sweep import Entry
 from torchchaos.faults.faultfs.mount import unavailable_reason
-from torchchaos.report.model import Report
+from torchchaos.report.report_file import Report
 from torchchaos.scenario.spec import Spec
 
 

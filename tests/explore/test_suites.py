@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from conftest import TARGET
 
+from torchchaos.explore.runs import Entry
 from torchchaos.explore.suite import CASES, NotApplicable, Plan
-from torchchaos.explore.sweep import Entry
 from torchchaos.faults.faultfs.mount import unavailable_reason
 from torchchaos.host import netns
 from torchchaos.rundir.history import History

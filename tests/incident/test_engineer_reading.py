@@ -17,7 +17,7 @@ import torch
 from torchchaos.incident.attribute import attribute
 from torchchaos.incident.command import named_command, replay_arguments
 from torchchaos.incident.formats import checkpoints
-from torchchaos.incident.formats.stacks import Stacks
+from torchchaos.incident.formats.stack_dumps import Stacks
 from torchchaos.incident.gather import gather
 from torchchaos.incident.signature import Signature
 

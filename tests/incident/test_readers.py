@@ -15,7 +15,7 @@ from torchchaos.incident.formats.flight import FlightRecorder
 from torchchaos.incident.formats.kernel import KernelLog
 from torchchaos.incident.formats.kubernetes import KubernetesStatus
 from torchchaos.incident.formats.slurm import Sacct, SlurmOutput
-from torchchaos.incident.formats.stacks import Stacks
+from torchchaos.incident.formats.stack_dumps import Stacks
 from torchchaos.incident.formats.torchrun import TorchrunLog
 from torchchaos.incident.formats.trainlog import TrainingLog
 from torchchaos.incident.readers import BadArtefact

@@ -6,7 +6,7 @@ import pytest
 from histories import Timeline, evidence, fp, reference
 
 from torchchaos.judge import checkers
-from torchchaos.judge.registry import run_checks
+from torchchaos.judge.checks_by_name import run_checks
 
 
 def killed_and_resumed(restored: int = 10, kill_step: int = 12, **train: object) -> Timeline:

@@ -19,9 +19,9 @@ from histories import Timeline, evidence, fp, reference
 
 from torchchaos.cli import main as cli
 from torchchaos.judge import interval
-from torchchaos.judge.registry import run_checks
+from torchchaos.judge.checks_by_name import run_checks
 from torchchaos.report import html_report, timeline
-from torchchaos.report.model import Report
+from torchchaos.report.report_file import Report
 from torchchaos.rundir.history import History
 from torchchaos.rundir.layout import RunLayout
 
@@ -328,14 +328,15 @@ def test_a_real_run_writes_the_page_and_the_picture(tmp_path, shared_cache):
 
 
 def test_the_progress_bar_of_a_long_sweep_estimates_what_is_left():
-    from torchchaos.explore.sweep import progress_bar, row_kind, time_left
+    from torchchaos.explore.runs import progress_bar, row_kind, time_left
+    from torchchaos.scenario.spec import Spec
 
     assert progress_bar(2, 5, 60.0, 90.0) == "[########------------] 40% 1m00s, about 1m30s left"
     assert progress_bar(5, 5, 301.0, 0.0).startswith("[####################] 100% 5m01s")
     assert progress_bar(1, 3, 9.6, 19.2, width=6) == "[##----] 33% 10s, about 19s left"
     # from what the finished rows of each kind cost; a kind not seen yet at the dearest's
-    kill, torn = row_kind("kill:rank=0,step=12"), row_kind(
-        "storage:mode=torn,rank=0,phase=checkpoint_save,save=2,event=7")
+    kill, torn = row_kind(Spec.read("kill:rank=0,step=12")), row_kind(
+        Spec.read("storage:mode=torn,rank=0,phase=checkpoint_save,save=2,event=7"))
     assert kill == "kill" and torn == "storage in a save"
     costs = {kill: [10.0, 12.0], "kill in a save": [30.0]}
     assert time_left(costs, [kill, torn, torn]) == 11.0 + 30.0 + 30.0

@@ -99,7 +99,7 @@ def test_an_edited_resolved_schedule_is_refused():
 
 
 def test_a_run_replay_file_expects_what_the_run_came_to():
-    from torchchaos.report.model import Report
+    from torchchaos.report.report_file import Report
 
     scenario = Scenario.build(str(TARGET), faults=["kill:rank=1,step=12"])
     report = Report("fail", checks={"completes": {"ok": True, "detail": ""},

@@ -70,7 +70,7 @@ def ranks_of(record: Record) -> Ranks | None:
 
 
 @dataclass
-class Crash:
+class PlacedCrash:
     """Where a state's crash falls in the record, and the chaos-run fault nearest it."""
 
     t_cut: float
@@ -116,7 +116,7 @@ class Places:
             events.sort()
         self.next_own = _next_of_same_process(record)
 
-    def crash(self, spec: StateSpec) -> Crash:
+    def crash(self, spec: StateSpec) -> PlacedCrash:
         t_cut = self._time(spec.cut)
         rank, process = self._process(spec.cut, t_cut)
         ops, first = self.record.ops, self.record.first
@@ -124,7 +124,7 @@ class Places:
             writer, t_next = _owner(ops[spec.cut - 1]), self.next_own[spec.cut - 1]
         else:
             writer, t_next = None, ops[spec.cut]["t"] if spec.cut < len(ops) else self.record.end
-        return Crash(t_cut, rank, process, self._spec(spec, rank, t_cut), t_next, writer)
+        return PlacedCrash(t_cut, rank, process, self._spec(spec, rank, t_cut), t_next, writer)
 
     def _time(self, cut: int) -> float:
         record = self.record

@@ -49,7 +49,7 @@ from pathlib import Path
 from torchchaos import env
 from torchchaos.engine import prepare_out_dir
 from torchchaos.errors import CannotJudge, UsageError
-from torchchaos.explore.crash.record import Crash, Places, Record, load_record, ranks_of
+from torchchaos.explore.crash.record import PlacedCrash, Places, Record, load_record, ranks_of
 from torchchaos.explore.crash.states import (
     CrashState,
     Enumeration,
@@ -66,8 +66,8 @@ from torchchaos.explore.crash.states import (
     view_key,
 )
 from torchchaos.explore.crash.warm import HeldJob
+from torchchaos.explore.runs import Entry
 from torchchaos.explore.shards import Shard, link_or_copy
-from torchchaos.explore.sweep import Entry
 from torchchaos.harness.evidence_from import checkpoint_findings, evidence_from
 from torchchaos.harness.hangwatch import default_timeout
 from torchchaos.harness.reference import Reference, get_reference
@@ -183,7 +183,7 @@ def _warm_early(reference: Reference, cache_dir: Path, folder: str, save: int) -
 def _plan(base: Scenario, reference: Reference, cache_dir: Path, out_dir: Path, folder: str,
           save: int, modes: list[str], cap: int | None, shard: Shard | None,
           progress: Progress
-          ) -> tuple[Record, Path | None, list[StateSpec], list[Crash], Sweep]:
+          ) -> tuple[Record, Path | None, list[StateSpec], list[PlacedCrash], Sweep]:
     """The recording (made or reused), where recoveries see their folder, the states
     planned from it and where each crash falls; the sweep's result, nothing judged yet."""
     record, seen_at_path = _recording(base, reference, cache_dir, out_dir, folder, save,
@@ -213,7 +213,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _judge_states(base: Scenario, reference: Reference, record: Record,
-                  specs: list[StateSpec], crashes: list[Crash], scenario: Scenario,
+                  specs: list[StateSpec], crashes: list[PlacedCrash], scenario: Scenario,
                   folder: str, out_dir: Path, result: Sweep, progress: Progress,
                   early: list[HeldJob] | None = None, seen_at_path: Path | None = None
                   ) -> None:
@@ -449,7 +449,7 @@ def _end_recovery(running: HeldJob, folder: str, state: CrashState) -> StateReco
 
 # -- judging -----------------------------------------------------------------
 def _judge(base: Scenario, reference: Reference, record: Record, recovery: StateRecovery,
-           state: CrashState, crash: Crash, folder: str, out_dir: Path) -> Entry:
+           state: CrashState, crash: PlacedCrash, folder: str, out_dir: Path) -> Entry:
     t_cut, rank, process, spec = crash.t_cut, crash.rank, crash.process, crash.spec.parse()
     fault = schedule.resolve([spec], base.seed, base.nproc, base.nodes)[0]
     events = [e for e in record.history.events
@@ -484,7 +484,7 @@ def _judge(base: Scenario, reference: Reference, record: Record, recovery: State
     return Entry(f"{state.detail}", crash.spec, report)
 
 
-def _echo(event: Event, crash: Crash, folder: str) -> bool:
+def _echo(event: Event, crash: PlacedCrash, folder: str) -> bool:
     """The agent's word for an operation in the recorded folder at or before the cut: a
     rank says what it did once the call returned, after the filesystem saw it, so the
     word for the operation the crash follows comes after the cut (and before that

@@ -12,7 +12,7 @@ from torchchaos.harness.multinode import (
     REFERENCE_ID,
     NodeSpec,
     default_run_id,
-    gather,
+    judge_nodes,
     parse_endpoint,
     run_node,
 )
@@ -109,7 +109,7 @@ def cmd_node(ns: argparse.Namespace) -> int:
 
 
 def cmd_gather(ns: argparse.Namespace) -> int:
-    report = gather(ns.run_dir, ns.reference, ns.check, ns.wait, progress_printer(ns.quiet),
+    report = judge_nodes(ns.run_dir, ns.reference, ns.check, ns.wait, progress_printer(ns.quiet),
                     ns.max_lost_steps)
     return print_report(report, ns.run_dir.resolve())
 

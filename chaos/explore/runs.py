@@ -24,7 +24,7 @@ from torchchaos.errors import CannotJudge, UsageError
 from torchchaos.harness import runner
 from torchchaos.progress import Progress
 from torchchaos.report import html_report
-from torchchaos.report.model import Report
+from torchchaos.report.report_file import Report
 from torchchaos.scenario.model import Scenario
 from torchchaos.scenario.spec import Spec
 
