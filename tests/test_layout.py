@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 FLOORS: list[tuple[str, ...]] = [
     ("torchchaos.errors", "torchchaos.env", "torchchaos.api", "torchchaos.progress",
-     "torchchaos.version"),
+     "torchchaos.version", "torchchaos.log_lines"),
     ("torchchaos.entrypoints",),
     ("torchchaos.host",),
     ("torchchaos.rundir",),

@@ -16,20 +16,18 @@ from __future__ import annotations
 
 import re
 
-ERROR_LINE = re.compile(r"\b\w+(Error|Exception)\b: ")
-COLLATERAL = re.compile(r"Connection (reset|closed|refused)|Broken pipe|DistNetworkError")
-# torchrun's own report that a rank failed (a command's, or a forked rank's: warmrun):
-# an echo of the rank's error, never its cause
-LAUNCHER_ECHO = re.compile(r"ChildFailedError|Process(Exited|Raised)Exception")
-# argparse's (and click's) refusal of the command line: "prog: error: ..."
-USAGE_ERROR = re.compile(r"^\S+: error: \S|^Error: (No such option|Invalid value|Missing)")
-# the launcher saying a worker exited with a status of its own (not killed by a signal):
-# what a rank printed just before it is its last word
-WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+")
+from torchchaos.log_lines import (
+    COLLATERAL,
+    ERROR_LINE,
+    LAUNCHER_ECHO,
+    TORCHRUN_RANK_TAG,
+    USAGE_ERROR,
+    WORKER_FAILED,
+)
+
 # lines that are the launcher's or the library's, never a script's last word
 NOT_THE_SCRIPT = re.compile(r"^\[?[EWID]\d{4} |^=+$|^-+$|Warning|warnings\.warn|^\s*\^+\s*$"
                             r"|^\s*(File \"|Traceback \(most recent)|^usage: ")
-RANK_TAG = re.compile(r"^\[(rank|default)\d+\]:\s?")
 
 
 def error_lines(lines: list[str], open_end: bool = False) -> list[str]:
@@ -39,10 +37,10 @@ def error_lines(lines: list[str], open_end: bool = False) -> list[str]:
     found: list[str] = []
     last_word = ""
     for raw in lines:
-        line = RANK_TAG.sub("", raw.strip())
+        line = TORCHRUN_RANK_TAG.sub("", raw.strip())
         if not line:
             continue
-        if (failed := WORKER_FAILED.search(line)):
+        if (failed := WORKER_FAILED.search(line)):  # what the rank printed before is its last word
             if int(failed.group(1)) > 0 and last_word and last_word not in found[-2:]:
                 found.append(last_word)  # a signal's death has no last word
             last_word = ""

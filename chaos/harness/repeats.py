@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torchchaos.harness.errorlines import COLLATERAL, error_lines
+from torchchaos.harness.errorlines import error_lines
+from torchchaos.log_lines import COLLATERAL
 from torchchaos.rundir.heartbeat import Beat
 from torchchaos.rundir.history import Event, History, read_a_checkpoint
 from torchchaos.rundir.layout import RunLayout

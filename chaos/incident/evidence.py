@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 import re
 
-from torchchaos.incident.formats.collectives import PEER_LOST
 from torchchaos.incident.observations import Observation
+from torchchaos.log_lines import PEER_LOST
 
 FATAL = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL")
 

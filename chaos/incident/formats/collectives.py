@@ -13,23 +13,11 @@ that saw it: the waiting one, not the one it waited for.
 
 from __future__ import annotations
 
-import re
-
 from torchchaos.incident.formats import text
 from torchchaos.incident.observations import Observation, Source
 from torchchaos.incident.readers import Reader
+from torchchaos.log_lines import GLOO_TIMEOUT, NCCL_RANK, NCCL_WATCHDOG, PEER_LOST
 
-# a peer gone, as a collective says it: gloo's "pair.cc:534] Connection closed by peer",
-# NCCL's remote error. A socket's "Connection reset by peer" anywhere else (an HTTP retry,
-# a data stream) is no peer of the job's.
-PEER_LOST = re.compile(r"(?=.*(?:gloo|pair\.cc|c10d|ProcessGroup|Dist(?:Network|Backend)Error"
-                       r"|TCPStore|NCCL)).*Connection (?:closed|reset) by peer"
-                       r"|NCCL (?:communicator was aborted|error).*remote|ncclRemoteError")
-GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation|"
-                          r"Application timeout caused pair closure")
-NCCL_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\("
-                           r"SeqNum=(\d+), OpType=(\w+).*?\) ran for (\d+) milliseconds")
-NCCL_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]")
 OPS = {"ALLREDUCE": "all_reduce", "BROADCAST": "broadcast", "ALLGATHER": "all_gather",
        "_ALLGATHER_BASE": "all_gather_into_tensor", "REDUCE_SCATTER": "reduce_scatter",
        "_REDUCE_SCATTER_BASE": "reduce_scatter_tensor", "BARRIER": "barrier",

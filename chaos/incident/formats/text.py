@@ -5,16 +5,7 @@ from __future__ import annotations
 import re
 
 from torchchaos.incident.readers import BadArtefact
-
-# torch prefixes a rank's stderr with "[rank1]:"; torchrun --tee/--log-dir with
-# "[default1]:" (the role's local rank); Lightning its own messages with "[rank: 1]";
-# many launch wrappers with "rank 1:" (srun --label: "3: "); Open MPI's --tag-output with
-# "[1,2]<stderr>:" (job, rank).
-RANK_TAG = re.compile(r"^\s*\[(?:rank|Rank |rank: )(\d+)\]:?\s?|^\s*\[default(\d+)\]:\s?"
-                      r"|^(\d+): |^\[\d+,(\d+)\]<std(?:out|err)>:\s?")
-FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
-EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|"
-                            r"Failure|Timeout|Warning)|[A-Za-z_][\w.]*Error\w*): ?(?P<msg>.*)$")
+from torchchaos.log_lines import FRAME, RANK_TAG
 
 
 def decode(data: bytes) -> str:

@@ -42,16 +42,8 @@ from torchchaos.incident.observations import (
     worker_of,
 )
 from torchchaos.incident.readers import Reader
+from torchchaos.log_lines import AGENT_SIGNAL, CLOSING, FRAME, RESTART, SUMMARY_START, WORKER_FAILED
 
-WORKER_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
-# the launcher stops a worker: its subprocess mode's line, and its multiprocessing mode's
-# (a function launched by elastic_launch, start method fork or spawn)
-CLOSING = re.compile(r"(?:Sending process (\d+) closing signal|(?:Closing|Terminating) process"
-                     r" (\d+) via signal) (SIG\w+)")
-RESTART = re.compile(r"Worker group (\w+)\. (\d+)/(\d+) attempts left; will restart worker group")
-# the launcher itself got a signal (a scheduler's, an operator's) and stops its workers
-AGENT_SIGNAL = re.compile(r"Received (?:Signals\.)?(SIG\w+) death signal")
-SUMMARY_START = re.compile(r"ChildFailedError:\s*$")
 ENTRY = re.compile(r"^\[(\d+)\]:\s*$")
 FIELD = re.compile(r"^\s{2}(time|host|rank|exitcode|error_file|traceback)\s*: ?(.*)$")
 RANK_FIELD = re.compile(r"(\d+) \(local_rank: (\d+)\)")
@@ -202,7 +194,7 @@ def _summary_entry(fields: dict, where: Source, root: bool, script: str | None) 
     if m := EXIT_FIELD.search(fields.get("exitcode", "")):
         code, pid = int(m.group(1)), int(m.group(2))
     tb = fields.get("_tb", [])
-    frames = tuple(text.frame_text(m) for line in tb if (m := text.FRAME.match(line)))
+    frames = tuple(text.frame_text(m) for line in tb if (m := FRAME.match(line)))
     last = next((line.strip() for line in reversed(tb) if line.strip()), "")
     if NO_TRACEBACK.match(last):  # a script not under @record: no error of its own told
         last = ""

@@ -22,6 +22,7 @@ import time
 from torchchaos.incident.formats import records, text
 from torchchaos.incident.observations import Observation, Source, worker_of
 from torchchaos.incident.readers import Reader
+from torchchaos.log_lines import EXCEPTION_LINE
 
 # "step 12", "iter 12:", "global_step=12", and the tutorials' and Ignite's bracketed
 # counters, "Step [12/100]", "Iteration[12/20]"
@@ -122,7 +123,7 @@ class TrainingLog(Reader):
             rank = said_rank if rank is None else rank
             rank = worker if rank is None else rank  # torchrun --log-dir: the file's rank
             if NOT_OURS.match(body) or "torch/distributed" in body or \
-                    text.EXCEPTION_LINE.match(body.strip()):
+                    EXCEPTION_LINE.match(body.strip()):
                 continue  # an error's message may name a step; it is not the counter
             # two ranks' prints glued on one line (each print is two writes: its text,
             # then its newline) are read as the two lines they were
