@@ -27,7 +27,7 @@ from torchchaos.harness.reference import check_cache_dir, default_cache_dir
 from torchchaos.host import leftovers, owners
 
 if TYPE_CHECKING:
-    from torchchaos.explore.runs import Entry
+    from torchchaos.explore.rows import Entry
     from torchchaos.progress import Progress
     from torchchaos.scenario.model import Scenario
 
@@ -106,18 +106,6 @@ def _battery_base(ns: argparse.Namespace) -> tuple[Scenario, Path, Path]:
     return (base, *_dirs(ns))
 
 
-def _print_battery(entries: list[Entry], out: Path, summary: str = "") -> int:
-    from torchchaos.explore import runs
-
-    print(runs.table(entries))
-    if summary:
-        print(summary)
-    print(f"runs: {out} (pages: {out / 'index.html'})")
-    return runs.exit_code(entries)
-
-
-
-
 def _run_sweep(ns: argparse.Namespace, command: str, entries: list[Entry], base: Scenario,
                out: Path, cache: Path, extra: dict[str, object] | None = None) -> list[int]:
     """Run the planned entries (this shard's, with --shard); returns their numbers."""
@@ -132,39 +120,13 @@ def _run_sweep(ns: argparse.Namespace, command: str, entries: list[Entry], base:
                           title=runs.TITLES[command], jobs=ns.jobs, numbers=numbers,
                           exitfirst=getattr(ns, "exitfirst", False))
     except runs.SweepInterrupted as stop:  # what finished is shown, then exit 130
-        _finish_sweep(command, entries, stop.finished, out, ns.junitxml, f"{stop}")
+        runs.finish(command, entries, stop.finished, out, ns.junitxml, f"{stop}")
         raise
     if ns.shard:
         from torchchaos.explore.shards import write_manifest
 
         write_manifest(out, command, runs.TITLES[command], ns.shard, entries, extra)
     return numbers
-
-
-def _finish_sweep(command: str, entries: list[Entry], numbers: list[int], out: Path,
-                  junitxml: Path | None, summary: str = "",
-                  rows: list[Entry] | None = None,
-                  fail_on: frozenset[str] = frozenset()) -> int:
-    """What every way of running a sweep ends with: the table (of `rows` where given:
-    crash states in groups), the pages, campaign.json, JUnit XML, the exit status; over
-    the runs `numbers` (a shard's, or all)."""
-    from torchchaos.explore import campaign, runs
-    from torchchaos.explore.shards import folder_digits
-    from torchchaos.report import junit
-
-    chosen = [entries[n - 1] for n in numbers]
-    digits = folder_digits(command)
-    runs.write_index(entries, out, runs.TITLES[command], numbers, digits)
-    if junitxml is not None:
-        junit.write(junitxml, runs.TITLES[command], [
-            (f"{n:0{digits}d}", entries[n - 1].name, str(entries[n - 1].fault),
-             entries[n - 1].report, entries[n - 1].error) for n in numbers])
-    if command != "campaign":
-        return _print_battery(chosen if rows is None else rows, out, summary)
-    print(campaign.table(entries, numbers))
-    print(f"runs: {out} (details: {campaign.write(entries, out, numbers)};"
-          f" pages: {out / 'index.html'})")
-    return campaign.exit_code(chosen, fail_on)
 
 
 def _merge_searches(searches: list[tuple[Path, dict]], out: Path) -> int:
@@ -221,8 +183,8 @@ def cmd_battery(ns: argparse.Namespace) -> int:
     try:
         numbers = _run_sweep(ns, "battery", entries, base, out, cache)
     except runs.SweepStopped as stop:  # -x: what finished is shown, the exit as theirs
-        return _finish_sweep("battery", entries, stop.finished, out, ns.junitxml, f"{stop}")
-    return _finish_sweep("battery", entries, numbers, out, ns.junitxml)
+        return runs.finish("battery", entries, stop.finished, out, ns.junitxml, f"{stop}")
+    return runs.finish("battery", entries, numbers, out, ns.junitxml)
 
 
 def _battery_rows(base: Scenario, cache: Path, progress: Any) -> tuple[list, bool]:
@@ -281,7 +243,7 @@ def _list_battery(ns: argparse.Namespace, keywords: Any) -> int:
 
 def cmd_merge(ns: argparse.Namespace) -> int:
     from torchchaos.engine import check_out_dir
-    from torchchaos.explore import shards
+    from torchchaos.explore import runs, shards
 
     check_out_dir(ns.out)
     if ns.fail_on and shards.command_of(ns.dirs[0]) != "campaign":
@@ -299,13 +261,13 @@ def cmd_merge(ns: argparse.Namespace) -> int:
         ran = sum(len(d["recoveries"]) for d in merged.details)
         summary = crashsweep.merged_summary(merged.entries, merged.extra, groups,
                                             len(merged.details), ran)
-        return _finish_sweep(merged.command, merged.entries, numbers, ns.out, ns.junitxml,
+        return runs.finish(merged.command, merged.entries, numbers, ns.out, ns.junitxml,
                              summary, crashsweep.report_rows(merged.entries, numbers, groups))
     if merged.command == "crashpoints":
         failed = sum(1 for e in merged.entries if e.report and e.report.verdict == "fail")
         summary = (f"{len(merged.entries)} of {merged.extra.get('total')} points run,"
                    f" {failed} broke the protocol")
-    return _finish_sweep(merged.command, merged.entries, numbers, ns.out, ns.junitxml,
+    return runs.finish(merged.command, merged.entries, numbers, ns.out, ns.junitxml,
                          summary, fail_on=ns.fail_on)
 
 
@@ -325,6 +287,7 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 
 def cmd_crashpoints(ns: argparse.Namespace) -> int:
     from torchchaos.engine import prepare_out_dir
+    from torchchaos.explore import runs
     from torchchaos.explore.crash import points as crashpoints
     from torchchaos.explore.crash import sweep as crashsweep
 
@@ -362,7 +325,7 @@ def cmd_crashpoints(ns: argparse.Namespace) -> int:
     minutes = (time.monotonic() - started) / 60
     ran = [entries[n - 1] for n in numbers]
     failed = sum(1 for e in ran if e.report and e.report.verdict == "fail")
-    return _finish_sweep("crashpoints", entries, numbers, out, ns.junitxml,
+    return runs.finish("crashpoints", entries, numbers, out, ns.junitxml,
                          f"{len(ran)} of {total} points run, {failed} broke the protocol;"
                          f" {len(ran) / minutes:.1f} points per minute")
 
@@ -407,13 +370,14 @@ def _crash_states(ns: argparse.Namespace, base: Scenario, out: Path, cache: Path
                   progress: Progress, modes: list[str], save: int,
                   junitxml: Path | None) -> int:
     """Every crash state of save `save` judged from its recording: the table and pages."""
+    from torchchaos.explore import runs
     from torchchaos.explore.crash import sweep as crashsweep
 
     try:
         result = crashsweep.sweep(base, out, cache, progress, save, modes, ns.cap,
                                   ns.steps_after_resume or 3, ns.shard)
     except crashsweep.Interrupted as stop:  # what was judged is shown, then exit 130
-        _finish_sweep("crashstates", stop.result.entries, stop.judged, out, junitxml,
+        runs.finish("crashstates", stop.result.entries, stop.judged, out, junitxml,
                       f"save {save}: {stop}",
                       crashsweep.report_rows(stop.result.entries, stop.judged,
                                              stop.result.groups()))
@@ -425,7 +389,7 @@ def _crash_states(ns: argparse.Namespace, base: Scenario, out: Path, cache: Path
         write_manifest(out, CRASH_STATES, TITLES[CRASH_STATES], ns.shard, result.entries,
                        crashsweep.shard_extra(base, result, save, modes, ns.cap),
                        crashsweep.shard_details(result))
-    return _finish_sweep("crashstates", result.entries, result.numbers, out, junitxml,
+    return runs.finish("crashstates", result.entries, result.numbers, out, junitxml,
                          crashsweep.summary(result, save),
                          crashsweep.report_rows(result.entries, result.numbers,
                                                 result.groups()))
@@ -433,7 +397,7 @@ def _crash_states(ns: argparse.Namespace, base: Scenario, out: Path, cache: Path
 
 def cmd_campaign(ns: argparse.Namespace) -> int:
     from torchchaos.engine import prepare_out_dir
-    from torchchaos.explore import battery, campaign
+    from torchchaos.explore import battery, campaign, runs
     if ns.script is None:
         ns.script, ns.args = str(battery.BUNDLED_TARGET), [*battery.BUNDLED_ARGS,
                                                            "--no-sdc-defences"]
@@ -444,7 +408,7 @@ def cmd_campaign(ns: argparse.Namespace) -> int:
                             ns.bit or list(get_kind("bitflip").choices["bit"]))
     prepare_out_dir(out)
     numbers = _run_sweep(ns, "campaign", entries, base, out, cache)
-    return _finish_sweep("campaign", entries, numbers, out, ns.junitxml, fail_on=ns.fail_on)
+    return runs.finish("campaign", entries, numbers, out, ns.junitxml, fail_on=ns.fail_on)
 
 
 def cmd_replay(ns: argparse.Namespace) -> int:

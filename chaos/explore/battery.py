@@ -30,7 +30,7 @@ from pathlib import Path
 from torchchaos import env
 from torchchaos.explore.crash import shapes
 from torchchaos.explore.keywords import PLACE
-from torchchaos.explore.runs import Entry
+from torchchaos.explore.rows import Entry
 from torchchaos.faults.registry import get_kind
 from torchchaos.faults.storage import dir_pairs
 from torchchaos.harness.reference import get_reference

@@ -15,7 +15,7 @@ import random
 from pathlib import Path
 
 from torchchaos.errors import UsageError
-from torchchaos.explore.runs import Entry
+from torchchaos.explore.rows import Entry
 from torchchaos.faults.registry import get_kind
 from torchchaos.harness.reference import get_reference
 from torchchaos.judge.sdc import CATEGORIES

@@ -1,11 +1,13 @@
-"""Running a sweep's rows: one chaos run per row, a few at a time, with progress.
+"""Running a sweep's rows and ending the sweep: one module for every sweep.
 
-Every sweep (the battery, crash points, crash states, a bit-flip campaign, a
-suite) plans its rows, `Entry`s, its own way, then hands them here: each row's
-fault runs on the sweep's base scenario in OUT/NN, the index page is rewritten
-after each row (a cut-short sweep has one), `-x` stops at the first row that did
-not pass, Ctrl-C reaps every run still going. The table and the exit status a
-sweep ends with are here too.
+Every sweep (the battery, crash points, a bit-flip campaign, a suite) plans its
+rows (`rows.Entry`) its own way, then hands them here: each row's fault runs on
+the sweep's base scenario in OUT/NN, the index page is rewritten after each row
+(a cut-short sweep has one), `-x` stops at the first row that did not pass,
+Ctrl-C reaps every run still going. Crash states are judged from one recording
+(`crash/sweep.py`) and end here too: `finish` writes what every sweep ends with
+(the table, the index page, JUnit XML, a campaign's campaign.json) and gives its
+exit status, for a whole sweep, a shard's or a merge's.
 """
 
 from __future__ import annotations
@@ -15,42 +17,22 @@ import textwrap
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed, wait
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from torchchaos.engine import run_scenario
 from torchchaos.errors import CannotJudge, UsageError
+from torchchaos.explore import campaign
+from torchchaos.explore.rows import Entry
+from torchchaos.explore.shards import folder_digits
 from torchchaos.harness import runner
 from torchchaos.progress import Progress
-from torchchaos.report import html_report
-from torchchaos.report.report_file import Report
+from torchchaos.report import html_report, junit
 from torchchaos.scenario.model import Scenario
 from torchchaos.scenario.spec import Spec
 
 # the page title of each sweep
 TITLES = {"battery": "torchchaos battery", "crashpoints": "torchchaos crash points",
           "crashstates": "torchchaos crash states", "campaign": "torchchaos bit-flip campaign"}
-
-
-@dataclass
-class Entry:
-    name: str
-    fault: Spec
-    report: Report | None = None
-    seed: int | None = None  # for the fault's seeded picks; None: the base scenario's
-    start_from: str | None = None  # Scenario.start_from for this run
-    error: str = ""  # why the run could not be judged, where it made no report
-
-    def plan_row(self) -> dict[str, object]:
-        """What a shard's manifest keeps of the row: its fault as text."""
-        return {"name": self.name, "fault": str(self.fault), "seed": self.seed,
-                "start_from": self.start_from}
-
-    @classmethod
-    def from_plan_row(cls, row: dict[str, Any]) -> Entry:
-        return cls(row["name"], Spec.read(row["fault"]), seed=row["seed"],
-                   start_from=row["start_from"])
 
 
 def run_entries(entries: list[Entry], base: Scenario, out_dir: Path, cache_dir: Path,
@@ -234,3 +216,33 @@ def exit_code(entries: list[Entry]) -> int:
     if any(e.report and e.report.verdict == "fail" for e in entries):
         return 1
     return 2 if any(e.report is None or e.report.verdict == "error" for e in entries) else 0
+
+
+def finish(command: str, entries: list[Entry], numbers: list[int], out: Path,
+                  junitxml: Path | None, summary: str = "",
+                  rows: list[Entry] | None = None,
+                  fail_on: frozenset[str] = frozenset()) -> int:
+    """What every way of running a sweep ends with: the table (of `rows` where given:
+    crash states in groups), the pages, campaign.json, JUnit XML, the exit status; over
+    the runs `numbers` (a shard's, or all)."""
+    chosen = [entries[n - 1] for n in numbers]
+    digits = folder_digits(command)
+    write_index(entries, out, TITLES[command], numbers, digits)
+    if junitxml is not None:
+        junit.write(junitxml, TITLES[command], [
+            (f"{n:0{digits}d}", entries[n - 1].name, str(entries[n - 1].fault),
+             entries[n - 1].report, entries[n - 1].error) for n in numbers])
+    if command != "campaign":
+        return _print_table(chosen if rows is None else rows, out, summary)
+    print(campaign.table(entries, numbers))
+    print(f"runs: {out} (details: {campaign.write(entries, out, numbers)};"
+          f" pages: {out / 'index.html'})")
+    return campaign.exit_code(chosen, fail_on)
+
+
+def _print_table(entries: list[Entry], out: Path, summary: str = "") -> int:
+    print(table(entries))
+    if summary:
+        print(summary)
+    print(f"runs: {out} (pages: {out / 'index.html'})")
+    return exit_code(entries)

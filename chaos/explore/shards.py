@@ -40,7 +40,7 @@ from pathlib import Path
 
 from torchchaos.engine import check_out_dir
 from torchchaos.errors import UsageError
-from torchchaos.explore.runs import Entry
+from torchchaos.explore.rows import Entry
 from torchchaos.report.report_file import Report
 
 MANIFEST = "shard.json"

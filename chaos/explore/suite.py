@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from torchchaos.errors import ChaosError, UsageError
 from torchchaos.explore import battery, campaign
 from torchchaos.explore.crash import points as crashpoints
-from torchchaos.explore.runs import Entry
+from torchchaos.explore.rows import Entry
 from torchchaos.faults.registry import get_kind
 from torchchaos.faults.storage import dir_pairs
 from torchchaos.harness.reference import get_reference

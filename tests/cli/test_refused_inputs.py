@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TARGET, chaos_processes
 
-from torchchaos.explore.runs import Entry
+from torchchaos.explore.rows import Entry
 from torchchaos.explore.shards import Shard, write_manifest
 from torchchaos.scenario.spec import Spec
 

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from torchchaos.errors import UsageError
-from torchchaos.explore.runs import Entry
+from torchchaos.explore.rows import Entry
 from torchchaos.explore.shards import (
     Shard,
     from_environment,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import TARGET
 
-from torchchaos.explore.runs import Entry
+from torchchaos.explore.rows import Entry
 from torchchaos.explore.suite import CASES, NotApplicable, Plan
 from torchchaos.faults.faultfs.mount import unavailable_reason
 from torchchaos.host import netns

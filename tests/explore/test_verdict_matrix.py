@@ -57,7 +57,7 @@ from torchchaos.explore import battery
 from torchchaos.explore.crash import points as crashpoints
 from torchchaos.explore.crash import shapes
 from torchchaos.explore.crash import sweep as crashsweep
-from torchchaos.explore.runs import Entry
+from torchchaos.explore.rows import Entry
 from torchchaos.faults.faultfs.mount import unavailable_reason
 from torchchaos.harness.reference import get_reference
 from torchchaos.rundir.history import History

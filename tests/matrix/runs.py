@@ -15,7 +15,8 @@ from torchchaos import env
 from torchchaos.errors import ChaosError
 from torchchaos.explore import battery
 from torchchaos.explore.crash import sweep as crashsweep
-from torchchaos.explore.runs import Entry, run_entries
+from torchchaos.explore.rows import Entry
+from torchchaos.explore.runs import run_entries
 from torchchaos.harness.reference import get_reference
 from torchchaos.rundir.history import History
 from torchchaos.scenario.model import Scenario

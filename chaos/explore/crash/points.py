@@ -42,7 +42,7 @@ from typing import TypeVar
 
 from torchchaos import env
 from torchchaos.errors import CannotJudge, UsageError
-from torchchaos.explore.runs import Entry
+from torchchaos.explore.rows import Entry
 from torchchaos.faults.storage import dir_pairs
 from torchchaos.harness.reference import get_reference
 from torchchaos.progress import Progress

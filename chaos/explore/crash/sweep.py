@@ -66,7 +66,7 @@ from torchchaos.explore.crash.states import (
     view_key,
 )
 from torchchaos.explore.crash.warm import HeldJob
-from torchchaos.explore.runs import Entry
+from torchchaos.explore.rows import Entry
 from torchchaos.explore.shards import Shard, link_or_copy
 from torchchaos.harness.evidence_from import checkpoint_findings, evidence_from
 from torchchaos.harness.hangwatch import default_timeout
