@@ -33,20 +33,7 @@ _PUBLIC = {
 }
 _RENAMED = {"load_scenario_file": "load"}
 
-__all__ = [
-    "CannotJudge",
-    "ChaosError",
-    "FaultKind",
-    "HarnessKind",
-    "Report",
-    "Scenario",
-    "UsageError",
-    "chaos_machine",
-    "load_scenario_file",
-    "report_checkpoint_committed",
-    "report_detection",
-    "run_scenario",
-]
+__all__ = sorted(_PUBLIC)  # (listed for type checkers in __init__.pyi)
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":  # kept in torchchaos.version, the lowest floor's

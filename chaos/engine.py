@@ -11,6 +11,7 @@ from torchchaos.harness.hangwatch import default_timeout
 from torchchaos.harness.reference import check_cache_dir, get_reference
 from torchchaos.harness.runner import Job, torchrun_command
 from torchchaos.judge import interval
+from torchchaos.judge.evidence import Evidence
 from torchchaos.progress import Progress
 from torchchaos.report.report_file import Report
 from torchchaos.report.verdict import fault_summary, judge, write_html
@@ -100,7 +101,21 @@ def run_scenario(scenario: Scenario, out_dir: Path, cache_dir: Path,
         replay=str(replay),
         checkpoint=interval.advice(evidence, scenario.mtbf_hours),
     )
-    scenario_file.for_run(scenario, faults, report).save(replay)
-    report.write(out_dir)
-    write_html(report, out_dir, evidence, say)
+    publish(report, out_dir, evidence, scenario, faults, say)
     return report
+
+
+def publish(report: Report, out_dir: Path, evidence: Evidence, scenario: Scenario,
+            faults: list[schedule.ResolvedFault], say: Progress,
+            only_failures: bool = False) -> None:
+    """What a judged run leaves in its folder: its replay file with the verdict (what
+    `torchchaos replay` runs), report.json and the HTML page. `only_failures`: the
+    replay file and the page only for a run that did not pass (a sweep of thousands of
+    crash states keeps the passes to report.json)."""
+    shown = report.verdict != "pass" or not only_failures
+    if shown:
+        report.replay = str(scenario_file.for_run(scenario, faults, report).save(
+            out_dir / scenario_file.REPLAY_FILE))
+    report.write(out_dir)
+    if shown:
+        write_html(report, out_dir, evidence, say)

@@ -44,15 +44,30 @@ def load_object(path: str, what: str) -> object:
 T = TypeVar("T")
 
 
+
 class Registry(Generic[T]):
     """Names to dotted paths (a built-in table plus the plug-ins of an entry-point group),
     each object imported the first time its name is asked for and kept. `accept` turns
-    what was imported into the registry's object, or raises UsageError."""
+    what was imported into the registry's object, or raises UsageError; a class as
+    `accept` takes a subclass of it whose `name` is the name it is registered under,
+    and instantiates it."""
 
     def __init__(self, group: str, builtin: dict[str, str], what: str,
-                 accept: Callable[[str, str, object], T]) -> None:
-        self.group, self.builtin, self.what, self.accept = group, builtin, what, accept
+                 accept: Callable[[str, str, object], T] | type[T]) -> None:
+        self.group, self.builtin, self.what = group, builtin, what
+        self.accept: Callable[[str, str, object], T] = (
+            self._named_instance(accept) if isinstance(accept, type) else accept)
         self._loaded: dict[str, T] = {}
+
+    def _named_instance(self, base: type[T]) -> Callable[[str, str, object], T]:
+        def accept(name: str, path: str, found: object) -> T:
+            if not (isinstance(found, type) and issubclass(found, base)) \
+                    or getattr(found, "name", None) != name:
+                raise UsageError(f"{self.what} {name!r}: {path!r} is not a {base.__name__}"
+                                 f" named {name!r}")
+            return found()
+
+        return accept
 
     def paths(self) -> dict[str, str]:
         """Every known name and its dotted path; built-ins win over plug-ins."""

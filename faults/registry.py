@@ -16,7 +16,6 @@ A name is the spec's `KIND` (`slowdisk:rank=0,step=5`); the class is a
 from __future__ import annotations
 
 from torchchaos.entrypoints import Registry
-from torchchaos.errors import UsageError
 from torchchaos.faults.contract import FaultKind
 
 ENTRY_POINT_GROUP = "torchchaos.faults"
@@ -41,13 +40,7 @@ BUILTIN: dict[str, str] = {
     "toxic": "torchchaos.faults.toxic:Toxic",
 }
 
-def _instance(name: str, path: str, found: object) -> FaultKind:
-    if not (isinstance(found, type) and issubclass(found, FaultKind)) or found.name != name:
-        raise UsageError(f"fault kind {name!r}: {path!r} is not a FaultKind named {name!r}")
-    return found()
-
-
-KINDS: Registry[FaultKind] = Registry(ENTRY_POINT_GROUP, BUILTIN, "fault kind", _instance)
+KINDS: Registry[FaultKind] = Registry(ENTRY_POINT_GROUP, BUILTIN, "fault kind", FaultKind)
 
 
 def kind_paths() -> dict[str, str]:

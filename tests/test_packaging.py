@@ -128,3 +128,17 @@ def test_a_users_project_with_folders_named_as_ours_runs_the_plugin(
     version = subprocess.run([str(venv / "bin" / "torchchaos"), "--version"], env=environ,
                              capture_output=True, text=True, cwd=project)
     assert version.stdout.startswith("torchchaos "), version
+
+
+def test_the_images_wheels_cover_every_extra_the_test_extra_names() -> None:
+    """`.[test]` names `torchchaos[docs,megatron]`: the image's offline install needs the
+    wheels of both (one extra read as "docs,megatron" found none, and the build failed)."""
+    import tomllib
+
+    from torchchaos.host.docker.images import requirements
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    wanted = set(requirements(REPO))
+    for extra in ("docs", "megatron"):
+        assert set(extras[extra]) <= wanted, extra

@@ -25,7 +25,7 @@ This harness stays outside the job, on the machine that submits it (a login node
   finishing counting as a job that did not complete.
 
 A harness that dies while its job is queued or running has its job cancelled by its
-lifeline (`torchchaos.host.slurm.folders.note_job`).
+lifeline (`torchchaos.host.cluster_folders.note_job`).
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ from torchchaos.faults.faultfs.mount import Mount
 from torchchaos.faults.slurm import JOB_MARK
 from torchchaos.harness.multinode import REFERENCE_ID, finished_nodes, judge_nodes
 from torchchaos.harness.runner import Progress
+from torchchaos.host import cluster_folders as folders
 from torchchaos.host import lifeline, netns
-from torchchaos.host.slurm import folders, jobs
+from torchchaos.host.slurm import jobs
 from torchchaos.host.slurm.cluster import Cluster
 from torchchaos.host.slurm.config import URGENT
 from torchchaos.report.report_file import Report

@@ -42,7 +42,8 @@ from pathlib import Path
 
 from torchchaos import env
 from torchchaos.host import cgroups, freezer, netns, procs, shortcuts
-from torchchaos.host.docker import folders as docker
+from torchchaos.host import cluster_folders as slurm
+from torchchaos.host import engine_folders as docker
 from torchchaos.host.owners import (
     LockFile,
     Owners,
@@ -51,7 +52,6 @@ from torchchaos.host.owners import (
     owners,
     read_live,
 )
-from torchchaos.host.slurm import folders as slurm
 
 FSNAME = "torchchaos-faultfs"  # the fault filesystem's mounts show this source
 ORDER = ("slurmjob", "process", "mount", "cgroup", "netns", "link", "shortcut", "cluster",

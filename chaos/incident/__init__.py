@@ -1,19 +1,24 @@
 """Incidents: from what a failed job left to a scenario that replays it.
 
-The flow runs the harness's backwards first (shared/DESIGN.md, "Incidents"):
+The harness's flow run backwards first (ARCHITECTURE.md, "The flow"), then forwards:
 
     artefacts -> observations -> incident -> scenario file + signature -> replay -> reproduced?
 
-- `observations`: what one artefact says, each with the file and line (or key)
-  it came from; nothing guessed.
-- `formats/`: one reader per artefact format (torchrun's log, torchelastic's
-  error file, collective errors, flight-recorder dumps, stacks, the kernel's
-  OOM lines, the training log, Kubernetes, Slurm, the checkpoint folder, this
-  project's own report); `readers` finds them by name and sniffs which reads a file.
-- `gather`: walks the paths a user names and runs the readers.
-- `attribute`: observations to an incident (a timeline per rank, the fault, its
-  phase), by rules a reader can follow; what it cannot tell it says.
+- `importing`: the two ends a user calls: import a job's artefacts, judge a replay.
+- `gather`: walks the paths a user names and runs the readers on each file.
+- `formats/`: the readers, one module per tool or format; `readers` finds them by
+  name and sniffs which reads a file.
+- `observations`: what one artefact says, each with the file and line (or key) it
+  came from; nothing guessed.
+- `attribute`: observations to an incident (a timeline per rank, the fault, its rank
+  and phase), through `normalise` (ranks, restarts, resume steps made whole),
+  `launches` (the logs cut into launches), `rules/` (the failure rules, one order) and
+  `placement` (the phase, the step window, the role); `finding` is what it finds,
+  `evidence` what every rule reads alike; what it cannot tell it says.
+- `command`, `script_source`, `frameworks`: the script the artefacts name, its own
+  lines where a traceback quotes them, and the frames a framework's loop is made of.
 - `signature`: what made it an incident, and how a replay's differs.
 - `mapping`: the incident's fault as specs for the script and ranks at hand.
-- `incident_file`: the incident as a `*.chaos.yaml` file `torchchaos replay` runs.
+- `incident_file`: the incident as a `*.chaos.yaml` file `torchchaos replay` runs;
+  `page` its postmortem page.
 """

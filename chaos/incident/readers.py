@@ -13,7 +13,6 @@ own log format as a package with an entry point of the same shape:
 from __future__ import annotations
 
 from torchchaos.entrypoints import Registry
-from torchchaos.errors import UsageError
 from torchchaos.incident.observations import Observation
 
 ENTRY_POINT_GROUP = "torchchaos.readers"
@@ -56,13 +55,7 @@ BUILTIN: dict[str, str] = {
 }
 
 
-def _instance(name: str, path: str, found: object) -> Reader:
-    if not (isinstance(found, type) and issubclass(found, Reader)) or found.name != name:
-        raise UsageError(f"artefact reader {name!r}: {path!r} is not a Reader named {name!r}")
-    return found()
-
-
-READERS: Registry[Reader] = Registry(ENTRY_POINT_GROUP, BUILTIN, "artefact reader", _instance)
+READERS: Registry[Reader] = Registry(ENTRY_POINT_GROUP, BUILTIN, "artefact reader", Reader)
 
 
 def all_readers() -> list[Reader]:

@@ -1,1 +1,3 @@
-"""Code that runs inside every training rank (loaded by sitecustomize); may import torch."""
+"""Code that runs in the job's processes, not the harness's: the agent inside every rank
+(loaded by sitecustomize) and what it uses, and the job's launchers (`warmrun`,
+`launcher_server`); may import torch."""

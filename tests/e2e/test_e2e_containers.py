@@ -16,8 +16,9 @@ from __future__ import annotations
 import pytest
 from conftest import REPO, TARGET
 
+from torchchaos.host import engine_folders as folders
 from torchchaos.host import netns
-from torchchaos.host.docker import engine, folders
+from torchchaos.host.docker import engine
 
 UNAVAILABLE = engine.unavailable_reason() or netns.unavailable_reason()
 pytestmark = [pytest.mark.xdist_group("docker-engine"),

@@ -21,8 +21,9 @@ import pytest
 
 from torchchaos import env
 from torchchaos.errors import CannotJudge, Unavailable, UsageError
+from torchchaos.host import engine_folders as folders
 from torchchaos.host import lifeline, netns, procs
-from torchchaos.host.docker import containers, folders, images
+from torchchaos.host.docker import containers, images
 from torchchaos.host.docker import engine as engine_module
 from torchchaos.host.docker.engine import Engine
 
@@ -156,7 +157,8 @@ def test_a_killed_harness_leaves_no_engine(tmp_path: Path, state: str) -> None:
     starter = tmp_path / "starter.py"
     starter.write_text(textwrap.dedent(f"""
         import time
-        from torchchaos.host.docker import containers, folders, images
+        from torchchaos.host import engine_folders as folders
+from torchchaos.host.docker import containers, images
         from torchchaos.host.docker.engine import Engine
         engine = Engine.start()
         bridge = containers.network(engine)

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchchaos import env
-from torchchaos.engine import prepare_out_dir
+from torchchaos.engine import prepare_out_dir, publish
 from torchchaos.errors import CannotJudge, UsageError
 from torchchaos.explore.crash.record import PlacedCrash, Places, Record, load_record, ranks_of
 from torchchaos.explore.crash.states import (
@@ -74,12 +74,11 @@ from torchchaos.harness.reference import Reference, get_reference
 from torchchaos.harness.runner import Job, JobOutcome
 from torchchaos.host import seen_at
 from torchchaos.progress import Progress
-from torchchaos.report.verdict import judge, write_html
+from torchchaos.report.verdict import judge
 from torchchaos.rundir import checkpoint_files
 from torchchaos.rundir.folders import write_atomic
 from torchchaos.rundir.history import Event, History
 from torchchaos.rundir.written import files_differ, holds_bytes, written_files
-from torchchaos.scenario import files as scenario_file
 from torchchaos.scenario import schedule
 from torchchaos.scenario.model import Scenario
 
@@ -474,13 +473,9 @@ def _judge(base: Scenario, reference: Reference, record: Record, recovery: State
                    crash_state=state.detail, recording=str(record.run_dir),
                    operations=_operations(record, state))
     out_dir.mkdir()
-    if report.verdict != "pass":  # the nearest chaos run: `torchchaos replay` runs it
-        scenario = dataclasses.replace(base, faults=[spec])
-        report.replay = str(scenario_file.for_run(scenario, [fault], report).save(
-            out_dir / scenario_file.REPLAY_FILE))
-    report.write(out_dir)
-    if report.verdict != "pass":
-        write_html(report, out_dir, evidence, lambda _msg: None)
+    # its replay file: the nearest chaos run, which `torchchaos replay` runs
+    publish(report, out_dir, evidence, dataclasses.replace(base, faults=[spec]), [fault],
+            lambda _msg: None, only_failures=True)
     return Entry(f"{state.detail}", crash.spec, report)
 
 

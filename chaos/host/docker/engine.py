@@ -29,8 +29,8 @@ from typing import Any
 
 from torchchaos import env
 from torchchaos.errors import Unavailable, UsageError
+from torchchaos.host import engine_folders as folders
 from torchchaos.host import lifeline, procs
-from torchchaos.host.docker import folders
 from torchchaos.host.slurm import daemons
 
 PROGRAMS = ("dockerd", "containerd", "runc")

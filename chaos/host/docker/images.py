@@ -216,8 +216,9 @@ def requirements(repo: Path) -> list[str]:
     def expand(extra: str) -> list[str]:
         found = []
         for requirement in extras.get(extra, []):
-            if requirement.startswith(f"{name}["):
-                found += expand(requirement[len(name) + 1:-1])
+            if requirement.startswith(f"{name}["):  # "torchchaos[docs,megatron]"
+                for inner in requirement[len(name) + 1:-1].split(","):
+                    found += expand(inner.strip())
             else:
                 found.append(requirement)
         return found

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchchaos.errors import CannotJudge
+from torchchaos.host import engine_folders as folders
 from torchchaos.host import freezer, netns
-from torchchaos.host.docker import folders, images
+from torchchaos.host.docker import images
 from torchchaos.host.docker.engine import Engine
 from torchchaos.host.owners import state_dir
 

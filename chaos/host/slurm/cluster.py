@@ -34,8 +34,9 @@ from pathlib import Path
 
 from torchchaos import env
 from torchchaos.errors import CannotJudge, UsageError
+from torchchaos.host import cluster_folders as folders
 from torchchaos.host import lifeline, procs
-from torchchaos.host.slurm import accounting, daemons, folders
+from torchchaos.host.slurm import accounting, daemons
 from torchchaos.host.slurm.config import Layout, Ports, free_ports, slurm_conf
 
 PROGRAMS = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo")

@@ -1,8 +1,9 @@
 """Where an owned engine lives (`docker-<id>` in the state folder), which cgroups its
 containers run in, and removing what a dead one left.
 
-Its own module so that `torchchaos.host.leftovers` can list an engine's remains without
-importing the engine (which imports the lifeline, which imports leftovers).
+Beside `docker/`, not in it: `torchchaos.host.leftovers` lists an engine's remains
+with it, and the engine (`docker/engine.py`) owns its folder on the lifeline, which
+sweeps leftovers, so the whole of `docker/` stands above the lifeline and this below.
 
 The daemon, its containerd and their shims carry the run id mark in their environment;
 a container's processes do not (the image's environment is theirs), so the engine puts

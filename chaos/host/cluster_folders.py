@@ -1,8 +1,9 @@
 """Where an owned cluster lives (`slurm-<id>` in the state folder) and which Slurm jobs a
 harness has queued (`slurm-job-<run id>.json`), and finding them.
 
-Its own module so that `torchchaos.host.leftovers` can list them without importing
-the cluster (which imports the lifeline, which imports leftovers)."""
+Beside `slurm/`, not in it: `torchchaos.host.leftovers` lists them with it, and the
+cluster (`slurm/cluster.py`) owns its folder on the lifeline, which sweeps leftovers, so
+the whole of `slurm/` stands above the lifeline and this below."""
 
 from __future__ import annotations
 
