@@ -158,7 +158,7 @@ def test_a_killed_harness_leaves_no_engine(tmp_path: Path, state: str) -> None:
     starter.write_text(textwrap.dedent(f"""
         import time
         from torchchaos.host import engine_folders as folders
-from torchchaos.host.docker import containers, images
+        from torchchaos.host.docker import containers, images
         from torchchaos.host.docker.engine import Engine
         engine = Engine.start()
         bridge = containers.network(engine)
