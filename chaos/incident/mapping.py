@@ -59,9 +59,8 @@ def placement_from_reference(history: History, scenario: Scenario) -> Placement:
 
     faults = [(e.name, e.fault) for e in battery.plan_from(history, scenario, lambda _m: None)]
     writer = str(history.checkpoint_writer())
-    between = next(int(str(f.get("step"))) for _, f in faults
-                   if f.kind == "kill" and f.get("rank") == "0" and f.get("step")
-                   and f.get("signal") is None)
+    between = next(int(step) for _, f in faults if f.kind == "kill" and f.get("rank") == "0"
+                   and (step := f.get("step")) and f.get("signal") is None)
     in_saves = [(name, f) for name, f in faults if f.kind == "kill" and f.get("rank") == writer
                 and f.get("phase") == "checkpoint_save" and f.get("save") == "2"]
     in_save = next((f.trigger() for _, f in in_saves), None)

@@ -171,8 +171,9 @@ def missing_package(spec: str) -> str | None:
 
 def action_of(name: str) -> str:
     """What a job does when this detector fires, as the table shows it."""
-    if name == "megatron_rerun":
-        return "Megatron decides per trial"
+    if name == "megatron_rerun":  # its module imports megatron-core only when one is made
+        from torchchaos.sdc import megatron
+        return megatron.MegatronRerun.action
     return BUILTIN.get(name, TargetGuard).action
 
 

@@ -29,13 +29,16 @@ while the machine runs. With CUDA, Megatron's class runs as it is.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import random
 import warnings
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -47,7 +50,9 @@ STOP_TRANSIENT = "stop: not reproducible (transient)"
 GO_ON = "go on (not fatal)"
 
 
+@functools.cache
 def _module() -> Any:
+    """megatron-core's rerun state machine module, imported (and quieted) once."""
     with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed"
         warnings.simplefilter("ignore")
         from megatron.core import rerun_state_machine
@@ -68,18 +73,12 @@ def _machine_class(rsm: Any) -> Any:
             return found if isinstance(value, list) else found[0]
 
         def _save_state(self) -> None:
-            import random
-
-            import numpy as np
             self.saved_state = {"rng_state": {"random": random.getstate(),
                                               "numpy": np.random.get_state(),
                                               "torch": torch.get_rng_state()},
                                 "other_state": None}
 
         def _restore_state(self) -> None:
-            import random
-
-            import numpy as np
             saved = self.saved_state["rng_state"]
             random.setstate(saved["random"])
             np.random.set_state(saved["numpy"])
@@ -112,7 +111,7 @@ class MegatronRerun(Detector):
     action = "Megatron decides per trial"  # see `decision`
 
     def __init__(self, spiky: float = 10.0, samples: int = 100) -> None:
-        rsm = _module()  # (a module is not kept: the trial loop deep-copies detectors)
+        rsm = _module()  # (not kept on the instance: the trial loop deep-copies detectors)
         self.machine = _machine_class(rsm)(mode=rsm.RerunMode.VALIDATE_RESULTS)
         self.spiky, self.samples = spiky, samples
         self.decision: str | None = None

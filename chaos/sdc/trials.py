@@ -137,7 +137,7 @@ class Loop:
             flags.append(detector.check(view))
             if watched:
                 self.check_seconds[k] += time.perf_counter() - began
-        self.decisions = [getattr(d, "decision", None) for d in detectors]
+        self.decisions = [d.decision for d in detectors]
         found = torch.tensor([float(f) for f in flags] or [0.0])
         dist.all_reduce(found, op=dist.ReduceOp.MAX)
         t.optimizer.step()
