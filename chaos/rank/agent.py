@@ -186,7 +186,7 @@ class Agent:
         self.base_step: int | None = None  # global step restored before this process's first step
         self.aligned = True
         self.local_steps = 0
-        self.depth = 0
+        self.in_forward = False  # a top-level module call is under way
         self.step_open = False
         self.fp: dict[str, str] = {}
         self.batch: list[torch.Tensor] = []
@@ -212,7 +212,6 @@ class Agent:
 
     # -- install -------------------------------------------------------------
     def install(self) -> None:
-        from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim_module
 
         agent = self
@@ -225,8 +224,7 @@ class Agent:
         optim_module.Optimizer.__init__ = init
         optim_module.register_optimizer_step_pre_hook(self._pre_step)
         optim_module.register_optimizer_step_post_hook(self._post_step)
-        nn_module.register_module_forward_pre_hook(self._forward_pre)
-        nn_module.register_module_forward_hook(self._forward_post)
+        self._watch_top_level_forwards()
         self._wrap_backward()
         self._wrap_thread_start()
         self.io = IOWatch(str(self.layout.run_dir), str(self.layout.chaos_dir), self._file_event)
@@ -295,6 +293,28 @@ class Agent:
         if not self.raised and not self.forked:
             self.heartbeat.progress(EXITING, self.global_step())
             self.heartbeat.write()
+
+    def _watch_top_level_forwards(self) -> None:
+        """See every top-level module call at the cost of one Python call per module call.
+
+        Torch's global module hooks would see them too, but any global hook sends every
+        module call down `Module._call_impl`'s slow path and adds two hook calls: 0.1 ms
+        a step of the bundled TinyLM's 22 module calls, 3 % of its step on a CPU core.
+        A call inside another module's forward passes straight through."""
+        real_call = torch.nn.Module.__call__
+        agent = self
+
+        def call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if agent.in_forward or agent.forked:
+                return real_call(module, *args, **kwargs)
+            agent._top_level_forward(module, args)
+            agent.in_forward = True
+            try:
+                return real_call(module, *args, **kwargs)
+            finally:
+                agent.in_forward = False
+
+        torch.nn.Module.__call__ = call  # type: ignore[method-assign]
 
     def _wrap_backward(self) -> None:
         real_backward = torch.Tensor.backward
@@ -457,20 +477,14 @@ class Agent:
         if restored == 0:
             self._check_step_triggers(0)  # faults that act during step 1
 
-    def _forward_pre(self, module: torch.nn.Module, args: Any) -> None:
-        if self.forked:
-            return
-        if self.depth == 0:
-            if all(ref() is not module for ref in self._roots):
-                self._roots.append(weakref.ref(module))
-            if not self.step_open:
-                self._begin_step()
-            self.batch.extend(tensors_in(args))
-        self.depth += 1
-
-    def _forward_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if not self.forked:
-            self.depth = max(self.depth - 1, 0)
+    def _top_level_forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        """A module called with no module's forward under way: the step's first one
+        begins the step; every one's arguments are part of the step's batch."""
+        if all(ref() is not module for ref in self._roots):
+            self._roots.append(weakref.ref(module))
+        if not self.step_open:
+            self._begin_step()
+        self.batch.extend(tensors_in(args))
 
     def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.forked or _initialising_optimizer_state():
@@ -501,7 +515,7 @@ class Agent:
         self.history.record("step", step=self.global_step(), aligned=self.aligned,
                             local=self.local_steps, loss=loss, fp=self.fp,
                             **({} if self.full else {"light": True}))
-        self.batch, self.loss, self.fp, self.step_open, self.depth = [], None, {}, False, 0
+        self.batch, self.loss, self.fp, self.step_open = [], None, {}, False
         self.heartbeat.progress("step", self.global_step())
         self._keep_weights()
         self._step_actions = [act for act in self._step_actions if act(self.global_step() or 0)]
