@@ -6,7 +6,8 @@
    gradients, RNG, batch) and on a light one (parameters, learning rates,
    batch).
 2. Throughput of `digest_tensors` vs `torch.sum` over the same 64 MiB tensor
-   (the memory-bandwidth bound it is measured against).
+   (the memory-bandwidth bound it is measured against), and of the integer sums
+   an accelerator's tensors get (`_device_sums`, also run on CPU tensors here).
 
     python bench/fingerprint.py
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import torch
 from reference_step import ReferenceTraining, timed
 
-from torchchaos.rank.fingerprint import digest_object, digest_rng, digest_tensors
+from torchchaos.rank.fingerprint import _device_sums, digest_object, digest_rng, digest_tensors
 
 
 def per_step() -> None:
@@ -62,8 +63,28 @@ def throughput(device: str) -> None:
           f" {gbs / fp_s:.2f} GB/s ({sum_s / fp_s:.1%} of the sum bound)")
 
 
+def accelerator_path(device: str) -> None:
+    """The integer sums an accelerator's tensors get (`_device_sums`), against the
+    reductions they are made of: torch's sum of the same float32 and of its bits as
+    int32 (on a CPU build torch's integer sum is not vectorised: there the int32 sum is
+    the bound; on a GPU both are memory-bound)."""
+    x = torch.randn(16 * 1024 * 1024, device=device)
+    words = x.view(torch.int32)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    gbs = x.numel() * 4 / 1e9
+    figures = {}
+    for name, run in (("float32 sum", x.sum), ("int32 sum", words.sum),
+                      ("_device_sums", lambda: _device_sums(x))):
+        figures[name] = gbs / timed(lambda run=run: (run(), sync()), 10)
+    print(f"64 MiB on {device}, the accelerator path: " + ", ".join(
+        f"{name} {value:.1f} GB/s" for name, value in figures.items())
+        + f" ({figures['_device_sums'] / figures['int32 sum']:.0%} of the int32 sum)")
+
+
 if __name__ == "__main__":
     per_step()
     throughput("cpu")
+    accelerator_path("cpu")
     if torch.cuda.is_available():
         throughput("cuda")
+        accelerator_path("cuda")

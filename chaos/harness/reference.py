@@ -134,7 +134,8 @@ def linked_files(links: list[str]) -> dict[str, str]:
 # What a reference step's fingerprints hold; a change makes older cached runs unusable.
 # 2: the loss joined them (light steps of a chaos run compare it).
 # 3: the gradients of optimizer.step(closure) are taken after the closure ran.
-FINGERPRINT_FORMAT = 3
+# 4: an accelerator's tensors are summed down columns of 251 words (`_device_sums`).
+FINGERPRINT_FORMAT = 4
 
 
 def _torch_version() -> str:

@@ -189,6 +189,7 @@ class Agent:
         self.in_forward = False  # a top-level module call is under way
         self.step_open = False
         self.fp: dict[str, str] = {}
+        self._lr_text, self._lr_digest = "", ""  # the last learning rates seen, and their digest
         self.batch: list[torch.Tensor] = []
         self.loss: torch.Tensor | None = None
         self.save_tracker = SaveTracker()
@@ -412,7 +413,15 @@ class Agent:
         return digest_object([opt.state_dict()["state"] for opt in self.optimizers])
 
     def _lr_fp(self) -> str:
-        return digest_object([[g.get("lr") for g in opt.param_groups] for opt in self.optimizers])
+        rates = [[g.get("lr") for g in opt.param_groups] for opt in self.optimizers]
+        if not all(type(rate) in (float, int) for group in rates for rate in group):
+            return digest_object(rates)  # a tensor learning rate (capturable Adam)
+        # Plain numbers change rarely (a schedule's next decay) and their digest is one of
+        # their exact text: it is made again only when the text changes.
+        text = repr(rates)
+        if text != self._lr_text:
+            self._lr_text, self._lr_digest = text, digest_object(rates)
+        return self._lr_digest
 
     def _full_window(self) -> None:
         """The step under way and the next FULL_WINDOW ones are fingerprinted in full."""

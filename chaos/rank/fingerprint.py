@@ -6,9 +6,10 @@
   pointer: with no torch call in between, a small tensor costs about 1 us
   instead of 3 (a step of a small model digests hundreds of them).
 - Tensors on an accelerator: their bits are viewed as integers of the same
-  width and reduced on the device with exact integer arithmetic (a plain sum
-  and a position-weighted sum, chunked so int64 cannot overflow); only the
-  small per-tensor sums cross to the host, once per device.
+  width (32 bits at most) and reduced on the device with exact integer
+  arithmetic, in one pass that copies nothing (a plain sum and a
+  position-weighted sum, `_device_sums`); only the small per-tensor sums cross
+  to the host, once per device.
 
 Either way the digest is equal across runs exactly when the bits (and the
 dtypes and shapes) are equal: the plain sum changes with any single flipped
@@ -27,19 +28,20 @@ from typing import Any
 import torch
 import xxhash
 
-_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_CHUNK = 1 << 24
-_WEIGHT_PERIOD = 251  # weights 1..251 keep x*w well inside int64
-_weights: dict[tuple[torch.device, int], torch.Tensor] = {}
+# Each element's bits as integer words of 32 bits or fewer: an 8-byte element is read as
+# its two 32-bit halves (a 64-bit word times a weight would overflow int64).
+_WORD_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int32}
+_WEIGHT_PERIOD = 251  # word i weighs i % 251 + 1 (a prime: no common row width repeats it)
+_weights: dict[torch.device, torch.Tensor] = {}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # not a subclass such as DTensor
 _headers: dict[tuple[torch.dtype, torch.Size], bytes] = {}
+_arrays: dict[int, type[ctypes.Array[ctypes.c_char]]] = {}  # a ctypes array type per size
 
 
-def _weights_for(device: torch.device, n: int) -> torch.Tensor:
-    key = (device, n)
-    if key not in _weights:
-        _weights[key] = (torch.arange(n, device=device, dtype=torch.int64) % _WEIGHT_PERIOD) + 1
-    return _weights[key]
+def _column_weights(device: torch.device) -> torch.Tensor:
+    if device not in _weights:
+        _weights[device] = torch.arange(1, _WEIGHT_PERIOD + 1, device=device, dtype=torch.int64)
+    return _weights[device]
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -56,23 +58,26 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8) if flat.dtype == torch.bool else flat
 
 
-def _as_int64_words(flat: torch.Tensor) -> torch.Tensor:
-    """The bits as int64 words of 32 bits or fewer (so weighted sums cannot overflow)."""
-    width = flat.element_size()
-    words = flat.view(_INT_VIEW[width]).to(torch.int64)
-    if width == 8:
-        words = torch.cat([words & 0xFFFFFFFF, words >> 32])
-    return words
-
-
 def _device_sums(flat: torch.Tensor) -> torch.Tensor:
-    words = _as_int64_words(flat)
-    sums = [torch.tensor([words.numel()], device=words.device, dtype=torch.int64)]
-    for start in range(0, max(words.numel(), 1), _CHUNK):
-        chunk = words[start : start + _CHUNK]
-        sums.append(chunk.sum().reshape(1))
-        sums.append((chunk * _weights_for(chunk.device, chunk.numel())).sum().reshape(1))
-    return torch.cat(sums)
+    """Exact integer sums of one tensor's words, in one pass over them on their device:
+    their sum, and their sum weighted by position, as three int64 numbers.
+
+    The words are laid out as rows of 251 and summed down the columns: a column holds
+    every word of one weight, so the weighted sum is a sum of 251 column sums times their
+    weights. No copy of the words is made (an earlier version widened every word to int64
+    and multiplied it by a weight: about 13 bytes of memory traffic per byte digested).
+    A column sum is split into its low 32 bits and the rest before it is weighted, so
+    nothing overflows up to 2**32 words a tensor (16 GiB); beyond that the sums wrap.
+    """
+    words = flat.view(_WORD_VIEW[flat.element_size()])
+    count = words.numel()
+    body = count - count % _WEIGHT_PERIOD
+    columns = words[:body].view(-1, _WEIGHT_PERIOD).sum(dim=0, dtype=torch.int64)
+    if body < count:  # the last, partial row
+        columns[: count - body] += words[body:].to(torch.int64)
+    weights = _column_weights(columns.device)
+    low, high = columns & 0xFFFFFFFF, columns >> 32
+    return torch.stack([columns.sum(), (low * weights).sum(), (high * weights).sum()])
 
 
 def _host_sums(device_tensors: list[torch.Tensor]) -> list[list[int]]:
@@ -110,7 +115,13 @@ def _bytes_in_place(t: torch.Tensor) -> ctypes.Array[ctypes.c_char] | None:
     if (type(t) not in _PLAIN or not t.is_cpu or t.layout != torch.strided
             or not t.is_contiguous() or t.is_conj() or t.is_neg()):
         return None
-    return (ctypes.c_char * t.nbytes).from_address(t.data_ptr())
+    size = t.nbytes
+    array = _arrays.get(size)
+    if array is None:  # making an array type costs more than reading a small tensor
+        if len(_arrays) > 4096:
+            _arrays.clear()
+        array = _arrays[size] = ctypes.c_char * size
+    return array.from_address(t.data_ptr())
 
 
 def digest_tensors(tensors: Iterable[torch.Tensor]) -> str:

@@ -95,3 +95,35 @@ def test_cuda_tensors_are_digested_on_the_device():
     flipped = gpu.clone()
     flipped.view(torch.int32)[123] ^= 1
     assert digest_tensors([flipped]) != digest_tensors([gpu])
+
+
+def _exact_sums(words: torch.Tensor) -> tuple[int, int]:
+    """The sum and the position-weighted sum of integer words, in Python's exact ints."""
+    values = words.tolist()
+    return sum(values), sum(v * (i % 251 + 1) for i, v in enumerate(values))
+
+
+@pytest.mark.parametrize("count", [0, 1, 250, 251, 252, 1000])
+def test_the_accelerator_path_sums_exactly_what_it_says(count):
+    """One pass down columns of 251 words gives the plain and the weighted sum exactly,
+    for every length: a whole number of rows, a partial last row, no row at all."""
+    from torchchaos.rank.fingerprint import _device_sums
+
+    words = torch.randint(-2**31, 2**31, (count,), dtype=torch.int64,
+                          generator=torch.Generator().manual_seed(count)).to(torch.int32)
+    total, low, high = _device_sums(words).tolist()
+    assert (total, low + (high << 32)) == _exact_sums(words)
+
+
+def test_the_accelerator_path_does_not_overflow_at_a_gigabyte():
+    """2**28 words of the largest value (a 1 GiB tensor of int32): the weighted sum is
+    about 2**67, past int64, and still comes out exact."""
+    from torchchaos.rank.fingerprint import _device_sums
+
+    count, value = 1 << 28, 2**31 - 1
+    words = torch.full((count,), value, dtype=torch.int32)
+    total, low, high = _device_sums(words).tolist()
+    rows, rest = divmod(count, 251)
+    weights = rows * sum(range(1, 252)) + sum(range(1, rest + 1))
+    assert total == count * value
+    assert low + (high << 32) == weights * value
