@@ -111,13 +111,13 @@ def test_the_accelerator_path_sums_exactly_what_it_says(count):
 
     words = torch.randint(-2**31, 2**31, (count,), dtype=torch.int64,
                           generator=torch.Generator().manual_seed(count)).to(torch.int32)
-    total, low, high = _device_sums(words).tolist()
-    assert (total, low + (high << 32)) == _exact_sums(words)
+    assert _device_sums(words).tolist() == list(_exact_sums(words))
 
 
 def test_the_accelerator_path_does_not_overflow_at_a_gigabyte():
     """2**28 words of the largest value (a 1 GiB tensor of int32): the weighted sum is
-    about 2**67, past int64, and still comes out exact."""
+    about 2**67, past int64, and still comes out exact (in two halves, low 32 bits and the
+    rest of the column sums, each weighted)."""
     from torchchaos.rank.fingerprint import _device_sums
 
     count, value = 1 << 28, 2**31 - 1
@@ -127,3 +127,14 @@ def test_the_accelerator_path_does_not_overflow_at_a_gigabyte():
     weights = rows * sum(range(1, 252)) + sum(range(1, rest + 1))
     assert total == count * value
     assert low + (high << 32) == weights * value
+
+
+def test_the_one_weighted_sum_is_exact_up_to_its_bound():
+    """The largest tensor weighted in one sum (the smallest int32 in every word)."""
+    from torchchaos.rank.fingerprint import _EXACT_WORDS, _device_sums
+
+    value = -2**31
+    words = torch.full((_EXACT_WORDS,), value, dtype=torch.int32)
+    rows = _EXACT_WORDS // 251
+    assert _device_sums(words).tolist() == [_EXACT_WORDS * value,
+                                            rows * sum(range(1, 252)) * value]
