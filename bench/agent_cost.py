@@ -28,7 +28,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
 VARIANTS = {
     "the agent as it is": "",
     "without fingerprints": "nodigest",
@@ -75,16 +74,13 @@ def one_process(blocks: int, steps: int, without: set[str], timers: bool) -> dic
     """The measurement itself (in a process of its own: the agent patches torch)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(20000 + os.getpid() % 20000),
                       RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    sys.path.insert(0, str(REPO / "targets"))
-    import torch
     import torch.distributed as dist
+    from reference_step import ReferenceTraining  # the bundled target's step
     from torch.nn.parallel import DistributedDataParallel
 
     from torchchaos import env
     from torchchaos.rank import agent as agent_module
     from torchchaos.rundir.layout import RunLayout
-
-    from tiny_lm import SEQ, VOCAB, TinyLM
 
     run, reference = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())
     # a reference whose last step is far away: every step after the first few is light
@@ -110,12 +106,9 @@ def one_process(blocks: int, steps: int, without: set[str], timers: bool) -> dic
             setattr(agent_module, name, _timed(name, getattr(agent_module, name), spent))
         agent.history.record = _timed("record", agent.history.record, spent)
 
-    torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    torch.manual_seed(0)
-    model = DistributedDataParallel(TinyLM())
-    batch = torch.randint(0, VOCAB, (8, SEQ + 1), generator=torch.Generator().manual_seed(0))
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    training = ReferenceTraining.create()  # made after the agent, as in a rank
+    training.model = DistributedDataParallel(training.model)
     medians: dict[str, list[float]] = {"off": [], "on": []}
     for block in range(blocks):
         order = (("off", off), ("on", on)) if block % 2 == 0 else (("on", on), ("off", off))
@@ -123,11 +116,7 @@ def one_process(blocks: int, steps: int, without: set[str], timers: bool) -> dic
             _restore(state)
             times, last = [], time.perf_counter()
             for _ in range(steps):
-                optim.zero_grad()
-                logits = model(batch[:, :-1])
-                torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB),
-                                                  batch[:, 1:].reshape(-1)).backward()
-                optim.step()
+                training.step()
                 now = time.perf_counter()
                 times.append(now - last)
                 last = now
