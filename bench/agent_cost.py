@@ -4,8 +4,9 @@ One process trains the bundled TinyLM under DDP (gloo, world size 1, one thread)
 blocks of steps, the agent's patches of torch switched on and off from block to block
 (on first in odd blocks), so the machine's drift falls on both alike. Each variant
 switches one part of the agent's light-step work off as well, and says what the step
-costs without it: the fingerprints (`digest_tensors`, `digest_object`), the history line
-(`HistoryWriter.record`), both with the heartbeat. Then one run with timers around those
+costs without it: the fingerprints (`digest_tensors`, the parameters' `RepeatedDigest`,
+`digest_object`), the step's history line (`HistoryWriter.record_step`), both with the
+heartbeat. Then one run with timers around those
 parts, in place: what each costs where it runs, between torch's kernels, with the caches
 the step left (several times what the same call costs in a loop of its own).
 
@@ -34,7 +35,7 @@ VARIANTS = {
     "without the history line": "nohistory",
     "without both and the heartbeat": "nodigest,nohistory,nobeat",
 }
-TIMED = ("digest_tensors", "digest_object", "record")
+TIMED = ("digest_tensors", "params_digest", "digest_object", "record_step", "record")
 
 
 def _patched_state() -> tuple[Any, ...]:
@@ -97,14 +98,17 @@ def one_process(blocks: int, steps: int, without: set[str], timers: bool) -> dic
     if "nodigest" in without:
         agent_module.digest_tensors = lambda tensors: ""
         agent_module.digest_object = lambda obj: ""
+        agent.params_digest = lambda tensors: ""
     if "nohistory" in without:
-        agent.history.record = lambda ev, **fields: {}
+        agent.history.record_step = lambda *args, **kwargs: None
     if "nobeat" in without:
         agent.heartbeat.progress = lambda doing, step: None
     if timers:
-        for name in TIMED[:2]:
+        for name in ("digest_tensors", "digest_object"):
             setattr(agent_module, name, _timed(name, getattr(agent_module, name), spent))
-        agent.history.record = _timed("record", agent.history.record, spent)
+        agent.params_digest = _timed("params_digest", agent.params_digest, spent)
+        for name in ("record_step", "record"):
+            setattr(agent.history, name, _timed(name, getattr(agent.history, name), spent))
 
     dist.init_process_group("gloo")
     training = ReferenceTraining.create()  # made after the agent, as in a rank

@@ -135,7 +135,8 @@ def linked_files(links: list[str]) -> dict[str, str]:
 # 2: the loss joined them (light steps of a chaos run compare it).
 # 3: the gradients of optimizer.step(closure) are taken after the closure ran.
 # 4: an accelerator's tensors are summed down columns of 251 words (`_device_sums`).
-FINGERPRINT_FORMAT = 4
+# 5: a digest hashes the tensors' headers first, in one piece, then their bytes.
+FINGERPRINT_FORMAT = 5
 
 
 def _torch_version() -> str:

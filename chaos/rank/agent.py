@@ -54,7 +54,13 @@ from torchchaos.faults.contract import FireContext
 from torchchaos.faults.registry import get_kind
 from torchchaos.host import stacks
 from torchchaos.rank import syncwatch, weights
-from torchchaos.rank.fingerprint import digest_object, digest_rng, digest_tensors, tensors_in
+from torchchaos.rank.fingerprint import (
+    RepeatedDigest,
+    digest_object,
+    digest_rng,
+    digest_tensors,
+    tensors_in,
+)
 from torchchaos.rank.iowatch import IOWatch
 from torchchaos.rank.saves import Save, SaveTracker
 from torchchaos.rundir.heartbeat import EXITING, TEARDOWN, Heartbeat
@@ -191,6 +197,7 @@ class Agent:
         self.fp: dict[str, str] = {}
         self._lr_text, self._lr_digest = "", ""  # the last learning rates seen, and their digest
         self.batch: list[torch.Tensor] = []
+        self.params_digest = RepeatedDigest()  # the parameters are the same tensors each step
         self.loss: torch.Tensor | None = None
         self.save_tracker = SaveTracker()
         self.loads = self.load_events = 0
@@ -450,7 +457,7 @@ class Agent:
         self.fp = {"lr": self._lr_fp()}
         if self.full:
             self.fp.update({
-                "params_start": digest_tensors(self.params()),
+                "params_start": self.params_digest(self.params()),
                 "optim_start": self._optim_fp(),
                 **{f"rng.{name}": value for name, value in digest_rng().items()},
             })
@@ -489,7 +496,8 @@ class Agent:
     def _top_level_forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         """A module called with no module's forward under way: the step's first one
         begins the step; every one's arguments are part of the step's batch."""
-        if all(ref() is not module for ref in self._roots):
+        if not (self._roots and self._roots[-1]() is module) and all(
+                ref() is not module for ref in self._roots):  # the last one first: the model
             self._roots.append(weakref.ref(module))
         if not self.step_open:
             self._begin_step()
@@ -514,24 +522,27 @@ class Agent:
         self.local_steps += 1
         self.fp["batch"] = digest_tensors(self.batch)
         if self.full or self._params_due():
-            self.fp["params"] = digest_tensors(self.params())
+            self.fp["params"] = self.params_digest(self.params())
         if self.full:
             self.fp["optim"] = self._optim_fp()
         loss = float(self.loss) if self.loss is not None else None
         if loss is not None:
             self.fp["loss"] = loss.hex()  # exact: a weight that differs changes it
         # An unaligned process (its restored state is no reference step) counts from 0.
-        self.history.record("step", step=self.global_step(), aligned=self.aligned,
-                            local=self.local_steps, loss=loss, fp=self.fp,
-                            **({} if self.full else {"light": True}))
+        step = self.global_step()
+        self.history.record_step(step, self.aligned, self.local_steps, loss, self.fp,
+                                 light=not self.full)
         self.batch, self.loss, self.fp, self.step_open = [], None, {}, False
-        self.heartbeat.progress("step", self.global_step())
-        self._keep_weights()
-        self._step_actions = [act for act in self._step_actions if act(self.global_step() or 0)]
-        self._check_step_triggers(self.global_step() or 0)
+        self.heartbeat.progress("step", step)
+        step = step or 0
+        self._keep_weights(step)
+        if self._step_actions:
+            self._step_actions = [act for act in self._step_actions if act(step)]
+        if self.faults:
+            self._check_step_triggers(step)
         if self.stop_after and self.recovering and self.local_steps >= self.stop_after:
             self._stop()
-        if self.stop_at_step and (self.global_step() or 0) >= self.stop_at_step:
+        if self.stop_at_step and step >= self.stop_at_step:
             self._stop()
 
     def _stop(self) -> None:
@@ -544,8 +555,7 @@ class Agent:
         self.stop_marker.touch()
         threading.Event().wait()
 
-    def _keep_weights(self) -> None:
-        step = self.global_step() or 0
+    def _keep_weights(self, step: int) -> None:
         if self.weights_at is not None and step != self.weights_at:
             return
         params = self.params()
@@ -733,6 +743,9 @@ def _grads_digest(opt: torch.optim.Optimizer) -> str:
                            if p.grad is not None])
 
 
+_DCP_STATE_DICT = "torch.distributed.checkpoint.state_dict"  # where _init_optim_state lives
+
+
 def _initialising_optimizer_state() -> bool:
     """Is this optimizer step DCP's set-up rather than training?
 
@@ -741,6 +754,8 @@ def _initialising_optimizer_state() -> bool:
     and learning rate 0. That step is no training step: counting it would put
     every later step one off the reference.
     """
+    if _DCP_STATE_DICT not in sys.modules:  # a dict lookup, where a walk costs microseconds
+        return False
     frame = sys._getframe(2)
     for _ in range(12):
         if frame is None:

@@ -12,6 +12,7 @@ Every event's name and fields: `torchchaos.rundir.events`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterable
@@ -34,14 +35,35 @@ class HistoryWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._fixed = fixed
+        self._fixed_json = json.dumps(fixed)[1:-1]
 
     def record(self, ev: str, **fields: Any) -> Event:
         event = {"ev": ev, "t": time.monotonic(), **self._fixed, **fields}
         _write(self._fd, (json.dumps(event, default=str) + "\n").encode())
         return event
 
+    def record_step(self, step: int | None, aligned: bool, local: int, loss: float | None,
+                    fp: dict[str, str], light: bool) -> None:
+        """The `step` event, written once a step: the line `record` would write, made
+        with one format instead of the JSON encoder (a third of the cost, measured in a
+        training step). It relies on what a step's fields are: numbers, and fingerprints
+        whose names and values are ASCII letters, digits, dots, pluses and minuses."""
+        prints = ", ".join([f'"{name}": "{value}"' for name, value in fp.items()])
+        tail = ', "light": true' if light else ""
+        line = (f'{{"ev": "step", "t": {time.monotonic()!r}, {self._fixed_json}, '
+                f'"step": {_number(step)}, "aligned": {"true" if aligned else "false"}, '
+                f'"local": {local}, "loss": {_number(loss)}, "fp": {{{prints}}}{tail}}}\n')
+        _write(self._fd, line.encode())
+
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _number(value: int | float | None) -> str:
+    """A number as `json.dumps` writes it (NaN and the infinities as it names them)."""
+    if value is None:
+        return "null"
+    return repr(value) if math.isfinite(value) else json.dumps(value)
 
 
 def read_a_checkpoint(events: Iterable[Event]) -> bool:

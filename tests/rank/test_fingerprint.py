@@ -138,3 +138,61 @@ def test_the_one_weighted_sum_is_exact_up_to_its_bound():
     rows = _EXACT_WORDS // 251
     assert _device_sums(words).tolist() == [_EXACT_WORDS * value,
                                             rows * sum(range(1, 252)) * value]
+
+
+def _general_path(tensors: list[torch.Tensor]) -> str:
+    """The digest through `_flat` only, with no tensor read in place or copied by numpy."""
+    from torchchaos.rank.fingerprint import _digest
+
+    return _digest(tensors, [None] * len(tensors))
+
+
+def _layouts(dtype: torch.dtype) -> list[torch.Tensor]:
+    base = _sample(dtype)[:256].reshape(16, 16)
+    return [base, base.t(), base[:, :-1], base[::2], base[0, 3],
+            base[:1].expand(4, 16), base[:0], base.clone().requires_grad_(dtype.is_floating_point)]
+
+
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.complex64])
+def test_the_quick_paths_digest_what_the_general_path_does(dtype):
+    for tensor in _layouts(dtype):
+        assert digest_tensors([tensor]) == _general_path([tensor]), (tensor.shape, tensor.stride())
+    if dtype.is_complex:
+        lazy = _sample(torch.float32)[:256].to(dtype).conj()
+        assert digest_tensors([lazy]) == _general_path([lazy])
+        assert digest_tensors([lazy]) == digest_tensors([lazy.resolve_conj()])
+
+
+def test_a_repeated_digest_follows_every_change_of_its_tensors():
+    from torchchaos.rank.fingerprint import RepeatedDigest
+
+    params = [torch.nn.Parameter(torch.randn(8, 8)) for _ in range(3)]
+    repeated = RepeatedDigest()
+    seen = set()
+
+    def check() -> None:
+        digest = repeated(params)
+        assert digest == digest_tensors(params) == _general_path(params)
+        seen.add(digest)
+
+    check()
+    with torch.no_grad():
+        params[0].add_(1)  # the same bytes' place, new values
+    check()
+    before = repeated(params)
+    params[1].data = params[1].data.clone()  # the same values elsewhere: the same digest
+    check()
+    assert repeated(params) == before
+    params[1].data = params[1].data.t()  # the same place, laid out otherwise
+    check()
+    params[2].data = params[2].data.to(torch.bfloat16)
+    check()
+    params[2].data = params[2].data.view(torch.float16)  # the same bytes, another dtype
+    check()
+    params[2].data = torch.empty(0)  # freed, as ZeRO-3 and FSDP do between uses
+    check()
+    params[2].data = torch.randn(8, 8)
+    check()
+    params.append(torch.nn.Parameter(torch.randn(2)))  # another list
+    check()
+    assert len(seen) == 8  # every change of bytes, layout or dtype seen

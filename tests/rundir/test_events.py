@@ -13,7 +13,8 @@ SOURCES = [p for package in ("chaos", "faults") for p in (REPO / package).rglob(
 
 
 def written() -> dict[str, set[str]]:
-    """Event names the code writes: `record("name", ...)` and `{"ev": "name", ...}`."""
+    """Event names the code writes: `record("name", ...)`, `record_name(...)` and
+    `{"ev": "name", ...}`."""
     found: dict[str, set[str]] = {}
     for path in SOURCES:
         for node in ast.walk(ast.parse(path.read_text())):
@@ -23,6 +24,8 @@ def written() -> dict[str, set[str]]:
                 called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
                 if called == "record" and isinstance(node.args[0], ast.Constant):
                     name = node.args[0].value
+                elif called.startswith("record_") and _on_a_history(func):
+                    name = called.removeprefix("record_")  # a writer of one event: record_step
             elif isinstance(node, ast.Dict):
                 for key, value in zip(node.keys, node.values):
                     if isinstance(key, ast.Constant) and key.value == "ev" and isinstance(
@@ -31,6 +34,13 @@ def written() -> dict[str, set[str]]:
             if isinstance(name, str):
                 found.setdefault(name, set()).add(path.name)
     return found
+
+
+def _on_a_history(func: ast.expr) -> bool:
+    """Is this `history.record_x` (a HistoryWriter's method), or `self.history.record_x`?"""
+    owner = func.value if isinstance(func, ast.Attribute) else None
+    name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+    return name == "history"
 
 
 def read() -> set[str]:

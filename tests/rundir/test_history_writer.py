@@ -1,0 +1,34 @@
+"""The step line, made with one format, reads back as the JSON encoder would write it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from torchchaos.rundir.history import HistoryWriter, read_stream
+
+STEPS = [
+    dict(step=7, aligned=True, local=7, loss=2.0625, fp={"lr": "ab12", "batch": "cd34",
+                                                          "loss": (2.0625).hex()}, light=True),
+    dict(step=None, aligned=False, local=1, loss=None, fp={}, light=False),
+    dict(step=0, aligned=True, local=3, loss=float("nan"),
+         fp={"rng.torch": "0f", "params_start": "e9", "loss": "nan"}, light=False),
+    dict(step=10**12, aligned=True, local=2, loss=-math.inf, fp={"grads": "-"}, light=True),
+    dict(step=3, aligned=True, local=3, loss=1e-300, fp={"lr": "0x1.8p+1"}, light=False),
+]
+
+
+@pytest.mark.parametrize("fields", STEPS)
+def test_the_step_line_is_the_encoders(tmp_path, fields):
+    fast, encoded = tmp_path / "fast.jsonl", tmp_path / "encoded.jsonl"
+    HistoryWriter(fast, rank=1, pid=42, launch=0, attempt=2).record_step(**fields)
+    light = fields.pop("light")
+    HistoryWriter(encoded, rank=1, pid=42, launch=0, attempt=2).record(
+        "step", **fields, **({"light": True} if light else {}))
+    [mine], [theirs] = read_stream(fast), read_stream(encoded)
+    assert mine.pop("t") > 0 and theirs.pop("t") > 0
+    # NaN is the one value not equal to itself: compare the texts of the parsed events
+    assert json.dumps(mine) == json.dumps(theirs)
+    assert list(mine) == list(theirs)  # the same fields in the same order
