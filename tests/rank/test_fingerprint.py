@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import random
+import weakref
 
 import numpy as np
 import pytest
@@ -196,3 +198,7 @@ def test_a_repeated_digest_follows_every_change_of_its_tensors():
     params.append(torch.nn.Parameter(torch.randn(2)))  # another list
     check()
     assert len(seen) == 8  # every change of bytes, layout or dtype seen
+    gone = weakref.ref(params[0])
+    del params[:]
+    gc.collect()
+    assert gone() is None  # the digest keeps no tensor alive (a model deleted is freed)
