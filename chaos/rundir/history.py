@@ -35,7 +35,8 @@ class HistoryWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._fixed = fixed
-        self._fixed_json = json.dumps(fixed)[1:-1]
+        self._fixed_json = "".join(f"{json.dumps(k)}: {json.dumps(v, default=str)}, "
+                                   for k, v in fixed.items())
 
     def record(self, ev: str, **fields: Any) -> Event:
         event = {"ev": ev, "t": time.monotonic(), **self._fixed, **fields}
@@ -45,12 +46,12 @@ class HistoryWriter:
     def record_step(self, step: int | None, aligned: bool, local: int, loss: float | None,
                     fp: dict[str, str], light: bool) -> None:
         """The `step` event, written once a step: the line `record` would write, made
-        with one format instead of the JSON encoder (a third of the cost, measured in a
+        with one format instead of the JSON encoder (27 us instead of 47, measured in a
         training step). It relies on what a step's fields are: numbers, and fingerprints
         whose names and values are ASCII letters, digits, dots, pluses and minuses."""
         prints = ", ".join([f'"{name}": "{value}"' for name, value in fp.items()])
         tail = ', "light": true' if light else ""
-        line = (f'{{"ev": "step", "t": {time.monotonic()!r}, {self._fixed_json}, '
+        line = (f'{{"ev": "step", "t": {time.monotonic()!r}, {self._fixed_json}'
                 f'"step": {_number(step)}, "aligned": {"true" if aligned else "false"}, '
                 f'"local": {local}, "loss": {_number(loss)}, "fp": {{{prints}}}{tail}}}\n')
         _write(self._fd, line.encode())

@@ -22,6 +22,7 @@ STEPS = [
 
 @pytest.mark.parametrize("fields", STEPS)
 def test_the_step_line_is_the_encoders(tmp_path, fields):
+    fields = dict(fields)  # the table is shared between the cases
     fast, encoded = tmp_path / "fast.jsonl", tmp_path / "encoded.jsonl"
     HistoryWriter(fast, rank=1, pid=42, launch=0, attempt=2).record_step(**fields)
     light = fields.pop("light")
@@ -32,3 +33,11 @@ def test_the_step_line_is_the_encoders(tmp_path, fields):
     # NaN is the one value not equal to itself: compare the texts of the parsed events
     assert json.dumps(mine) == json.dumps(theirs)
     assert list(mine) == list(theirs)  # the same fields in the same order
+
+
+def test_a_writer_with_no_fixed_fields_writes_json_too(tmp_path):
+    path = tmp_path / "bare.jsonl"
+    HistoryWriter(path).record_step(step=7, aligned=True, local=7, loss=1.5, fp={"lr": "ab"},
+                                    light=True)
+    [event] = read_stream(path)
+    assert event["step"] == 7 and event["light"] is True
