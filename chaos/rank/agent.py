@@ -496,8 +496,7 @@ class Agent:
     def _top_level_forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         """A module called with no module's forward under way: the step's first one
         begins the step; every one's arguments are part of the step's batch."""
-        if not (self._roots and self._roots[-1]() is module) and all(
-                ref() is not module for ref in self._roots):  # the last one first: the model
+        if all(ref() is not module for ref in self._roots):
             self._roots.append(weakref.ref(module))
         if not self.step_open:
             self._begin_step()

@@ -164,11 +164,10 @@ def _digest(tensors: list[torch.Tensor], local: list[Any]) -> str:
     The headers (dtype and shape of each) come first, in one piece, then the bytes of each
     tensor, or the integer sums of one on an accelerator: the headers fix how long each
     part is, so the sequence reads back one way only."""
-    h = xxhash.xxh3_128(b"".join(map(_header, tensors)))
+    headers = b"".join(map(_header, tensors))
     if all(part is not None for part in local):  # all on the host, read directly
-        for part in local:
-            h.update(part)
-        return h.hexdigest()
+        return _hash_parts(headers, local)
+    h = xxhash.xxh3_128(headers)
     others = [None if part is not None else _flat(t) for t, part in zip(tensors, local)]
     remote = [flat for flat in others if flat is not None and not flat.is_cpu]
     sums = iter(_host_sums(remote))
@@ -179,6 +178,14 @@ def _digest(tensors: list[torch.Tensor], local: list[Any]) -> str:
             h.update(flat.view(torch.uint8).numpy())
         else:
             h.update(repr(next(sums)).encode())
+    return h.hexdigest()
+
+
+def _hash_parts(headers: bytes, parts: list[Any]) -> str:
+    """The digest of tensors whose bytes are all at hand (`_digest`'s quick path)."""
+    h = xxhash.xxh3_128(headers)
+    for part in parts:
+        h.update(part)
     return h.hexdigest()
 
 
@@ -217,10 +224,7 @@ class RepeatedDigest:
             self._plan(tensors, ids)
         if len(self._positions) < len(tensors):  # some on an accelerator, or subclasses
             return _digest(tensors, self._local)
-        h = xxhash.xxh3_128(self._headers)
-        for part in self._local:
-            h.update(part)
-        return h.hexdigest()
+        return _hash_parts(self._headers, self._local)
 
     def _layouts_of(self, tensors: list[torch.Tensor]) -> list[tuple[Any, ...]]:
         if len(self._positions) == len(tensors):

@@ -24,10 +24,13 @@ STEPS = [
 def test_the_step_line_is_the_encoders(tmp_path, fields):
     fields = dict(fields)  # the table is shared between the cases
     fast, encoded = tmp_path / "fast.jsonl", tmp_path / "encoded.jsonl"
-    HistoryWriter(fast, rank=1, pid=42, launch=0, attempt=2).record_step(**fields)
+    writer = HistoryWriter(fast, rank=1, pid=42, launch=0, attempt=2)
+    writer.record_step(**fields)
+    writer.close()
     light = fields.pop("light")
-    HistoryWriter(encoded, rank=1, pid=42, launch=0, attempt=2).record(
-        "step", **fields, **({"light": True} if light else {}))
+    writer = HistoryWriter(encoded, rank=1, pid=42, launch=0, attempt=2)
+    writer.record("step", **fields, **({"light": True} if light else {}))
+    writer.close()
     [mine], [theirs] = read_stream(fast), read_stream(encoded)
     assert mine.pop("t") > 0 and theirs.pop("t") > 0
     # NaN is the one value not equal to itself: compare the texts of the parsed events
@@ -37,7 +40,8 @@ def test_the_step_line_is_the_encoders(tmp_path, fields):
 
 def test_a_writer_with_no_fixed_fields_writes_json_too(tmp_path):
     path = tmp_path / "bare.jsonl"
-    HistoryWriter(path).record_step(step=7, aligned=True, local=7, loss=1.5, fp={"lr": "ab"},
-                                    light=True)
+    writer = HistoryWriter(path)
+    writer.record_step(step=7, aligned=True, local=7, loss=1.5, fp={"lr": "ab"}, light=True)
+    writer.close()
     [event] = read_stream(path)
     assert event["step"] == 7 and event["light"] is True
