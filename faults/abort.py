@@ -24,14 +24,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from torchchaos.faults.contract import (
-    ClusterJob,
-    ClusterMapping,
-    FaultKind,
-    FireContext,
-    NotExported,
-    ResolvedFault,
-)
+from torchchaos.faults.contract import FaultKind, FireContext, ResolvedFault
 from torchchaos.faults.params import seconds
 
 if TYPE_CHECKING:
@@ -45,6 +38,8 @@ DEFAULT_AFTER = 0.0
 class Abort(FaultKind):
     name = "abort"
     summary = "one rank's process group (communicator) is aborted while it trains"
+    not_on_a_cluster = ("a communicator inside the training process; the nearest cluster fault is"
+                        " a network partition of the pod")
     targets = ("rank",)
     params = {"after": seconds}
     marks = ("abort",)
@@ -62,10 +57,6 @@ class Abort(FaultKind):
             return f"its process group aborted {after:g} s after the trigger"
         late = f"{after:g} s after" if after else "as"
         return f"its process group aborted {late} the backward of step {event['step']}"
-
-    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
-        raise NotExported("a communicator inside the training process; the nearest cluster"
-                          " fault is a network partition of the pod")
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         after = float(fault.params.get("after", DEFAULT_AFTER))  # type: ignore[arg-type]

@@ -64,6 +64,10 @@ class FaultKind:
     choices: ClassVar[dict[str, tuple[str, ...]]] = {}
     # Events this kind records where it acted; the timeline marks each on its rank's lane.
     marks: ClassVar[tuple[str, ...]] = ()
+    # Why no fault of this kind has a Chaos Mesh counterpart, where one reason holds for
+    # all of them: `chaos_mesh` refuses with it. A kind whose answer depends on the fault
+    # (its mode, its target) overrides `chaos_mesh` instead.
+    not_on_a_cluster: ClassVar[str] = ""
 
     def strategies(self, shape: JobShape) -> dict[str, SearchStrategy[str] | None]:
         """How a search draws this kind: search names (`torchchaos search --kind NAME`) to
@@ -82,7 +86,8 @@ class FaultKind:
         """This fault as Chaos Mesh objects on the job's pods (`torchchaos export`), and
         what differs from torchchaos's own fault ("" if nothing); raise NotExported
         with the reason where a cluster has no counterpart."""
-        raise NotExported(f"no Chaos Mesh counterpart for the {self.name} kind")
+        raise NotExported(self.not_on_a_cluster
+                          or f"no Chaos Mesh counterpart for the {self.name} kind")
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

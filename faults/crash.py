@@ -30,14 +30,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchchaos.faults.contract import (
-    ClusterJob,
-    ClusterMapping,
-    FaultKind,
-    FireContext,
-    NotExported,
-    ResolvedFault,
-)
+from torchchaos.faults.contract import FaultKind, FireContext, ResolvedFault
 from torchchaos.faults.params import choice
 from torchchaos.rundir.layout import RunLayout
 
@@ -53,6 +46,8 @@ class Crash(FaultKind):
     name = "crash"
     summary = ("a native crash inside a rank: a NULL read (SIGSEGV), abort() (SIGABRT) or a"
                " truncated mmap'd file (SIGBUS), made by the rank itself")
+    not_on_a_cluster = ("a crash the process makes itself; Chaos Mesh can only kill a pod from "
+                        "outside (kill:signal=SIGSEGV comes nearest)")
     targets = ("rank",)
     params = {"signal": choice(tuple(SIGNALS))}
     choices = {"signal": tuple(SIGNALS)}
@@ -69,10 +64,6 @@ class Crash(FaultKind):
         how = {"SIGSEGV": "a NULL read", "SIGABRT": "abort()", "SIGBUS": "a read of a"
                " truncated mmap'd file"}.get(event.get("signal", ""), "")
         return f"{event.get('signal')} from {how}, made by the rank itself"
-
-    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
-        raise NotExported("a crash the process makes itself; Chaos Mesh can only kill a pod"
-                          " from outside (kill:signal=SIGSEGV comes nearest)")
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         how = str(fault.params.get("signal", "segv"))

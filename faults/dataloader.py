@@ -30,14 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchchaos.errors import UsageError
-from torchchaos.faults.contract import (
-    ClusterJob,
-    ClusterMapping,
-    FaultKind,
-    FireContext,
-    NotExported,
-    ResolvedFault,
-)
+from torchchaos.faults.contract import FaultKind, FireContext, ResolvedFault
 from torchchaos.faults.params import choice, non_negative_int, seconds
 from torchchaos.rundir.layout import RunLayout
 
@@ -53,6 +46,8 @@ HEALER = Path(__file__).with_name("stop_healer.py")
 class DataLoaderWorker(FaultKind):
     name = "dataloader"
     summary = "one DataLoader worker process of a rank is killed (SIGKILL) or stopped (SIGSTOP)"
+    not_on_a_cluster = ("a worker process inside the rank's pod; Chaos Mesh kills containers, not"
+                        " one child process of one")
     targets = ("rank",)
     params = {"mode": choice(MODES), "worker": non_negative_int, "for": seconds}
     choices = {"mode": MODES}
@@ -70,10 +65,6 @@ class DataLoaderWorker(FaultKind):
         what = "SIGKILL" if event.get("mode") == "kill" else "SIGSTOP"
         return (f"{what} to DataLoader worker {event.get('pid')} (one of"
                 f" {event.get('workers')})")
-
-    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
-        raise NotExported("a worker process inside the rank's pod; Chaos Mesh kills containers,"
-                          " not one child process of one")
 
     def validate(self, params: dict[str, object]) -> None:
         if "for" in params and params.get("mode") != "stop":

@@ -33,14 +33,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torchchaos.errors import UsageError
-from torchchaos.faults.contract import (
-    ClusterJob,
-    ClusterMapping,
-    FaultKind,
-    FireContext,
-    NotExported,
-    ResolvedFault,
-)
+from torchchaos.faults.contract import FaultKind, FireContext, ResolvedFault
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -81,6 +74,8 @@ class Raise(FaultKind):
     name = "raise"
     summary = ("an exception raised in the training thread: out of a step, out of a write"
                " of a checkpoint save or a read of its load, or at a time")
+    not_on_a_cluster = ("an exception inside the training process; Chaos Mesh acts on pods from "
+                        "outside")
     targets = ("rank",)
     params = {"type": exception_type, "message": str}
     marks = ("raised",)
@@ -100,10 +95,6 @@ class Raise(FaultKind):
 
     def said(self, event: dict[str, Any]) -> str:
         return f"{event.get('type')} raised out of {event.get('where')}"
-
-    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
-        raise NotExported("an exception inside the training process; Chaos Mesh acts on pods"
-                          " from outside")
 
     def validate(self, params: dict[str, object]) -> None:
         if "message" in params and not str(params["message"]).strip():

@@ -20,14 +20,7 @@ import glob
 from typing import TYPE_CHECKING, Any
 
 from torchchaos.errors import Unavailable, UsageError
-from torchchaos.faults.contract import (
-    ClusterJob,
-    ClusterMapping,
-    FaultKind,
-    FireContext,
-    NotExported,
-    ResolvedFault,
-)
+from torchchaos.faults.contract import FaultKind, FireContext, ResolvedFault
 from torchchaos.faults.params import choice, seconds
 
 if TYPE_CHECKING:
@@ -43,6 +36,7 @@ class GpuError(FaultKind):
     name = "gpu"
     summary = ("a GPU error in a rank: a sticky device-side assert, a CUDA out-of-memory"
                " error, or a kernel that never ends (needs CUDA)")
+    not_on_a_cluster = "a CUDA error inside the training process; Chaos Mesh has no GPU fault"
     targets = ("rank",)
     params = {"error": choice(ERRORS), "for": seconds}
     choices = {"error": ERRORS}
@@ -76,10 +70,6 @@ class GpuError(FaultKind):
         return {"assert": "a device-side assert (sticky: every later CUDA call fails)",
                 "oom": "CUDA out of memory", "hang": "a kernel that never ends"}.get(
                     str(event.get("error")), "") + f" on {event.get('device')}"
-
-    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
-        raise NotExported("a CUDA error inside the training process; Chaos Mesh has no GPU"
-                          " fault")
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         import torch

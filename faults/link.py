@@ -31,14 +31,7 @@ from typing import Any
 
 from torchchaos.errors import UsageError
 from torchchaos.faults import partition
-from torchchaos.faults.contract import (
-    ClusterJob,
-    ClusterMapping,
-    HarnessKind,
-    JobContext,
-    NotExported,
-    ResolvedFault,
-)
+from torchchaos.faults.contract import HarnessKind, JobContext, ResolvedFault
 from torchchaos.faults.params import non_negative_int, percentage, positive_int, seconds
 from torchchaos.host.netns import INTERFACE, NODE_NETWORKS, Node
 
@@ -115,6 +108,8 @@ class Link(HarnessKind):
     name = "link"
     summary = ("degrade a simulated node's link: loss=%, rate= KB/s (nftables), delay=,"
                " jitter=, reorder= (netem), for a while or flapping")
+    not_on_a_cluster = ("NetworkChaos's delay/loss/bandwidth actions are the cluster's "
+                        "equivalent; not mapped yet")
     params = {"loss": percentage, "rate": positive_int, "delay": non_negative_int,
               "jitter": non_negative_int, "reorder": percentage, "for": seconds,
               "flaps": positive_int, "gap": seconds}
@@ -129,10 +124,6 @@ class Link(HarnessKind):
                              " packets without it)")
         if ("flaps" in params or "gap" in params) and "for" not in params:
             raise UsageError("link: flaps= and gap= need for= (how long each lasts)")
-
-    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
-        raise NotExported("NetworkChaos's delay/loss/bandwidth actions are the cluster's"
-                          " equivalent; not mapped yet")
 
     def check_job(self, params: dict[str, object], nodes: int, network: str) -> None:
         if nodes < 2:

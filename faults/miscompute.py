@@ -49,14 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchchaos.errors import Unavailable, UsageError
-from torchchaos.faults.contract import (
-    ClusterJob,
-    ClusterMapping,
-    FaultKind,
-    FireContext,
-    NotExported,
-    ResolvedFault,
-)
+from torchchaos.faults.contract import FaultKind, FireContext, ResolvedFault
 from torchchaos.faults.params import BIT_CLASSES, choice, percentage, positive_int
 from torchchaos.rundir.layout import RunLayout
 
@@ -88,6 +81,8 @@ class Miscompute(FaultKind):
     name = "miscompute"
     summary = ("a defective unit computes matrix products wrong on one rank, call after call"
                " (an element, a warp, a burst of bits; persistent on the device)")
+    not_on_a_cluster = ("corrupts matrix products inside the training process; Chaos Mesh has no "
+                        "fault in a process's arithmetic")
     targets = ("rank",)
     effect_event = "bitflip"
     marks = ("bitflip",)
@@ -116,10 +111,6 @@ class Miscompute(FaultKind):
     def fire_after_step(self, fault: ResolvedFault) -> int | None:
         step = fault.trigger.step
         return None if step is None else step - 1  # defective from inside step N on
-
-    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
-        raise NotExported("corrupts matrix products inside the training process; Chaos Mesh"
-                          " has no fault in a process's arithmetic")
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         device = device_id(ctx.local_rank)

@@ -29,14 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 from torchchaos import env
 from torchchaos.faults.contract import (
-    ClusterJob,
-    ClusterMapping,
     FaultKind,
     FireContext,
     JobContext,
     JobResource,
     NoResource,
-    NotExported,
     ResolvedFault,
 )
 from torchchaos.faults.params import choice, positive_int
@@ -57,6 +54,9 @@ class OutOfMemory(FaultKind):
     name = "oom"
     summary = ("a rank runs out of memory: killed by the kernel's OOM killer under a cgroup"
                " limit of its own, or an allocation that fails with the allocator's error")
+    not_on_a_cluster = ("an out-of-memory kill of one rank; Chaos Mesh's StressChaos fills a "
+                        "pod's memory from outside, which is another fault (the pod's limit, "
+                        "every rank of it)")
     targets = ("rank",)
     params = {"mode": choice(MODES), "limit": positive_int}
     choices = {"mode": MODES}
@@ -76,11 +76,6 @@ class OutOfMemory(FaultKind):
         if event.get("by") == "cgroup":
             return f"out of memory: killed by the kernel's OOM killer at its own {limit} limit"
         return f"out of memory: allocations failed at a {limit} address-space limit (no cgroup)"
-
-    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
-        raise NotExported("an out-of-memory kill of one rank; Chaos Mesh's StressChaos fills a"
-                          " pod's memory from outside, which is another fault (the pod's"
-                          " limit, every rank of it)")
 
     def setup_job(self, faults: list[ResolvedFault], ctx: JobContext) -> JobResource:
         root = cgroups.memory_root()

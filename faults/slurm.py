@@ -38,13 +38,7 @@ from __future__ import annotations
 import os
 
 from torchchaos.errors import UsageError
-from torchchaos.faults.contract import (
-    ClusterJob,
-    ClusterMapping,
-    HarnessKind,
-    NotExported,
-    ResolvedFault,
-)
+from torchchaos.faults.contract import HarnessKind
 from torchchaos.faults.params import choice, run_relative_dir, seconds
 from torchchaos.faults.storage import Storage
 
@@ -60,6 +54,7 @@ class Slurm(HarnessKind):
     side = "scheduler"  # made by the harness outside the Slurm job, not by a runner's nemesis
     summary = ("the scheduler's failures on a Slurm job: a node's failure (requeue), its time"
                " limit with a signal ahead, a preemption with grace time")
+    not_on_a_cluster = "a Slurm scheduler's own failure; Kubernetes has no Slurm job"
     params = {"event": choice(EVENTS), "lead": seconds, "signal": choice(SIGNALS),
               "power": choice(POWER), "dir": run_relative_dir}
     choices = {"event": EVENTS, "signal": SIGNALS, "power": POWER}
@@ -90,6 +85,3 @@ class Slurm(HarnessKind):
         if JOB_MARK not in os.environ:
             raise UsageError("slurm faults act on a Slurm job: run them with `torchchaos"
                              " cluster run` (it submits the job and makes the fault)")
-
-    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
-        raise NotExported("a Slurm scheduler's own failure; Kubernetes has no Slurm job")

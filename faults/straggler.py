@@ -11,27 +11,18 @@ from __future__ import annotations
 
 import time
 
-from torchchaos.faults.contract import (
-    ClusterJob,
-    ClusterMapping,
-    FaultKind,
-    FireContext,
-    NotExported,
-    ResolvedFault,
-)
+from torchchaos.faults.contract import FaultKind, FireContext, ResolvedFault
 from torchchaos.faults.params import positive_int, seconds
 
 
 class Straggler(FaultKind):
     name = "straggler"
     summary = "slow one rank down by a delay per step (for a while or for good)"
+    not_on_a_cluster = ("slows one rank by a delay per step from inside its process; Chaos Mesh "
+                        "has no per-step delay")
     targets = ("rank",)
     params = {"delay": seconds, "steps": positive_int}
     marks = ("straggler",)
-
-    def chaos_mesh(self, fault: ResolvedFault, job: ClusterJob) -> ClusterMapping:
-        raise NotExported("slows one rank by a delay per step from inside its process; Chaos"
-                          " Mesh has no per-step delay")
 
     def fire(self, fault: ResolvedFault, ctx: FireContext) -> None:
         if ctx.training is None:

@@ -14,7 +14,8 @@ import yaml
 from torchchaos.cli import main as cli
 from torchchaos.errors import Unavailable, UsageError
 from torchchaos.faults import storage as storage_kind
-from torchchaos.faults.registry import get_kind
+from torchchaos.faults.contract import FaultKind
+from torchchaos.faults.registry import all_kinds, get_kind
 from torchchaos.scenario import chaosmesh
 from torchchaos.scenario import files as scenario_file
 from torchchaos.scenario.chaosmesh import Options
@@ -183,6 +184,14 @@ def test_no_cluster_counterpart_is_listed_with_its_reason(
     assert result.manifests == [] and result.workflow is None
     (line,) = result.not_exported
     assert line.startswith(f"{spec} — ") and reason in line, line
+
+
+@pytest.mark.parametrize("name", sorted(all_kinds()))
+def test_every_kind_maps_itself_or_says_why_a_cluster_cannot_have_it(name: str) -> None:
+    kind = get_kind(name)
+    maps_itself = type(kind).chaos_mesh is not FaultKind.chaos_mesh
+    assert maps_itself or kind.not_on_a_cluster, (
+        f"{name}: set not_on_a_cluster (the reason export gives) or override chaos_mesh")
 
 
 def test_time_triggers_need_no_step_timing(tmp_path: Path) -> None:
