@@ -16,8 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchchaos.engine import run_scenario
 from torchchaos.errors import CannotJudge
+from torchchaos.explore import runs
 from torchchaos.harness.reference import Unjudgeable, get_reference
 from torchchaos.progress import Progress
 from torchchaos.rundir.history import History
@@ -132,9 +132,12 @@ def _resumes(base: Scenario, history: History, cache_dir: Path, out_dir: Path,
     step = min(saves[0] + max((saves[1] - saves[0]) // 2 if len(saves) > 1 else 1, 1),
                max(final - 1, 1))
     fault = Spec.make("kill", rank=0, step=step)
-    scenario = dataclasses.replace(base, faults=[fault.parse()])
     progress(f"doctor: does it resume? {fault}")
-    report = run_scenario(scenario, out_dir / "resume", cache_dir, progress)
+    report, error = runs.run_row("does it resume?", [fault], base, out_dir / "resume",
+                                 cache_dir, progress)
+    if report is None:
+        return Diagnosis("resumes", "fail", f"killed after step {step}: could not judge:"
+                                          f" {error}")
     failed = [(name, report.checks[name]["detail"]) for name in report.failing()]
     if report.verdict == "pass":
         lost = report.lost_steps[0] if report.lost_steps else 0

@@ -2,7 +2,8 @@
 
 Every sweep (the battery, crash points, a bit-flip campaign, a suite) plans its
 rows (`rows.Entry`) its own way, then hands them here: each row's fault runs on
-the sweep's base scenario in OUT/NN, the index page is rewritten after each row
+the sweep's base scenario in OUT/NN (`run_row`, which the search's schedules and
+the doctor's resume run through too), the index page is rewritten after each row
 (a cut-short sweep has one), `-x` stops at the first row that did not pass,
 Ctrl-C reaps every run still going. Crash states are judged from one recording
 (`crash/sweep.py`) and end here too: `finish` writes what every sweep ends with
@@ -15,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed, wait
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from torchchaos.explore.shards import folder_digits
 from torchchaos.harness import runner
 from torchchaos.progress import Progress
 from torchchaos.report import html_report, junit
+from torchchaos.report.report_file import Report
 from torchchaos.scenario.model import Scenario
 from torchchaos.scenario.spec import Spec
 
@@ -109,16 +111,30 @@ class SweepInterrupted(KeyboardInterrupt):
 def _run_entry(entry: Entry, number: int, total: int, base: Scenario, out_dir: Path,
                cache_dir: Path, progress: Progress) -> None:
     progress(f"[{number}/{total}] {entry.name}: {entry.fault}")
-    scenario = dataclasses.replace(base, faults=[entry.fault.parse()])
-    if entry.seed is not None:
-        scenario.seed = entry.seed
-    if entry.start_from is not None:
-        scenario.start_from = entry.start_from
+    entry.report, entry.error = run_row(entry.name, [entry.fault], base,
+                                        out_dir / f"{number:02d}", cache_dir, progress,
+                                        seed=entry.seed, start_from=entry.start_from)
+
+
+def run_row(name: str, faults: Sequence[Spec], base: Scenario, run_dir: Path,
+            cache_dir: Path, progress: Progress | None = None, seed: int | None = None,
+            start_from: str | None = None) -> tuple[Report | None, str]:
+    """The one place where planned faults become a chaos run (a sweep's row, a searched
+    schedule, the doctor's resume): the base scenario with these faults (and this seed
+    and start, where given), run in run_dir. Its report, or None and why it could not be
+    judged: a row the engine cannot judge, or whose faults this job cannot have, is
+    that row's error only, and the sweep goes on."""
+    scenario = dataclasses.replace(base, faults=[spec.parse() for spec in faults])
+    if seed is not None:
+        scenario.seed = seed
+    if start_from is not None:
+        scenario.start_from = start_from
     try:
-        entry.report = run_scenario(scenario, out_dir / f"{number:02d}", cache_dir, progress)
-    except (CannotJudge, UsageError) as exc:  # this run's fault only: the sweep goes on
-        entry.error = str(exc)
-        progress(f"could not judge {entry.name}: {exc}")
+        return run_scenario(scenario, run_dir, cache_dir, progress), ""
+    except (CannotJudge, UsageError) as exc:
+        if progress is not None:
+            progress(f"could not judge {name}: {exc}")
+        return None, str(exc)
 
 
 def _in_parallel(run: Callable[[int], None], after: Callable[[int], None],

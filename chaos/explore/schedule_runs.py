@@ -1,22 +1,20 @@
 """Run fault schedules as real chaos runs, one numbered run directory each.
 
 The bridge between the search engine (`torchchaos.explore.search`, which only sees
-schedules and outcomes) and the harness: each schedule becomes the base
-scenario with those faults, run in `out_dir/NN/` like a battery entry.
+schedules and outcomes) and the harness: each schedule is the base scenario with
+those faults, run in `out_dir/NN/` by `runs.run_row`, as a battery's rows are.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
-from torchchaos.engine import run_scenario
-from torchchaos.errors import CannotJudge
-from torchchaos.explore.search import ERROR
+from torchchaos.explore import runs
+from torchchaos.explore.search import ERROR, describe
 from torchchaos.progress import Progress
 from torchchaos.report.report_file import Report
 from torchchaos.scenario.model import Scenario
-from torchchaos.scenario.spec import parse_fault_spec
+from torchchaos.scenario.spec import Spec
 
 
 class ScheduleRuns:
@@ -28,18 +26,13 @@ class ScheduleRuns:
         self.progress = progress or (lambda _msg: None)
         self.reports: list[tuple[list[str], Report | None]] = []
 
-    def scenario(self, schedule: list[str]) -> Scenario:
-        return dataclasses.replace(self.base, faults=[parse_fault_spec(s) for s in schedule])
-
     def __call__(self, schedule: list[str]) -> str:
-        run_dir = self.out_dir / f"{len(self.reports) + 1:02d}"
-        try:
-            # the engine's own progress lines stay out: the search says one line a run
-            report: Report | None = run_scenario(self.scenario(schedule), run_dir,
-                                                 self.cache_dir)
-        except CannotJudge as exc:
-            self.progress(f"could not judge {' '.join(schedule)}: {exc}")
-            report = None
+        # the engine's own progress lines stay out: the search says one line a run
+        report, error = runs.run_row(describe(schedule), [Spec.read(s) for s in schedule],
+                                     self.base, self.out_dir / f"{len(self.reports) + 1:02d}",
+                                     self.cache_dir)
+        if report is None:
+            self.progress(f"could not judge {' '.join(schedule)}: {error}")
         self.reports.append((list(schedule), report))
         return report.verdict if report else ERROR
 
