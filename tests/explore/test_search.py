@@ -183,3 +183,20 @@ def test_the_state_machine_leaves_out_kinds_the_job_cannot_have():
 
     machine = schedule_machine(search.Trials(pair_bug), SHAPE, ["kill", "node_kill"])
     assert "kill" in vars(machine) and "node_kill" not in vars(machine)
+
+
+def test_a_schedule_this_job_cannot_have_is_an_error_of_that_run_only(tmp_path):
+    # runs.run_row turns what the engine refuses before any process starts into that
+    # run's ERROR: the search goes on with its other schedules instead of stopping
+    from conftest import TARGET
+
+    from torchchaos.explore.schedule_runs import ScheduleRuns
+    from torchchaos.scenario.model import Scenario
+
+    said: list[str] = []
+    runs = ScheduleRuns(Scenario(script=str(TARGET), nproc=2), tmp_path / "out",
+                        tmp_path / "cache", said.append)
+    assert runs(["kill:rank=7,step=1"]) == search.ERROR
+    assert runs.reports == [(["kill:rank=7,step=1"], None)]
+    assert len(said) == 1 and "rank=7" in said[0] and "2 rank" in said[0], said
+    assert not (tmp_path / "cache").exists()  # refused before any reference run
