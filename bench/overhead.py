@@ -5,9 +5,15 @@ runner, the history: exactly a chaos run minus the faults) of
 `bench/train_ddp.py`, which times its own steps inside its training loop, so
 start-up and rendezvous drop out of the comparison. For each model size it
 prints the median step time of rank 0 both ways and their ratio, and the
-whole-run wall times for reference.
+whole-run wall times for reference, and the 10th, 50th and 90th percentiles of every
+step of every round (a cost in each step moves all three; a neighbour taking the core
+now and then, the 90th).
 
-    python bench/overhead.py --sizes small large --repeats 3
+`--cold` adds a third side: the harness with its ranks exec'd as plain torchrun
+starts them (TORCHCHAOS_COLD_START=1), not forked from a launcher with torch
+imported, to tell the agent's cost from the warm start's.
+
+    python bench/overhead.py --sizes small large --repeats 3 [--cold]
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
+from torchchaos.env import COLD_START  # noqa: E402
 from torchchaos.harness.runner import Job  # noqa: E402
 from torchchaos.scenario.model import Scenario  # noqa: E402
 
@@ -57,27 +64,46 @@ def harness_run(args: list[str], nproc: int, reference: Path | None) -> tuple[fl
         return outcome.wall_seconds, json.loads((Path(run_dir) / "step_times.json").read_text())
 
 
-def measure(size: str, repeats: int, nproc: int) -> None:
+def cold_harness_run(args: list[str], nproc: int, reference: Path) -> tuple[float, list[float]]:
+    """A chaos run with no fault whose ranks are exec'd, not forked warm."""
+    os.environ[COLD_START] = "1"
+    try:
+        return harness_run(args, nproc, reference)
+    finally:
+        del os.environ[COLD_START]
+
+
+def measure(size: str, repeats: int, nproc: int, cold: bool) -> None:
     args = ["--size", size, "--steps", str(STEPS[size])]
-    step: dict[str, list[float]] = {"plain": [], "harness": []}
-    wall: dict[str, list[float]] = {"plain": [], "harness": []}
+    sides = ["plain", "harness", *(["harness, exec'd ranks"] if cold else [])]
+    step: dict[str, list[float]] = {side: [] for side in sides}
+    wall: dict[str, list[float]] = {side: [] for side in sides}
+    every: dict[str, list[float]] = {side: [] for side in sides}  # all steps, all rounds
     with tempfile.TemporaryDirectory() as reference:
         # what a chaos run compares against (its agent loads the step table); made once
         assert Job(Scenario(script=SCRIPT, args=args, nproc=nproc), Path(reference),
                    faults=[]).run().completed
+        runs = {"plain": lambda: plain_run(args, nproc),
+                "harness": lambda: harness_run(args, nproc, Path(reference)),
+                "harness, exec'd ranks": lambda: cold_harness_run(args, nproc, Path(reference))}
         for number in range(repeats):
-            for side, run in (("plain", lambda: plain_run(args, nproc)),
-                              ("harness", lambda: harness_run(args, nproc, Path(reference)))):
-                seconds, times = run()
+            for side in sides:
+                seconds, times = runs[side]()
                 wall[side].append(seconds)
                 step[side].append(statistics.median(times))
-            print(f"  {size} round {number + 1}: step plain {step['plain'][-1] * 1e3:.2f} ms,"
-                  f" harness {step['harness'][-1] * 1e3:.2f} ms; wall plain"
-                  f" {wall['plain'][-1]:.2f} s, harness {wall['harness'][-1]:.2f} s", flush=True)
-    ps, hs = statistics.median(step["plain"]), statistics.median(step["harness"])
-    pw, hw = statistics.median(wall["plain"]), statistics.median(wall["harness"])
-    print(f"{size}: median step {ps * 1e3:.2f} ms plain, {hs * 1e3:.2f} ms under the harness,"
-          f" ratio {hs / ps:.3f}; wall {pw:.2f} s vs {hw:.2f} s, ratio {hw / pw:.3f}")
+                every[side] += times
+            print(f"  {size} round {number + 1}: " + "; ".join(
+                f"{side} step {step[side][-1] * 1e3:.2f} ms, wall {wall[side][-1]:.2f} s"
+                for side in sides), flush=True)
+    ps, pw = statistics.median(step["plain"]), statistics.median(wall["plain"])
+    for side in sides[1:]:
+        hs, hw = statistics.median(step[side]), statistics.median(wall[side])
+        print(f"{size}: median step {ps * 1e3:.2f} ms plain, {hs * 1e3:.2f} ms {side},"
+              f" ratio {hs / ps:.3f}; wall {pw:.2f} s vs {hw:.2f} s, ratio {hw / pw:.3f}")
+    for side in sides:
+        tenths = statistics.quantiles(every[side], n=10)
+        print(f"{size}: {side} steps p10 {tenths[0] * 1e3:.2f} ms, p50 {tenths[4] * 1e3:.2f} ms,"
+              f" p90 {tenths[8] * 1e3:.2f} ms")
 
 
 def main() -> None:
@@ -85,9 +111,11 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", choices=sorted(STEPS), default=["small", "large"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--cold", action="store_true",
+                        help="also the harness with its ranks exec'd (TORCHCHAOS_COLD_START=1)")
     ns = parser.parse_args()
     for size in ns.sizes:
-        measure(size, ns.repeats, ns.nproc)
+        measure(size, ns.repeats, ns.nproc, ns.cold)
 
 
 if __name__ == "__main__":
