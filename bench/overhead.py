@@ -10,8 +10,8 @@ step of every round (a cost in each step moves all three; a neighbour taking the
 now and then, the 90th).
 
 `--cold` adds a third side: the harness with its ranks exec'd as plain torchrun
-starts them (TORCHCHAOS_COLD_START=1), not forked from a launcher with torch
-imported, to tell the agent's cost from the warm start's.
+starts them (`Job(warm=False)`, what TORCHCHAOS_COLD_START=1 asks for), not forked
+from a launcher with torch imported, to tell the agent's cost from the warm start's.
 
     python bench/overhead.py --sizes small large --repeats 3 [--cold]
 """
@@ -30,7 +30,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-from torchchaos.env import COLD_START  # noqa: E402
 from torchchaos.harness.runner import Job  # noqa: E402
 from torchchaos.scenario.model import Scenario  # noqa: E402
 
@@ -55,22 +54,16 @@ def plain_run(args: list[str], nproc: int) -> tuple[float, list[float]]:
         return wall, json.loads((Path(run_dir) / "step_times.json").read_text())
 
 
-def harness_run(args: list[str], nproc: int, reference: Path | None) -> tuple[float, list[float]]:
-    """A chaos run with no fault (given the reference), or the reference run itself."""
+def harness_run(args: list[str], nproc: int, reference: Path | None,
+                warm: bool | None = None) -> tuple[float, list[float]]:
+    """A chaos run with no fault (given the reference), or the reference run itself;
+    `warm=False`: its ranks exec'd, not forked from a launcher with torch imported
+    (None: as the environment says, `TORCHCHAOS_COLD_START`)."""
     with tempfile.TemporaryDirectory() as run_dir:
         outcome = Job(Scenario(script=SCRIPT, args=args, nproc=nproc), Path(run_dir),
-                      faults=[], reference=reference).run()
+                      faults=[], reference=reference, warm=warm).run()
         assert outcome.completed, outcome.log_tail()
         return outcome.wall_seconds, json.loads((Path(run_dir) / "step_times.json").read_text())
-
-
-def cold_harness_run(args: list[str], nproc: int, reference: Path) -> tuple[float, list[float]]:
-    """A chaos run with no fault whose ranks are exec'd, not forked warm."""
-    os.environ[COLD_START] = "1"
-    try:
-        return harness_run(args, nproc, reference)
-    finally:
-        del os.environ[COLD_START]
 
 
 def measure(size: str, repeats: int, nproc: int, cold: bool) -> None:
@@ -85,7 +78,8 @@ def measure(size: str, repeats: int, nproc: int, cold: bool) -> None:
                    faults=[]).run().completed
         runs = {"plain": lambda: plain_run(args, nproc),
                 "harness": lambda: harness_run(args, nproc, Path(reference)),
-                "harness, exec'd ranks": lambda: cold_harness_run(args, nproc, Path(reference))}
+                "harness, exec'd ranks": lambda: harness_run(args, nproc, Path(reference),
+                                                            warm=False)}
         for number in range(repeats):
             for side in sides:
                 seconds, times = runs[side]()
@@ -112,7 +106,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--cold", action="store_true",
-                        help="also the harness with its ranks exec'd (TORCHCHAOS_COLD_START=1)")
+                        help="also the harness with its ranks exec'd, not forked warm")
     ns = parser.parse_args()
     for size in ns.sizes:
         measure(size, ns.repeats, ns.nproc, ns.cold)
